@@ -1,0 +1,1 @@
+"""Dissemination plane: relay broadcast of policy versions (store-only fetch until the relay lands)."""

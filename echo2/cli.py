@@ -1,0 +1,191 @@
+"""``echo2``: the command line.
+
+    echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
+    echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)
+    echo2 export RUN [--step N] DIR
+
+Bad input (config, model, store) prints one line and exits 2. This module imports Prefect only
+inside ``run``, so actors never load it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from echo2.errors import Echo2InputError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="echo2: distributed RL post-training with bounded staleness.")
+
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "echo2",
+}
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _store_options_from_env() -> dict:
+    raw = os.environ.get("ECHO2_STORE_OPTIONS")
+    return json.loads(raw) if raw else {}
+
+
+def _resolve(config_path: Path, overrides: list[str], resume: bool):
+    """The config this invocation runs with; on --resume, the run's own config plus the overrides."""
+    from echo2.config import config_from_dict, load_config, parse_override, _set_path
+    from echo2.data.fsspec_store import FsspecStore
+    from echo2.data.store import StoreError
+    from echo2.errors import StoreUnreachable
+    from echo2.learner.run import find_resumable_run
+    from echo2.models import resolve_model
+
+    config = load_config(config_path, overrides)
+    try:
+        store = FsspecStore(config.store.url, config.store.options)
+        store.check()
+    except StoreError as exc:
+        raise StoreUnreachable(str(exc)) from None
+    if resume:
+        runs = store.child("runs")
+        run_id = config.run.id or find_resumable_run(runs)
+        try:
+            data = runs.child(run_id).get_json("run.json")["config"]
+        except KeyError:
+            raise Echo2InputError(f"--resume: no run {run_id} under {runs.url}") from None
+        for text in overrides:
+            key, value = parse_override(text)
+            _set_path(data, key, value)
+        config = config_from_dict(data, f"{runs.url}/{run_id}/run.json")
+    resolve_model(config.model.name)  # fail before starting anything; converts the default once
+    return config
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would tear the progress display
+    hf_logging.set_verbosity_error()
+
+
+def _setup_logging(verbose: bool, console=None) -> None:
+    from rich.logging import RichHandler
+
+    _quiet_transformers()
+    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s", force=True)
+    logging.getLogger("echo2").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/quickstart.yaml."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set train.lr=1e-5 (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run (run.id, or the newest unfinished one) from its last checkpoint."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the resolved config; start nothing."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+) -> None:
+    """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
+    from echo2.config import dump_config
+
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    try:
+        cfg = _resolve(config, set_ or [], resume)
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    if dry_run:
+        typer.echo(dump_config(cfg), nl=False)
+        return
+    from echo2.progress import RichReporter, set_reporter
+
+    reporter = RichReporter()
+    _setup_logging(verbose, reporter.console)
+    set_reporter(reporter)
+    from echo2.learner.run import new_run_id
+
+    if cfg.run.id is None:
+        cfg.run.id = new_run_id(cfg.run.name)
+    from flows.train import train
+
+    try:
+        summary = train(config=cfg.model_dump(mode="json"), resume=resume)
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        reporter.stop()
+        typer.echo(f"interrupted: every actor was stopped; continue with `echo2 run {config} --resume "
+                   f"--set run.id={cfg.run.id}`", err=True)
+        raise typer.Exit(130)
+    before, after = summary["eval_before"], summary["eval_after"]
+    typer.echo(json.dumps(summary, indent=1))
+    if before is not None and after is not None:
+        typer.echo(f"held-out greedy accuracy: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
+                   f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
+
+
+@app.command()
+def actor(
+    run: str = typer.Option(..., "--run", help="Run root: STORE/runs/ID."),
+    actor_id: str = typer.Option(..., "--actor-id", help="Unique id of this actor (names its rollout files)."),
+    parent_pid: Optional[int] = typer.Option(None, "--parent-pid", help="Exit when this process is gone."),
+) -> None:
+    """Run one rollout actor until the run ends or it is told to stop (started by the fleet)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("echo2").setLevel(logging.INFO)
+    _quiet_transformers()
+    from echo2.rollout.actor import run_actor
+
+    run_actor(run, actor_id, _store_options_from_env(), parent_pid=parent_pid)
+
+
+@app.command()
+def export(
+    run: str = typer.Argument(..., help="Run root (path or URL of STORE/runs/ID)."),
+    dest: Path = typer.Argument(..., help="Directory to write a Hugging Face model into."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint or policy version N (default: latest policy)."),
+) -> None:
+    """Export a published version or checkpoint as a from_pretrained-loadable directory."""
+    from echo2.data import layout
+    from echo2.data.store import NotFound, StoreError, open_store
+    from echo2.data.weights import download, latest_version
+
+    try:
+        store = open_store(run, _store_options_from_env())
+        if step is None:
+            step = latest_version(store)
+            if step is None:
+                _fail(f"{run} has no published policy version")
+        candidates = [layout.checkpoint_dir(step), layout.policy_dir(step)]
+        for prefix in candidates:
+            if store.exists(f"{prefix}/{layout.MANIFEST}"):
+                manifest = download(store, prefix, dest)
+                break
+        else:
+            _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
+    except (StoreError, NotFound) as exc:
+        _fail(str(exc))
+    for extra in ("optimizer.pt", "trainer_state.json"):  # learner state is not part of the model
+        (dest / extra).unlink(missing_ok=True)
+    typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

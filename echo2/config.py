@@ -1,0 +1,238 @@
+"""The one config model tree of echo2, loaded from YAML with ``--set key=value`` overrides.
+
+Every field is documented in place (the docstring under it). Unknown keys are errors, so a typo
+never silently falls back to a default. ``load_config`` turns any problem into a single
+``ConfigError`` line that names the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from echo2.errors import Echo2InputError
+
+
+class ConfigError(Echo2InputError):
+    """The config file or an override is invalid."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class RunConfig(_Section):
+    id: str | None = None
+    """Run id: the folder ``{store}/runs/{id}``. Generated from the name and time when empty."""
+    name: str = "run"
+    """Human-readable name; the prefix of generated run ids."""
+    seed: int = 0
+    """Seed of the learner and (offset by actor index) of every actor."""
+
+
+class StoreConfig(_Section):
+    url: str = "."
+    """Object store root: a path or ``file://``, ``memory://``, ``s3://bucket/prefix``. Runs live under ``{url}/runs/``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec storage options (for S3: ``endpoint_url``, ``client_kwargs``...). Credentials come from the environment."""
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m-instruct"
+    """The policy to train: a local Hugging Face directory, a Hugging Face id, or the embedded ``smollm2-135m-instruct``."""
+
+
+class TaskConfig(_Section):
+    name: Literal["arithmetic"] = "arithmetic"
+    """Which task (``echo2/tasks/``) supplies prompts and rewards."""
+    digits: int = Field(1, ge=1, le=9)
+    """Operands have at most this many decimal digits."""
+    eval_size: int = Field(50, ge=1)
+    """Held-out problems for greedy evaluation; never used for training."""
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=2)
+    """G: completions sampled per prompt; GRPO normalizes rewards within each group."""
+    groups_per_batch: int = Field(8, ge=1)
+    """Prompts per rollout file: each actor batch writes groups_per_batch x group_size rows."""
+    max_new_tokens: int = Field(24, ge=1)
+    """Longest completion; longer ones are cut (finish_reason "length")."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the behavior logprobs are those of this tempered distribution."""
+    max_pending_batches: int = Field(2, ge=1)
+    """Flow control: actors pause while this many fresh, unconsumed batches wait in the store."""
+    poll_seconds: float = Field(0.5, gt=0)
+    """How often an idle actor looks for a new policy version or free capacity."""
+    num_threads: int | None = Field(1, ge=1)
+    """torch threads per actor process (None = torch's default)."""
+    engine: Literal["transformers"] = "transformers"
+    """Inference engine of the actors (``echo2/rollout/``)."""
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(16, ge=1)
+    """Optimizer steps of the run; policy version v = optimizer steps taken."""
+    groups_per_step: int = Field(8, ge=1)
+    """Prompt groups per optimizer step (whole rollout files are taken until this many are in)."""
+    staleness: int = Field(2, ge=0)
+    """S: a rollout of version v is used at learner version t only if t - v <= S (0 = synchronous)."""
+    publish_every: int = Field(1, ge=1)
+    """kappa: publish a policy version every this many steps."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Write a resumable checkpoint every this many steps (and at the end)."""
+    lr: float = Field(1e-5, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Sequences per forward/backward; gradients accumulate over the step."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
+    clip_high: float = Field(0.28, ge=0)
+    """epsilon_high: the ratio pi/mu is clipped above at 1 + clip_high (DAPO's clip-higher)."""
+    is_cap: float = Field(3.0, gt=1)
+    """C: truncation of the importance ratio for negative advantages (dual clip); bounds stale-rollout variance."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial policy (0 = no reference model is loaded)."""
+    scale_rewards: bool = True
+    """Divide group-centered rewards by the group std (GRPO); False keeps only the centering (Dr. GRPO)."""
+    num_threads: int | None = Field(None, ge=1)
+    """torch threads of the learner (None = torch's default)."""
+    rollout_timeout_s: float = Field(900.0, gt=0)
+    """Fail the run when no usable rollout arrives for this long."""
+    keep_versions: int = Field(4, ge=1)
+    """Published policy versions kept in the store besides those a live actor may still need (t - S)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept; older ones are deleted after a newer one is committed."""
+    publish_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
+    shard_mb: int = Field(256, ge=1)
+    """Largest safetensors shard of a published version."""
+
+
+class EvalConfig(_Section):
+    before: bool = True
+    """Greedy accuracy on the held-out set before training."""
+    after: bool = True
+    """Greedy accuracy on the held-out set after training."""
+    max_new_tokens: int = Field(24, ge=1)
+    """Longest greedy completion in evaluation."""
+    batch_size: int = Field(50, ge=1)
+    """Problems per greedy generation batch."""
+
+
+class FleetConfig(_Section):
+    backend: Literal["local"] = "local"
+    """Where actors run: ``local`` = OS processes on this machine."""
+    actors: int = Field(1, ge=1)
+    """Number of actor processes."""
+    max_restarts: int = Field(3, ge=0)
+    """A crashed actor is restarted up to this many times per run."""
+
+
+class Config(_Section):
+    """A whole echo2 run."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Identity and seed of the run."""
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    """Object store that holds the run: the only channel between planes."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy model."""
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    """Prompts, rewards and the held-out set."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Actors: sampling and flow control."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Learner: GRPO, staleness, publishing, checkpoints."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out greedy evaluation."""
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
+    """Actor fleet."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Config":
+        if self.rollout.groups_per_batch > self.train.groups_per_step:
+            raise ValueError(
+                f"rollout.groups_per_batch ({self.rollout.groups_per_batch}) must not exceed "
+                f"train.groups_per_step ({self.train.groups_per_step})"
+            )
+        return self
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> (``a.b``, value parsed as a YAML scalar/list/mapping)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {err['input']!r})"
+        parts.append(f"{loc}: {msg}")
+    return f"invalid config {source}: " + "; ".join(parts)
+
+
+def config_from_dict(data: dict, source: str = "(dict)") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load YAML ``path`` (None = all defaults) and apply ``key=value`` overrides."""
+    data: dict = {}
+    source = "(defaults)"
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {source} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {source} must hold a mapping at the top level")
+        data = loaded or {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return config_from_dict(data, source)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

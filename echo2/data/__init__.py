@@ -1,0 +1,1 @@
+"""Data plane: the object store, the run layout, rollout files, weights and the ledger."""

@@ -1,0 +1,206 @@
+"""``ObjectStore`` over fsspec: local files, ``memory://``, S3 (s3fs) and any other fsspec backend.
+
+Atomic create-if-absent, per backend:
+- local files: write a uniquely named temp file beside the target, then ``os.link`` it to the
+  final name (``link`` fails if the name exists), then drop the temp name;
+- S3: ``PutObject`` with ``If-None-Match: *`` (412 when the key exists);
+- memory: check-and-set under a process-wide lock (the memory filesystem is per process);
+- others: exclusive-create open (``mode="xb"``) where the backend supports it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError
+
+_TMP_MARK = ".tmp-"
+_memory_lock = threading.Lock()
+
+
+def _transient(exc: BaseException) -> bool:
+    """Network hiccups are retried; answers from the store (missing, exists, denied) are not."""
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, AlreadyExists, NotFound)):
+        return False
+    return isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in {
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+        "ServerDisconnectedError",
+        "ClientConnectorError",
+    }
+
+
+_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(4),
+    wait=wait_exponential(multiplier=0.2, max=3),
+    reraise=True,
+)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """Return (protocol, path); a plain path becomes an absolute local path."""
+    if "://" not in url:
+        return "file", str(Path(url).expanduser().resolve())
+    protocol, rest = url.split("://", 1)
+    if protocol == "file":
+        return "file", str(Path(rest or "/").expanduser().resolve())
+    return protocol, rest.rstrip("/")
+
+
+class FsspecStore(ObjectStore):
+    def __init__(self, url: str, options: dict[str, Any], _fs: Any = None):
+        self.protocol, self.root = split_url(url)
+        self.options = dict(options)
+        self.url = f"{self.protocol}://{self.root}"
+        if _fs is not None:
+            self.fs = _fs
+        else:
+            try:
+                self.fs = fsspec.filesystem(self.protocol, **self.options)
+            except (ImportError, ValueError) as exc:
+                raise StoreError(f"cannot open store {self.url}: {exc}") from None
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        key = key.strip("/")
+        if not key:
+            return self.root
+        if ".." in key.split("/"):
+            raise ValueError(f"store key {key!r} must not contain '..'")
+        return f"{self.root}/{key}"
+
+    def _key(self, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        root = self.fs._strip_protocol(self.root)
+        return path[len(root) :].lstrip("/")
+
+    def child(self, prefix: str) -> "FsspecStore":
+        return FsspecStore(f"{self.protocol}://{self._path(prefix)}", self.options, _fs=self.fs)
+
+    # -- writes ----------------------------------------------------------------------------
+    @_retry
+    def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
+        path = self._path(key)
+        if self.protocol == "file":
+            self._put_local(path, data, if_absent)
+        elif self.protocol == "memory":
+            with _memory_lock:
+                if if_absent and self.fs.exists(path):
+                    raise AlreadyExists(key)
+                self.fs.pipe_file(path, data)
+        elif self.protocol in ("s3", "s3a"):
+            try:
+                self.fs.pipe_file(path, data, mode="create" if if_absent else "overwrite")
+            except FileExistsError:
+                raise AlreadyExists(key) from None
+            except OSError as exc:  # some S3 servers omit the Condition field on 412
+                if exc.errno == errno.EINVAL and "Precondition" in str(exc):
+                    raise AlreadyExists(key) from None
+                raise
+        else:
+            if if_absent:
+                try:
+                    with self.fs.open(path, "xb") as f:
+                        f.write(data)
+                except FileExistsError:
+                    raise AlreadyExists(key) from None
+            else:
+                self.fs.pipe_file(path, data)
+
+    def _put_local(self, path: str, data: bytes, if_absent: bool) -> None:
+        final = Path(path)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f"{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            if if_absent:
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    raise AlreadyExists(str(final)) from None
+            else:
+                os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_pointer(self, key: str, data: bytes) -> None:
+        self.put(key, data, if_absent=False)
+
+    @_retry
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        if self.protocol == "file":
+            # drop directories left empty, so listings and `ls` stay tidy
+            parent = Path(path).parent
+            root = Path(self.root)
+            while parent != root and root in parent.parents:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+    # -- reads -----------------------------------------------------------------------------
+    @_retry
+    def get(self, key: str) -> bytes:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except FileNotFoundError:
+            raise NotFound(key) from None
+        except IsADirectoryError:
+            raise NotFound(key) from None
+
+    @_retry
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        try:
+            return self.fs.isfile(path)
+        except FileNotFoundError:
+            return False
+
+    @_retry
+    def list(self, prefix: str = "") -> list[str]:
+        path = self._path(prefix)
+        self.fs.invalidate_cache(path)
+        try:
+            found = self.fs.find(path)
+        except FileNotFoundError:
+            return []
+        keys = [self._key(p) for p in found]
+        return sorted(k for k in keys if _TMP_MARK not in k.rsplit("/", 1)[-1])
+
+    def check(self) -> None:
+        """Raise ``StoreError`` when the store cannot be listed (unreachable, no bucket, no permission)."""
+        try:
+            if self.protocol == "file":
+                Path(self.root).mkdir(parents=True, exist_ok=True)
+                if not os.access(self.root, os.W_OK):
+                    raise PermissionError(f"{self.root} is not writable")
+            self.list("__echo2_probe__")
+            if self.protocol in ("s3", "s3a"):
+                bucket = self.root.split("/", 1)[0]
+                self.fs.invalidate_cache(bucket)
+                if not self.fs.exists(bucket):
+                    raise FileNotFoundError(f"bucket {bucket} does not exist")
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"store {self.url} is unreachable: {type(exc).__name__}: {exc}") from None

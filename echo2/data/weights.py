@@ -1,0 +1,159 @@
+"""Policy versions and checkpoints as safetensors shards plus a manifest written last.
+
+A weights folder (``policy/v000042/`` or ``checkpoints/step-000040/``) holds
+``shard-0000.safetensors``..., ``model.safetensors.index.json``, the model's ``config.json`` and
+tokenizer files, and ``manifest.json`` with the size and sha256 of every file. The manifest is
+the commit point: a folder without one does not exist for readers, and every byte read back is
+checked against it, so a corrupted or truncated shard is never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from echo2.data import layout
+from echo2.data.store import NotFound, ObjectStore
+
+INDEX_FILE = "model.safetensors.index.json"
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+class CorruptWeights(Exception):
+    """A weights file does not match its manifest."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_files(model_dir: Path) -> dict[str, bytes]:
+    """The non-weight files that make a weights folder loadable by ``from_pretrained``."""
+    return {name: (model_dir / name).read_bytes() for name in MODEL_FILES if (model_dir / name).exists()}
+
+
+def unique_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """State dict without tied duplicates (safetensors refuses shared storage); cast to ``dtype``."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        t = tensor.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[name] = t.contiguous()
+    return out
+
+
+def _shard(tensors: dict[str, torch.Tensor], shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    return shards
+
+
+def write_weights(
+    store: ObjectStore,
+    prefix: str,
+    tensors: dict[str, torch.Tensor],
+    *,
+    extra_files: dict[str, bytes],
+    shard_mb: int,
+    meta: dict,
+) -> dict:
+    """Write shards, index and ``extra_files`` under ``prefix``, then the manifest. Returns the manifest."""
+    files = []
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, shard in enumerate(_shard(tensors, shard_mb * 2**20)):
+        name = f"shard-{i:04d}.safetensors"
+        data = st_save(shard, metadata={"format": "pt"})
+        store.put(f"{prefix}/{name}", data)
+        files.append({"name": name, "kind": "shard", "size": len(data), "sha256": sha256(data)})
+        weight_map.update({k: name for k in shard})
+        total += sum(t.numel() * t.element_size() for t in shard.values())
+    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
+    for name, data in {INDEX_FILE: index, **extra_files}.items():
+        store.put(f"{prefix}/{name}", data)
+        files.append({"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data)})
+    manifest = {"format": "echo2-weights/1", "created_at": time.time(), "files": files, **meta}
+    store.put_json(f"{prefix}/{layout.MANIFEST}", manifest)
+    return manifest
+
+
+def read_manifest(store: ObjectStore, prefix: str) -> dict:
+    return store.get_json(f"{prefix}/{layout.MANIFEST}")
+
+
+def read_verified(store: ObjectStore, prefix: str, entry: dict) -> bytes:
+    data = store.get(f"{prefix}/{entry['name']}")
+    if len(data) != entry["size"] or sha256(data) != entry["sha256"]:
+        raise CorruptWeights(f"{prefix}/{entry['name']} does not match its manifest (size {len(data)}, expected {entry['size']})")
+    return data
+
+
+def iter_tensors(store: ObjectStore, prefix: str, manifest: dict) -> Iterable[tuple[str, torch.Tensor]]:
+    """Verified tensors of every shard. All shards are checked before the first tensor is yielded."""
+    blobs = [read_verified(store, prefix, e) for e in manifest["files"] if e["kind"] == "shard"]
+    for blob in blobs:
+        yield from st_load(blob).items()
+
+
+def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, ...] = ("shard", "aux")) -> dict:
+    """Copy a committed weights folder to ``dest`` (verified). Returns its manifest."""
+    try:
+        manifest = read_manifest(store, prefix)
+    except NotFound:
+        raise NotFound(f"{store.url}/{prefix} has no manifest: not a committed weights folder") from None
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in manifest["files"]:
+        if entry["kind"] in kinds:
+            (dest / entry["name"]).write_bytes(read_verified(store, prefix, entry))
+    return manifest
+
+
+def publish_version(
+    store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], *, extra_files: dict[str, bytes], shard_mb: int
+) -> dict:
+    """Commit policy version ``version`` and point ``policy/LATEST`` at it."""
+    manifest = write_weights(
+        store, layout.policy_dir(version), tensors, extra_files=extra_files, shard_mb=shard_mb, meta={"version": version}
+    )
+    store.put_pointer(layout.LATEST, json.dumps({"version": version}).encode())
+    return manifest
+
+
+def latest_version(store: ObjectStore) -> int | None:
+    try:
+        return int(store.get_json(layout.LATEST)["version"])
+    except NotFound:
+        return None
+
+
+def published_versions(store: ObjectStore) -> list[int]:
+    """Versions with a committed manifest, ascending."""
+    out = []
+    for key in store.list("policy/"):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2] == layout.MANIFEST:
+            v = layout.parse_version_dir(parts[1])
+            if v is not None:
+                out.append(v)
+    return sorted(out)

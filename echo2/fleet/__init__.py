@@ -1,0 +1,1 @@
+"""Control plane: fleet backends (actors' lifecycle) and, later, the capacity model and cost ledger."""

@@ -1,0 +1,114 @@
+"""Local fleet: each actor is an OS process (``echo2 actor``) on this machine.
+
+Children get PR_SET_PDEATHSIG on Linux, so an actor dies with a learner killed by SIGKILL, and
+they also watch their parent pid. Every launch, exit and stop is written to the ledger.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from echo2.config import FleetConfig
+from echo2.data.ledger import write_event
+from echo2.data.store import ObjectStore
+from echo2.fleet.backend import FleetBackend
+
+log = logging.getLogger("echo2.fleet")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the actor's own parent-pid watch still applies
+
+
+@dataclass
+class _Slot:
+    index: int
+    actor_id: str
+    proc: subprocess.Popen
+    log_path: Path
+    restarts: int = 0
+
+
+class LocalFleet(FleetBackend):
+    def __init__(self, config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path):
+        self.config = config
+        self.store = store
+        self.store_options = store_options
+        self.log_dir = log_dir
+        self.slots: list[_Slot] = []
+        self._stopped = False
+        atexit.register(self.stop)
+
+    def _launch(self, index: int, restarts: int = 0) -> _Slot:
+        actor_id = f"actor{index}-{secrets.token_hex(3)}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{actor_id}.log"
+        env = dict(os.environ, ECHO2_STORE_OPTIONS=json.dumps(self.store_options))
+        cmd = [sys.executable, "-m", "echo2.cli", "actor", "--run", self.store.url, "--actor-id", actor_id,
+               "--parent-pid", str(os.getpid())]
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        write_event(self.store, "launch", actor_id, backend="local", pid=proc.pid, price_usd_per_hour=0.0,
+                    restarts=restarts)
+        log.info("launched %s (pid %d), log %s", actor_id, proc.pid, log_path)
+        return _Slot(index, actor_id, proc, log_path, restarts)
+
+    def start(self) -> None:
+        self.slots = [self._launch(i) for i in range(self.config.actors)]
+
+    def reconcile(self) -> dict:
+        alive = 0
+        for n, slot in enumerate(self.slots):
+            code = slot.proc.poll()
+            if code is None:
+                alive += 1
+                continue
+            write_event(self.store, "exited", slot.actor_id, code=code)
+            if slot.restarts >= self.config.max_restarts:
+                raise RuntimeError(
+                    f"actor {slot.actor_id} exited with code {code} and was restarted {slot.restarts} times; "
+                    f"see {slot.log_path}"
+                )
+            log.warning("actor %s exited with code %s; restarting", slot.actor_id, code)
+            self.slots[n] = self._launch(slot.index, slot.restarts + 1)
+            alive += 1
+        return {"actors_alive": alive, "actors_desired": self.config.actors}
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for slot in self.slots:
+            if slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + grace_s
+        for slot in self.slots:
+            try:
+                slot.proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                slot.proc.kill()
+                slot.proc.wait()
+            try:
+                write_event(self.store, "terminated", slot.actor_id, code=slot.proc.returncode)
+            except Exception as exc:  # the store may be the reason we are stopping
+                log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
+        atexit.unregister(self.stop)
+
+    def log_paths(self) -> list[Path]:
+        return [s.log_path for s in self.slots]

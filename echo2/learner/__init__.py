@@ -1,0 +1,1 @@
+"""Learning plane: GRPO loss, staleness filter, checkpoints, publishing policy versions."""

@@ -1,0 +1,84 @@
+"""End-of-run reports: ``reports/summary.json`` (what scripts read), metrics and a reward curve.
+
+Counts come from the ledger, the record of what each step used, dropped or quarantined, so the
+summary can never disagree with it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import TYPE_CHECKING
+
+from echo2.data import layout
+from echo2.data.ledger import consumed_keys, read_events
+
+if TYPE_CHECKING:
+    from echo2.learner.run import LearnerRun
+
+
+def ledger_totals(store) -> dict:
+    used = dropped = quarantined = completions = 0
+    max_lag = 0
+    lags: dict[int, int] = {}
+    for key in consumed_keys(store):
+        record = store.get_json(key)
+        for item in record.get("used", []):
+            used += 1
+            completions += item.get("rows", 0)
+            max_lag = max(max_lag, item["lag"])
+            lags[item["lag"]] = lags.get(item["lag"], 0) + 1
+        dropped += len(record.get("dropped", []))
+        quarantined += len(record.get("quarantined", []))
+    return {"rollouts_used": used, "completions_used": completions, "rollouts_dropped_stale": dropped,
+            "rollouts_quarantined": quarantined, "max_lag_used": max_lag,
+            "lag_histogram": {str(k): v for k, v in sorted(lags.items())}}
+
+
+def _curves_png(history: list[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    steps = [m["step"] for m in history]
+    ax1.plot(steps, [m["reward"] for m in history], marker="o")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("mean reward of the batch")
+    ax2.plot(steps, [m["lag_mean"] for m in history], marker="o", label="mean")
+    ax2.plot(steps, [m["lag_max"] for m in history], marker="x", label="max")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("policy lag t - v")
+    ax2.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_reports(run: "LearnerRun") -> dict:
+    store = run.store
+    events = read_events(store)
+    cost = sum(e.get("cost_usd", 0.0) for e in events)
+    summary = {
+        "run_id": run.run_id,
+        "steps": run.step,
+        "wall_seconds": round(run.wall_seconds(), 1),
+        "eval_before": run.evals.get("before", {}).get("accuracy"),
+        "eval_after": run.evals.get("after", {}).get("accuracy"),
+        "eval_n": run.evals.get("after", run.evals.get("before", {})).get("n"),
+        "staleness_bound": run.config.train.staleness,
+        **ledger_totals(store),
+        "final_version": run.step,
+        "cost_usd": cost,
+        "finished_at": time.time(),
+    }
+    store.put(f"reports/metrics.json", json.dumps(run.history, indent=1).encode(), if_absent=False)
+    if run.history:
+        store.put("reports/curves.png", _curves_png(run.history), if_absent=False)
+    store.put_json("reports/cost.json", {"total_usd": cost, "events": len(events)}, if_absent=False)
+    store.put_json(layout.SUMMARY, summary)
+    return summary

@@ -1,0 +1,183 @@
+"""The actor loop: follow the latest policy, generate groups, score them, commit Arrow files.
+
+    loop:
+        v = policy/LATEST;  if v is newer than ours: load it (every shard sha256-checked)
+        if the fleet already has enough fresh, unconsumed batches waiting: sleep   (flow control)
+        draw groups_per_batch problems; sample G completions each with behavior logprobs
+        score each completion with the task's verifiable reward
+        commit rollouts/v{v}/{actor}-{seq}.arrow (create-if-absent)
+
+An actor holds no state that matters: killing it loses at most the batch in flight. It stops
+on SIGTERM/SIGINT (finishing a commit already under way), when its parent process dies, or
+when the run has written its summary. It never imports Prefect or the learner.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from echo2.config import Config, config_from_dict
+from echo2.data import layout
+from echo2.data.ledger import ConsumedIndex
+from echo2.data.rollouts import Rollout, encode_rollouts
+from echo2.data.store import ObjectStore
+from echo2.data.weights import download, iter_tensors, latest_version, read_manifest
+from echo2.rollout.engine import Engine, SamplingParams
+from echo2.tasks import make_task, prompt_token_ids
+
+log = logging.getLogger("echo2.actor")
+
+
+class _Stop(Exception):
+    pass
+
+
+class Actor:
+    def __init__(self, store: ObjectStore, actor_id: str, *, parent_pid: int | None = None):
+        self.store = store
+        self.actor_id = actor_id
+        self.parent_pid = parent_pid
+        run = store.get_json(layout.RUN_JSON)
+        self.run_id: str = run["run_id"]
+        self.config: Config = config_from_dict(run["config"], f"{store.url}/run.json")
+        self.task = make_task(self.config.task)
+        seed = self.config.run.seed * 1_000_003 + zlib.crc32(actor_id.encode())
+        self.rng = random.Random(seed)
+        torch.manual_seed(seed)
+        self.consumed = ConsumedIndex(store)
+        self.engine: Engine | None = None
+        self.tokenizer = None
+        self.version: int | None = None
+        self.seq = 0
+        self._stopping = False
+        self._committing = False
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        def handler(signum, frame):
+            self._stopping = True
+            if not self._committing:  # abandon a batch in generation; a commit finishes first
+                raise _Stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _should_stop(self) -> bool:
+        if self._stopping:
+            return True
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("parent process %d is gone; stopping", self.parent_pid)
+            return True
+        if self.store.exists(layout.SUMMARY):
+            log.info("run %s has finished; stopping", self.run_id)
+            return True
+        return False
+
+    def run(self) -> None:
+        log.info("actor %s joins run %s at %s", self.actor_id, self.run_id, self.store.url)
+        cfg = self.config.rollout
+        try:
+            while not self._should_stop():
+                self._follow_policy()
+                if self.engine is None or not self._has_capacity():
+                    time.sleep(cfg.poll_seconds)
+                    continue
+                self._generate_batch()
+        except _Stop:
+            pass
+        log.info("actor %s stops after %d batches", self.actor_id, self.seq)
+
+    # -- steps -----------------------------------------------------------------------------
+    def _follow_policy(self) -> None:
+        latest = latest_version(self.store)
+        if latest is None or latest == self.version:
+            return
+        prefix = layout.policy_dir(latest)
+        t0 = time.time()
+        manifest = read_manifest(self.store, prefix)
+        if self.engine is None:
+            model_dir = self._workdir / "model"
+            download(self.store, prefix, model_dir, kinds=("aux",))
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            self._build_engine(model_dir)
+        self.engine.load_weights(iter_tensors(self.store, prefix, manifest))
+        log.info("loaded policy v%d in %.1fs", latest, time.time() - t0)
+        self.version = latest
+
+    def _build_engine(self, model_dir: Path) -> None:
+        if self.config.rollout.engine == "transformers":
+            from echo2.rollout.hf_engine import TransformersEngine
+
+            eos = self.tokenizer.eos_token_id
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
+            self.engine = TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad)
+        else:
+            raise ValueError(f"unknown engine {self.config.rollout.engine!r}")
+
+    def _has_capacity(self) -> bool:
+        """Fresh batches (within the staleness bound of the latest version) not yet settled by the ledger."""
+        assert self.version is not None
+        oldest_useful = self.version - self.config.train.staleness
+        settled = self.consumed.refresh()
+        pending = [
+            k for k in self.store.list("rollouts/")
+            if (v := layout.version_of_rollout_key(k)) is not None and v >= oldest_useful and k not in settled
+        ]
+        return len(pending) < self.config.rollout.max_pending_batches
+
+    def _generate_batch(self) -> None:
+        cfg = self.config.rollout
+        version = self.version
+        problems = self.task.sample_train(self.rng, cfg.groups_per_batch)
+        prompts = [prompt_token_ids(self.tokenizer, p) for p in problems]
+        t0 = time.time()
+        groups = self.engine.generate(
+            prompts, SamplingParams(n=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        )
+        seconds = time.time() - t0
+        rollouts = []
+        for gi, (problem, prompt, completions) in enumerate(zip(problems, prompts, groups)):
+            group_id = f"{self.actor_id}-{self.seq:06d}-{gi:03d}"
+            for si, c in enumerate(completions):
+                reward, detail = self.task.reward(problem, self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
+                rollouts.append(Rollout(
+                    prompt_id=problem.id, group_id=group_id, sample_index=si, prompt_token_ids=prompt,
+                    completion_token_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=reward,
+                    reward_detail=detail, finish_reason=c.finish_reason, generation_seconds=seconds,
+                ))
+        data = encode_rollouts(rollouts, run_id=self.run_id, actor_id=self.actor_id, policy_version=version,
+                               task=self.task.name)
+        self._committing = True
+        try:
+            self.store.put(layout.rollout_key(version, self.actor_id, self.seq), data)
+        finally:
+            self._committing = False
+        tokens = sum(len(r.completion_token_ids) for r in rollouts)
+        mean_reward = sum(r.reward for r in rollouts) / len(rollouts)
+        log.info("batch %d: v%d, %d completions, %d tokens in %.1fs (%.0f tok/s), reward %.3f",
+                 self.seq, version, len(rollouts), tokens, seconds, tokens / max(seconds, 1e-9), mean_reward)
+        self.seq += 1
+        if self._stopping:
+            raise _Stop()
+
+
+def run_actor(run_url: str, actor_id: str, store_options: dict, parent_pid: int | None = None) -> None:
+    from echo2.data.store import open_store
+
+    store = open_store(run_url, store_options)
+    actor = Actor(store, actor_id, parent_pid=parent_pid)
+    if actor.config.rollout.num_threads:
+        torch.set_num_threads(actor.config.rollout.num_threads)
+    actor.install_signal_handlers()
+    actor.run()

@@ -1,0 +1,72 @@
+"""The staleness filter, FIFO selection and quarantine of malformed rollout files."""
+
+import pytest
+
+from echo2.data import layout
+from echo2.data.ledger import ConsumedIndex
+from echo2.data.store import open_store
+from echo2.learner.collector import RolloutCollector, is_fresh
+from helpers import commit_rollouts, make_rollouts, rollout_bytes
+
+
+def test_bound_is_inclusive():
+    assert is_fresh(5, 3, 2) and not is_fresh(5, 2, 2)
+    assert is_fresh(4, 4, 0) and not is_fresh(4, 3, 0)
+
+
+def _collector(store, **kw):
+    args = dict(run_id="run", staleness=1, groups_per_step=4, group_size=2, vocab_size=100)
+    args.update(kw)
+    return RolloutCollector(store, **args)
+
+
+def test_stale_files_are_dropped_and_counted_fresh_ones_used_oldest_first(tmp_path):
+    store = open_store(str(tmp_path))
+    keys = {v: commit_rollouts(store, v, 0) for v in range(4)}  # 2 groups each
+    extra = commit_rollouts(store, 3, 1)
+    sel = _collector(store).collect(step=4, learner_version=3, timeout_s=5)
+    # t=3, S=1: v0 (lag 3) and v1 (lag 2) are too stale; v2 and v3 give the 4 groups
+    assert [d["key"] for d in sel.dropped] == [keys[0], keys[1]]
+    assert all("stale" in d["reason"] for d in sel.dropped)
+    assert [(u["key"], u["lag"]) for u in sel.used] == [(keys[2], 1), (keys[3], 0)]
+    assert sel.groups == 4
+    record = store.get_json(layout.consumed_key(4))
+    assert record["learner_version"] == 3 and len(record["used"]) == 2 and len(record["dropped"]) == 2
+    # the unused fresh file stays for the next step; the ledger view agrees
+    assert extra not in ConsumedIndex(store).refresh()
+    assert set(ConsumedIndex(store).refresh()) == set(keys.values())
+
+
+def test_malformed_files_are_quarantined_with_reason_and_the_step_goes_on(tmp_path):
+    store = open_store(str(tmp_path))
+    garbage = commit_rollouts(store, 2, 0, data=b"\x00not arrow")
+    foreign = commit_rollouts(store, 2, 1, run_id="someone-else")
+    rows = make_rollouts()
+    rows[0].completion_token_ids = [4, 5, 999]
+    bad_vocab = commit_rollouts(store, 2, 2, data=rollout_bytes(2, rollouts=rows))
+    good = [commit_rollouts(store, 2, 3), commit_rollouts(store, 2, 4)]
+    sel = _collector(store).collect(step=3, learner_version=2, timeout_s=5)
+    assert [u["key"] for u in sel.used] == good
+    assert {q["key"] for q in sel.quarantined} == {garbage, foreign, bad_vocab}
+    for key in (garbage, foreign, bad_vocab):
+        assert not store.exists(key)
+        assert store.exists(layout.quarantine_key(key))  # the bytes are kept
+        reason = store.get_json(layout.quarantine_key(key) + ".json")["reason"]
+        assert reason
+    assert "vocabulary" in store.get_json(layout.quarantine_key(bad_vocab) + ".json")["reason"]
+    assert "run" in store.get_json(layout.quarantine_key(foreign) + ".json")["reason"]
+
+
+def test_waits_then_times_out_with_a_clear_message(tmp_path):
+    store = open_store(str(tmp_path))
+    commit_rollouts(store, 0, 0)
+    with pytest.raises(TimeoutError, match="no usable rollouts"):
+        _collector(store).collect(step=1, learner_version=0, timeout_s=0.5, poll_s=0.1)
+
+
+def test_settled_files_are_never_used_twice(tmp_path):
+    store = open_store(str(tmp_path))
+    k1, k2 = commit_rollouts(store, 0, 0), commit_rollouts(store, 0, 1)
+    col = _collector(store, groups_per_step=2)
+    assert [u["key"] for u in col.collect(step=1, learner_version=0, timeout_s=5).used] == [k1]
+    assert [u["key"] for u in col.collect(step=2, learner_version=1, timeout_s=5).used] == [k2]

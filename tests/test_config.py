@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+
+from echo2.config import Config, ConfigError, dump_config, load_config
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+
+
+def test_quickstart_loads_with_documented_defaults():
+    cfg = load_config(QUICKSTART)
+    assert cfg.model.name == "smollm2-135m-instruct"
+    assert cfg.train.staleness == 2
+    assert cfg.fleet.actors == 1
+
+
+def test_every_field_has_a_docstring():
+    def walk(model_cls, prefix=""):
+        for name, field in model_cls.model_fields.items():
+            assert field.description, f"{prefix}{name} has no docstring"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, Config.__mro__[1]):
+                walk(ann, f"{prefix}{name}.")
+
+    walk(Config)
+
+
+def test_overrides_are_parsed_as_yaml_values():
+    cfg = load_config(QUICKSTART, ["train.lr=3e-6", "train.max_steps=7", "run.id=abc", "store.options={a: 1}"])
+    assert cfg.train.lr == pytest.approx(3e-6)
+    assert cfg.train.max_steps == 7
+    assert cfg.run.id == "abc"
+    assert cfg.store.options == {"a": 1}
+
+
+def test_unknown_key_is_named_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["train.learning_rate=1"])
+    assert "train.learning_rate: unknown key" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_value_is_named_with_its_input():
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["train.staleness=-1"])
+    assert "train.staleness" in str(err.value) and "-1" in str(err.value)
+
+
+def test_cross_field_rule(tmp_path):
+    with pytest.raises(ConfigError, match="groups_per_batch"):
+        load_config(QUICKSTART, ["rollout.groups_per_batch=9", "train.groups_per_step=8"])
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_dump_round_trips():
+    cfg = load_config(QUICKSTART, ["train.max_steps=3"])
+    again = Config.model_validate(__import__("yaml").safe_load(dump_config(cfg)))
+    assert again == cfg

@@ -1,0 +1,162 @@
+"""End to end through the real CLI: Prefect flow, learner, a real actor process, a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from conftest import REPO
+
+QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
+TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2",
+        "train.groups_per_step=2", "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",
+        "train.lr=1e-3"]
+
+
+def echo2(*args, check=True, timeout=300, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "echo2.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"echo2 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def sets(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def actor_pids(run_dir: Path) -> list[int]:
+    events = [json.loads(p.read_text()) for p in (run_dir / "ledger" / "events").glob("*.json")]
+    return [e["pid"] for e in events if e["kind"] == "launch"]
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
+    proc = echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=e2e", *TINY))
+    summary = json.loads((tmp_path / "runs" / "e2e" / "reports" / "summary.json").read_text())
+    for field in ("run_id", "steps", "wall_seconds", "eval_before", "eval_after", "staleness_bound", "max_lag_used",
+                  "rollouts_used", "rollouts_dropped_stale", "rollouts_quarantined"):
+        assert field in summary, field
+    assert summary["run_id"] == "e2e" and summary["steps"] == 4 and summary["staleness_bound"] == 2
+    assert 0 <= summary["max_lag_used"] <= 2
+    assert summary["rollouts_used"] >= 4  # one 2-group file per step at least... each step needs 2 groups
+    assert "held-out greedy accuracy" in proc.stdout
+
+    run = tmp_path / "runs" / "e2e"
+    assert json.loads((run / "run.json").read_text())["config"]["run"]["id"] == "e2e"
+    assert json.loads((run / "policy" / "LATEST").read_text()) == {"version": 4}
+    assert (run / "policy" / "v000004" / "manifest.json").exists()
+    assert sorted(p.name for p in (run / "ledger" / "consumed").iterdir()) == [f"step-00000{i}.json" for i in range(1, 5)]
+    assert {p.name for p in (run / "checkpoints").iterdir()} == {"step-000002", "step-000004"}
+    assert (run / "reports" / "curves.png").stat().st_size > 1000
+    # every lag recorded in the ledger is within the bound
+    for step_file in (run / "ledger" / "consumed").iterdir():
+        record = json.loads(step_file.read_text())
+        assert all(0 <= u["lag"] <= 2 for u in record["used"])
+    # a rollout file is plain Arrow IPC
+    arrow = next((run / "rollouts").glob("v*/*.arrow"))
+    table = ipc.open_file(pa.memory_map(str(arrow))).read_all()
+    assert table.num_rows == 8 and len(table.to_pandas()) == 8
+    # the actor process is gone
+    pids = actor_pids(run)
+    assert pids and not any(pid_alive(p) for p in pids)
+
+    # export a checkpoint and the latest version; both load with from_pretrained
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for args, name in ((["--step", "2"], "ckpt2"), ([], "latest")):
+        echo2("export", str(run), str(tmp_path / name), *args)
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+        AutoTokenizer.from_pretrained(tmp_path / name)
+        assert model.config.vocab_size == 300
+        assert not (tmp_path / name / "optimizer.pt").exists()
+
+
+def test_resume_after_the_learner_is_killed(tiny_model, tmp_path):
+    args = ["run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=crash", *TINY,
+                                      "train.max_steps=200", "eval.before=false")]
+    learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    run = tmp_path / "runs" / "crash"
+    try:
+        wait_until(lambda: (run / "checkpoints" / "step-000002" / "manifest.json").exists(), 240, "checkpoint 2")
+        wait_until(lambda: (run / "ledger" / "consumed" / "step-000003.json").exists(), 60, "step 3 to start")
+    finally:
+        learner.send_signal(signal.SIGKILL)
+        learner.wait()
+    pids = actor_pids(run)
+    wait_until(lambda: not any(pid_alive(p) for p in pids), 30, "actors to die with their learner")
+    assert not (run / "reports" / "summary.json").exists()
+    ckpt = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "manifest.json").exists())
+    consumed = run / "ledger" / "consumed"
+    lost = sorted(p.name for p in consumed.iterdir() if int(p.stem.split("-")[1]) > ckpt)
+
+    # resume: the newest unfinished run is found without naming it; max_steps is overridden on the way
+    target = ckpt + 2
+    proc = echo2("run", QUICKSTART, *sets(f"store.url={tmp_path}", f"train.max_steps={target}"), "--resume")
+    summary = json.loads((run / "reports" / "summary.json").read_text())
+    assert summary["steps"] == target and summary["run_id"] == "crash"
+    assert summary["eval_before"] is None  # the killed run skipped it; resume does not invent one
+    assert summary["eval_after"] is not None and "held-out greedy accuracy" not in proc.stdout
+    assert max(p.name for p in (run / "checkpoints").iterdir()) == f"step-{target:06d}"
+    # the lost timeline (ledger entries after the checkpoint) was moved aside, not deleted
+    orphaned = {p.name for p in (run / "orphaned").rglob("step-*.json")} if lost else set()
+    assert set(lost) <= orphaned
+    assert sorted(p.name for p in consumed.iterdir()) == [f"step-{i:06d}.json" for i in range(1, target + 1)]
+    events = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
+    assert "resume" in events
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "train.lr=fast"], "train.lr"),
+    (["--set", "train.bogus=1"], "train.bogus: unknown key"),
+    (["--set", "model.name=/nonexistent/model"], "model"),
+    (["--set", "store.url=/proc/echo2-not-writable"], "store"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    proc = echo2("run", QUICKSTART, *args, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], proc.stderr
+
+
+def test_unreachable_s3_store_exits_2(monkeypatch):
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
+    proc = echo2("run", QUICKSTART, "--set", "store.url=s3://bucket/echo2", "--set",
+                 "store.options={endpoint_url: 'http://127.0.0.1:9'}", check=False, timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: store s3://bucket/echo2 is unreachable"), proc.stderr
+
+
+def test_dry_run_prints_the_resolved_config_and_starts_nothing(tmp_path):
+    proc = echo2("run", QUICKSTART, "--dry-run", "--set", f"store.url={tmp_path}", "--set", "train.staleness=0")
+    assert "staleness: 0" in proc.stdout
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
