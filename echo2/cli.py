@@ -125,8 +125,9 @@ def run(
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
     except Echo2InputError as exc:
         _fail(str(exc))
-    except KeyboardInterrupt:
-        reporter.stop()
+    except TimeoutError as exc:  # no rollouts arrived: say so plainly, the logs have the rest
+        _fail(str(exc), code=1)
+    except KeyboardInterrupt:  # the flow has already stopped the fleet
         typer.echo(f"interrupted: every actor was stopped; continue with `echo2 run {config} --resume "
                    f"--set run.id={cfg.run.id}`", err=True)
         raise typer.Exit(130)

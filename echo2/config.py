@@ -106,8 +106,8 @@ class TrainConfig(_Section):
     """torch threads of the learner (None = torch's default)."""
     rollout_timeout_s: float = Field(900.0, gt=0)
     """Fail the run when no usable rollout arrives for this long."""
-    keep_versions: int = Field(4, ge=1)
-    """Published policy versions kept in the store besides those a live actor may still need (t - S)."""
+    keep_versions: int = Field(1, ge=1)
+    """Newest published versions always kept; older ones are deleted once no rollout of them can be used (v < t - S)."""
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept; older ones are deleted after a newer one is committed."""
     publish_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -58,7 +58,8 @@ class RichReporter(Reporter):
         self.progress.update(self.task_id, completed=metrics["step"], status=status)
 
     def stop(self) -> None:
-        self.progress.stop()
+        if self.task_id is not None:
+            self.progress.stop()
 
 
 _current: Reporter = Reporter()

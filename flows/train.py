@@ -15,7 +15,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from echo2.config import Config, config_from_dict
+from echo2.config import Config, config_from_dict, load_config
 from echo2.data.store import open_store
 from echo2.fleet.local import LocalFleet
 from echo2.learner.run import LearnerRun
@@ -60,8 +60,10 @@ def write_reports(run: LearnerRun) -> dict:
 
 
 @flow(name="echo2-train", flow_run_name=_run_name)
-def train(config: dict, resume: bool = False) -> dict:
-    cfg = config_from_dict(config)
+def train(config: dict | None = None, config_path: str = "configs/quickstart.yaml",
+          overrides: list[str] | None = None, resume: bool = False) -> dict:
+    """Train with a resolved ``config`` mapping (what ``echo2 run`` passes), or a YAML path plus overrides."""
+    cfg = config_from_dict(config) if config is not None else load_config(config_path, overrides or [])
     run = prepare_run(cfg, resume)
     fleet = start_fleet(run)
     ui = reporter()
@@ -72,8 +74,8 @@ def train(config: dict, resume: bool = False) -> dict:
         while run.step < cfg.train.max_steps:
             metrics = train_step(run, fleet, step=run.step + 1)
             ui.step(metrics, reconcile_fleet(fleet))
-        ui.stop()
     finally:
+        ui.stop()
         fleet.stop()
     if cfg.eval.after:
         ui.eval("after", evaluate(run, "after"))

@@ -23,8 +23,9 @@ TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4",
 
 
 def echo2(*args, check=True, timeout=300, **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("cwd", REPO)
     proc = subprocess.run([sys.executable, "-m", "echo2.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, **kw)
+                          timeout=timeout, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"echo2 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -160,3 +161,45 @@ def test_dry_run_prints_the_resolved_config_and_starts_nothing(tmp_path):
     proc = echo2("run", QUICKSTART, "--dry-run", "--set", f"store.url={tmp_path}", "--set", "train.staleness=0")
     assert "staleness: 0" in proc.stdout
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_run_on_s3_against_moto(tiny_model, s3_store, s3_server, tmp_path):
+    """Learner and actor process both talk S3 (moto's server on loopback) and nothing else."""
+    bucket = s3_store.root.split("/")[0]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url=s3://{bucket}/echo2", "run.id=s3run",
+                                    f"store.options={{endpoint_url: '{s3_server}'}}", *TINY, "train.max_steps=3"),
+          env=env, cwd=tmp_path)
+    from echo2.data.rollouts import decode_rollouts
+    from echo2.data.store import open_store
+
+    run = open_store(f"s3://{bucket}/echo2/runs/s3run", {"endpoint_url": s3_server})
+    summary = run.get_json("reports/summary.json")
+    assert summary["steps"] == 3 and summary["rollouts_used"] >= 3
+    keys = run.list()
+    assert "policy/v000003/manifest.json" in keys and "checkpoints/step-000003/manifest.json" in keys
+    arrow = [k for k in keys if k.endswith(".arrow")]
+    assert arrow and decode_rollouts(run.get(arrow[0])).num_rows == 8
+    assert (tmp_path / "echo2-logs" / "s3run").is_dir()  # actor logs stay local for remote stores
+
+
+def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
+    args = ["run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=intr", *TINY,
+                                      "train.max_steps=500", "eval.before=false")]
+    learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "runs" / "intr"
+    try:
+        wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists(), 240, "training to start")
+        pids = actor_pids(run)
+        assert pids and all(pid_alive(p) for p in pids)
+        learner.send_signal(signal.SIGINT)
+        out, err = learner.communicate(timeout=60)
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+    assert learner.returncode == 130, err
+    assert "--resume" in err
+    assert not any(pid_alive(p) for p in pids)
+    kinds = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
+    assert "terminated" in kinds

@@ -188,19 +188,26 @@ class FsspecStore(ObjectStore):
         return sorted(k for k in keys if _TMP_MARK not in k.rsplit("/", 1)[-1])
 
     def check(self) -> None:
-        """Raise ``StoreError`` when the store cannot be listed (unreachable, no bucket, no permission)."""
+        """Raise ``StoreError`` when the store cannot be listed (unreachable, no bucket, no permission).
+
+        Probes with short timeouts and no retries, so a wrong endpoint fails in seconds.
+        """
         try:
             if self.protocol == "file":
                 Path(self.root).mkdir(parents=True, exist_ok=True)
                 if not os.access(self.root, os.W_OK):
                     raise PermissionError(f"{self.root} is not writable")
-            self.list("__echo2_probe__")
+                return
+            fs = self.fs
             if self.protocol in ("s3", "s3a"):
+                config = {"connect_timeout": 3, "read_timeout": 5, "retries": {"max_attempts": 1},
+                          **self.options.get("config_kwargs", {})}
+                fs = fsspec.filesystem(self.protocol, **{**self.options, "config_kwargs": config},
+                                       skip_instance_cache=True)
                 bucket = self.root.split("/", 1)[0]
-                self.fs.invalidate_cache(bucket)
-                if not self.fs.exists(bucket):
+                if not fs.exists(bucket):
                     raise FileNotFoundError(f"bucket {bucket} does not exist")
-        except StoreError:
-            raise
+            fs.invalidate_cache(self.root)
+            fs.exists(self._path("__echo2_probe__"))
         except Exception as exc:
             raise StoreError(f"store {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
