@@ -127,6 +127,35 @@ class EvalConfig(_Section):
     """Problems per greedy generation batch."""
 
 
+class BroadcastConfig(_Section):
+    mode: Literal["relay", "store"] = "relay"
+    """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the store."""
+    chunk_mb: float = Field(8.0, gt=0)
+    """Chunk size: the unit of verification (sha256 in the manifest), transfer and pipelining."""
+    fanout: int = Field(1, ge=1)
+    """Children per relay node (1 = a chain: every node uploads each chunk once)."""
+    roots: int = Field(1, ge=1)
+    """Relay nodes that read from the store."""
+    expected_mbit: float = Field(200.0, gt=0)
+    """Link rate a healthy parent should sustain."""
+    min_rate_fraction: float = Field(0.2, gt=0, le=1)
+    """A parent slower than this fraction of expected_mbit on a chunk is left for the next source."""
+    pipeline_wait_s: float = Field(30.0, gt=0)
+    """How long a relay holds a request for a chunk it is still receiving."""
+    window: int = Field(2, ge=1)
+    """Chunk requests in flight per actor."""
+    host: str = "127.0.0.1"
+    """Address the relay server binds (0.0.0.0 on cloud VMs)."""
+    advertise_host: str | None = None
+    """Address peers use to reach this relay (default: host)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Relay port (0 = any free port)."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """How often an actor refreshes its record under peers/."""
+    peer_timeout_s: float = Field(10.0, gt=0)
+    """A peer whose heartbeat is older than this is not given children."""
+
+
 class FleetConfig(_Section):
     backend: Literal["local"] = "local"
     """Where actors run: ``local`` = OS processes on this machine."""
@@ -155,6 +184,8 @@ class Config(_Section):
     """Held-out greedy evaluation."""
     fleet: FleetConfig = Field(default_factory=FleetConfig)
     """Actor fleet."""
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
+    """How policy versions reach the actors."""
 
     @model_validator(mode="after")
     def _check(self) -> "Config":

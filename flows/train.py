@@ -34,7 +34,8 @@ def prepare_run(config: Config, resume: bool) -> LearnerRun:
 
 @task(cache_policy=NO_CACHE)
 def start_fleet(run: LearnerRun) -> LocalFleet:
-    fleet = LocalFleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir)
+    fleet = LocalFleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
+                       run_key=run.key)
     fleet.start()
     return fleet
 

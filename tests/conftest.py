@@ -13,6 +13,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("ECHO2_SECRETS", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "secrets"))
 
 REPO = Path(__file__).resolve().parents[1]
 

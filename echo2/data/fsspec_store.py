@@ -168,6 +168,13 @@ class FsspecStore(ObjectStore):
             raise NotFound(key) from None
 
     @_retry
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        try:
+            return self.fs.cat_file(self._path(key), start=start, end=end)
+        except FileNotFoundError:
+            raise NotFound(key) from None
+
+    @_retry
     def exists(self, key: str) -> bool:
         path = self._path(key)
         self.fs.invalidate_cache(path)

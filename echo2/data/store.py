@@ -43,6 +43,10 @@ class ObjectStore(ABC):
         """Whole object; ``NotFound`` if absent."""
 
     @abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of an object (one ranged GET on S3)."""
+
+    @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether ``key`` is a committed object."""
 

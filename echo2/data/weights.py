@@ -19,12 +19,16 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from echo2.broadcast.manifest import chunk_hashes, sign
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore
 
 INDEX_FILE = "model.safetensors.index.json"
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+DEFAULT_CHUNK_SIZE = 8 * 2**20
 
 
 class CorruptWeights(Exception):
@@ -77,8 +81,14 @@ def write_weights(
     extra_files: dict[str, bytes],
     shard_mb: int,
     meta: dict,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    key: bytes | None = None,
 ) -> dict:
-    """Write shards, index and ``extra_files`` under ``prefix``, then the manifest. Returns the manifest."""
+    """Write shards, index and ``extra_files`` under ``prefix``, then the manifest. Returns the manifest.
+
+    Every file is also described chunk by chunk (sha256 per ``chunk_size`` bytes) for the relay;
+    with ``key`` the manifest is signed (HMAC-SHA256) so actors can reject forgeries.
+    """
     files = []
     weight_map: dict[str, str] = {}
     total = 0
@@ -86,14 +96,19 @@ def write_weights(
         name = f"shard-{i:04d}.safetensors"
         data = st_save(shard, metadata={"format": "pt"})
         store.put(f"{prefix}/{name}", data)
-        files.append({"name": name, "kind": "shard", "size": len(data), "sha256": sha256(data)})
+        files.append({"name": name, "kind": "shard", "size": len(data), "sha256": sha256(data),
+                      "chunks": chunk_hashes(data, chunk_size)})
         weight_map.update({k: name for k in shard})
         total += sum(t.numel() * t.element_size() for t in shard.values())
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
     for name, data in {INDEX_FILE: index, **extra_files}.items():
         store.put(f"{prefix}/{name}", data)
-        files.append({"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data)})
-    manifest = {"format": "echo2-weights/1", "created_at": time.time(), "files": files, **meta}
+        files.append({"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data),
+                      "chunks": chunk_hashes(data, chunk_size)})
+    manifest = {"format": "echo2-weights/1", "created_at": time.time(), "chunk_size": chunk_size, "files": files,
+                **meta}
+    if key is not None:
+        manifest = sign(manifest, key)
     store.put_json(f"{prefix}/{layout.MANIFEST}", manifest)
     return manifest
 
@@ -130,11 +145,13 @@ def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, .
 
 
 def publish_version(
-    store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], *, extra_files: dict[str, bytes], shard_mb: int
+    store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], *, extra_files: dict[str, bytes],
+    shard_mb: int, chunk_size: int = DEFAULT_CHUNK_SIZE, key: bytes | None = None, meta: dict | None = None,
 ) -> dict:
-    """Commit policy version ``version`` and point ``policy/LATEST`` at it."""
+    """Commit policy version ``version`` (signed with ``key``) and point ``policy/LATEST`` at it."""
     manifest = write_weights(
-        store, layout.policy_dir(version), tensors, extra_files=extra_files, shard_mb=shard_mb, meta={"version": version}
+        store, layout.policy_dir(version), tensors, extra_files=extra_files, shard_mb=shard_mb,
+        meta={"version": version, **(meta or {})}, chunk_size=chunk_size, key=key,
     )
     store.put_pointer(layout.LATEST, json.dumps({"version": version}).encode())
     return manifest

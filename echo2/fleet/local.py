@@ -45,8 +45,10 @@ class _Slot:
 
 
 class LocalFleet(FleetBackend):
-    def __init__(self, config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path):
+    def __init__(self, config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
+                 run_key: bytes):
         self.config = config
+        self.run_key = run_key
         self.store = store
         self.store_options = store_options
         self.log_dir = log_dir
@@ -58,7 +60,8 @@ class LocalFleet(FleetBackend):
         actor_id = f"actor{index}-{secrets.token_hex(3)}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{actor_id}.log"
-        env = dict(os.environ, ECHO2_STORE_OPTIONS=json.dumps(self.store_options))
+        # secrets travel in the environment, never on the command line or through the store
+        env = dict(os.environ, ECHO2_STORE_OPTIONS=json.dumps(self.store_options), ECHO2_RUN_KEY=self.run_key.decode())
         cmd = [sys.executable, "-m", "echo2.cli", "actor", "--run", self.store.url, "--actor-id", actor_id,
                "--parent-pid", str(os.getpid())]
         with open(log_path, "ab") as out:

@@ -120,11 +120,12 @@ class Learner:
                            clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
     # -- publishing ------------------------------------------------------------------------
-    def publish(self, store: ObjectStore) -> dict:
-        """Commit the current weights as policy version ``self.version`` and move LATEST to it."""
+    def publish(self, store: ObjectStore, *, key: bytes, chunk_size: int, relay: dict) -> dict:
+        """Commit the current weights as policy version ``self.version`` (signed) and move LATEST to it."""
         tensors = unique_state_dict(self.model, _DTYPES[self.config.publish_dtype])
         manifest = publish_version(store, self.version, tensors, extra_files=self.extra_files,
-                                   shard_mb=self.config.shard_mb)
+                                   shard_mb=self.config.shard_mb, chunk_size=chunk_size, key=key,
+                                   meta={"relay": relay})
         self._collect_garbage(store)
         return manifest
 

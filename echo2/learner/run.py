@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 from echo2 import __version__
+from echo2.broadcast.manifest import run_key
+from echo2.broadcast.topology import live_peers, plan
 from echo2.config import Config
 from echo2.data import layout
 from echo2.data.ledger import CONSUMED_PREFIX, write_event
@@ -67,6 +69,7 @@ class LearnerRun:
             torch.set_num_threads(config.train.num_threads)
         self.learner = Learner(resolve_model(config.model.name), config.train,
                                temperature=config.rollout.temperature)
+        self.key = run_key(self.run_id, create=True)  # signs manifests; never written to the store
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.wall_before = 0.0
@@ -89,7 +92,7 @@ class LearnerRun:
             self.store.put_json(layout.RUN_JSON, record)
         except AlreadyExists:
             raise Echo2InputError(f"run {self.run_id} already exists at {self.store.url}; use --resume") from None
-        self.learner.publish(self.store)  # version 0: the initial policy
+        self.publish()  # version 0: the initial policy
         log.info("run %s created at %s", self.run_id, self.store.url)
 
     def _resume(self) -> set[str]:
@@ -118,7 +121,7 @@ class LearnerRun:
         if self.store.exists(f"{layout.policy_dir(step)}/{layout.MANIFEST}"):
             self.store.put_pointer(layout.LATEST, f'{{"version": {step}}}'.encode())
         else:
-            self.learner.publish(self.store)
+            self.publish()
         write_event(self.store, "resume", "learner", step=step, orphaned=moved)
         log.info("run %s resumed from step %d (%d objects of the lost timeline moved to orphaned/)",
                  self.run_id, step, moved)
@@ -171,12 +174,19 @@ class LearnerRun:
                        quarantined=len(selection.quarantined), time=time.time())
         is_last = self.step >= cfg.max_steps
         if self.step % cfg.publish_every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
-            self.learner.publish(self.store)
+            self.publish()
         if self.step % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
         metrics["seconds"] = time.time() - t0
         self.history.append(metrics)
         return metrics
+
+    def publish(self) -> dict:
+        """Publish the current version, signed, with the relay tree over the peers alive now."""
+        b = self.config.broadcast
+        live = live_peers(self.store, max_age_s=b.peer_timeout_s) if b.mode == "relay" else {}
+        relay = plan(live, self.step, fanout=b.fanout, roots=b.roots)
+        return self.learner.publish(self.store, key=self.key, chunk_size=int(b.chunk_mb * 2**20), relay=relay)
 
     def checkpoint(self) -> None:
         state = {"settled": sorted(self.collector.settled), "history": self.history, "evals": self.evals,

@@ -1,7 +1,9 @@
 """The actor loop: follow the latest policy, generate groups, score them, commit Arrow files.
 
     loop:
-        v = policy/LATEST;  if v is newer than ours: load it (every shard sha256-checked)
+        if the receiver has a newer policy version whole and verified: swap to it
+            (it is received in the background from the parent relay peer or the store, chunk by
+            chunk, each checked against the signed manifest; see echo2/broadcast/)
         if the fleet already has enough fresh, unconsumed batches waiting: sleep   (flow control)
         draw groups_per_batch problems; sample G completions each with behavior logprobs
         score each completion with the task's verifiable reward
@@ -24,14 +26,16 @@ import zlib
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as st_load
 from transformers import AutoTokenizer
 
+from echo2.broadcast.manifest import run_key
+from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
-from echo2.data.weights import download, iter_tensors, latest_version, read_manifest
 from echo2.rollout.engine import Engine, SamplingParams
 from echo2.tasks import make_task, prompt_token_ids
 
@@ -55,6 +59,7 @@ class Actor:
         self.rng = random.Random(seed)
         torch.manual_seed(seed)
         self.consumed = ConsumedIndex(store)
+        self.receiver = PolicyReceiver(store, actor_id, run_key(self.run_id), self.config.broadcast)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -96,24 +101,30 @@ class Actor:
                 self._generate_batch()
         except _Stop:
             pass
+        finally:
+            self.receiver.close()
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
 
     # -- steps -----------------------------------------------------------------------------
     def _follow_policy(self) -> None:
-        latest = latest_version(self.store)
-        if latest is None or latest == self.version:
+        """Swap to a newer version once the receiver has all of it, verified (generation goes on meanwhile)."""
+        buffer = self.receiver.poll()
+        if buffer is None:
             return
-        prefix = layout.policy_dir(latest)
         t0 = time.time()
-        manifest = read_manifest(self.store, prefix)
+        files = buffer.files()
         if self.engine is None:
             model_dir = self._workdir / "model"
-            download(self.store, prefix, model_dir, kinds=("aux",))
+            model_dir.mkdir(parents=True, exist_ok=True)
+            for entry in buffer.manifest["files"]:
+                if entry["kind"] == "aux":
+                    (model_dir / entry["name"]).write_bytes(files[entry["name"]])
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self._build_engine(model_dir)
-        self.engine.load_weights(iter_tensors(self.store, prefix, manifest))
-        log.info("loaded policy v%d in %.1fs", latest, time.time() - t0)
-        self.version = latest
+        shards = [files[e["name"]] for e in buffer.manifest["files"] if e["kind"] == "shard"]
+        self.engine.load_weights(item for blob in shards for item in st_load(blob).items())
+        self.version = buffer.version
+        log.info("now generating with policy v%d (loaded in %.1fs)", self.version, time.time() - t0)
 
     def _build_engine(self, model_dir: Path) -> None:
         if self.config.rollout.engine == "transformers":

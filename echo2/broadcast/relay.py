@@ -1,0 +1,284 @@
+"""The relay: an HTTP server in every actor that serves the chunks it holds, and a fetcher that
+fills a version chunk by chunk from its parent peer, falling back to the store.
+
+Pipelining: a child asks its parent for chunk i as soon as it wants it; if the parent is still
+receiving that chunk, the request waits until the parent has it verified, then gets it. So a
+chain of peers moves a version in about one link's transfer time plus one chunk per hop.
+
+Safety: a chunk enters a node's buffer only after its sha256 matched the signed manifest, so a
+bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``.
+
+Everything runs on one asyncio loop in a background thread (``RelayNode``), so an actor keeps
+relaying to its children while it generates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from aiohttp import ClientSession, ClientTimeout, web
+
+from echo2.broadcast.manifest import Chunk, chunk_table
+
+log = logging.getLogger("echo2.relay")
+
+
+class SourceFailed(Exception):
+    """A source (peer) was dead, slow, or served a chunk that failed verification."""
+
+
+@dataclass
+class VersionBuffer:
+    """A version being received or held: verified chunks and when each arrived."""
+
+    version: int
+    manifest: dict
+    chunks: list[Chunk]
+    data: list[bytes | None] = field(default_factory=list)
+    arrived_at: list[float | None] = field(default_factory=list)
+    sources: list[str | None] = field(default_factory=list)
+    events: list[asyncio.Event] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.chunks)
+        self.data = [None] * n
+        self.arrived_at = [None] * n
+        self.sources = [None] * n
+        self.events = [asyncio.Event() for _ in range(n)]
+
+    def put(self, index: int, data: bytes, source: str) -> None:
+        chunk = self.chunks[index]
+        if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != chunk.sha256:
+            raise SourceFailed(f"chunk {index} of v{self.version} from {source} does not match the manifest")
+        self.data[index] = data
+        self.arrived_at[index] = time.time()
+        self.sources[index] = source
+        self.events[index].set()
+        if all(d is not None for d in self.data):
+            self.done.set()
+
+    def files(self) -> dict[str, bytes]:
+        """Whole files, once every chunk is in (already verified chunk by chunk)."""
+        out: dict[str, list[bytes]] = {}
+        for chunk, data in zip(self.chunks, self.data):
+            assert data is not None
+            out.setdefault(chunk.file, []).append(data)
+        return {name: b"".join(parts) for name, parts in out.items()}
+
+
+@dataclass
+class FetchPolicy:
+    expected_mbit: float = 200.0
+    """Link rate a healthy parent should sustain."""
+    min_rate_fraction: float = 0.2
+    """A parent slower than this fraction of ``expected_mbit`` on a chunk is abandoned."""
+    pipeline_wait_s: float = 30.0
+    """How long a server holds a request for a chunk it is still receiving."""
+    window: int = 2
+    """Chunk requests in flight per node."""
+
+    def chunk_timeout(self, size: int) -> float:
+        return 2.0 + size * 8 / (self.expected_mbit * 1e6 * self.min_rate_fraction)
+
+
+class RelayServer:
+    def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0, keep_versions: int = 2):
+        self.token = token
+        self.host = host
+        self.port = port
+        self.keep_versions = keep_versions
+        self.buffers: dict[int, VersionBuffer] = {}
+        self._version_added: asyncio.Event | None = None
+        self.pipeline_wait_s = 30.0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self._version_added = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/v1/health", self._health)
+        app.router.add_get("/v1/versions/{version}/chunks/{index}", self._chunk)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def add(self, buffer: VersionBuffer) -> None:
+        self.buffers[buffer.version] = buffer
+        for v in sorted(self.buffers)[: -self.keep_versions]:
+            del self.buffers[v]
+        assert self._version_added is not None
+        self._version_added.set()
+        self._version_added = asyncio.Event()
+
+    def _authorized(self, request: web.Request) -> bool:
+        import hmac
+
+        header = request.headers.get("Authorization", "")
+        return header.startswith("Bearer ") and hmac.compare_digest(header[7:], self.token)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.Response(status=401, text="missing or wrong run token")
+        return web.json_response({"versions": sorted(self.buffers)})
+
+    async def _chunk(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.Response(status=401, text="missing or wrong run token")
+        version, index = int(request.match_info["version"]), int(request.match_info["index"])
+        deadline = time.monotonic() + self.pipeline_wait_s
+        while version not in self.buffers:  # the parent may not have started this version yet
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return web.Response(status=404, text=f"version {version} not here")
+            try:
+                await asyncio.wait_for(self._version_added.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        buffer = self.buffers[version]
+        if not 0 <= index < len(buffer.chunks):
+            return web.Response(status=404, text=f"version {version} has no chunk {index}")
+        try:
+            await asyncio.wait_for(buffer.events[index].wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return web.Response(status=503, text=f"chunk {index} of version {version} not received yet")
+        return web.Response(body=buffer.data[index], content_type="application/octet-stream")
+
+
+class Fetcher:
+    """Fills a ``VersionBuffer`` from an ordered list of sources: parent peer(s) first, the store last."""
+
+    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], policy: FetchPolicy):
+        self.token = token
+        self.store_read = store_read  # blocking; runs in a worker thread
+        self.policy = policy
+
+    async def fetch(self, buffer: VersionBuffer, peers: list[str]) -> VersionBuffer:
+        sources = list(peers) + ["store"]
+        dead: set[str] = set()
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for chunk in buffer.chunks:
+            queue.put_nowait(chunk.index)
+        timeout = ClientTimeout(total=None, sock_connect=3)
+        async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"}) as session:
+
+            async def worker() -> None:
+                while True:
+                    try:
+                        index = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return
+                    while buffer.data[index] is None:
+                        source = next(s for s in sources if s not in dead)
+                        try:
+                            data = await self._get(session, source, buffer, index)
+                            buffer.put(index, data, source)
+                        except (SourceFailed, OSError, asyncio.TimeoutError, ValueError) as exc:
+                            if source == "store":
+                                raise
+                            if source not in dead:
+                                log.warning("v%d: leaving %s for the next source: %s", buffer.version, source,
+                                            exc or type(exc).__name__)
+                                dead.add(source)
+
+            try:
+                await asyncio.gather(*(worker() for _ in range(self.policy.window)))
+            except BaseException as exc:
+                buffer.failed = exc
+                raise
+        return buffer
+
+    async def _get(self, session: ClientSession, source: str, buffer: VersionBuffer, index: int) -> bytes:
+        chunk = buffer.chunks[index]
+        if source == "store":
+            return await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
+        url = f"{source}/v1/versions/{buffer.version}/chunks/{index}"
+        # the parent may legitimately wait for its own upstream: allow the pipeline wait plus one slow chunk
+        limit = self.policy.pipeline_wait_s + self.policy.chunk_timeout(chunk.size)
+        async with asyncio.timeout(limit):
+            async with session.get(url) as resp:
+                if resp.status != 200:
+                    raise SourceFailed(f"{url} answered {resp.status}")
+                started = time.monotonic()
+                data = await resp.read()
+        elapsed = time.monotonic() - started
+        if elapsed > self.policy.chunk_timeout(chunk.size):
+            raise SourceFailed(f"{source} sent chunk {index} at {chunk.size * 8 / elapsed / 1e6:.1f} Mbit/s")
+        return data
+
+
+def new_buffer(manifest: dict) -> VersionBuffer:
+    return VersionBuffer(int(manifest["version"]), manifest, chunk_table(manifest))
+
+
+class RelayNode:
+    """A relay server and fetcher on a private event loop in a daemon thread."""
+
+    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], *, host: str = "127.0.0.1",
+                 port: int = 0, policy: FetchPolicy | None = None, server_cls: type[RelayServer] = RelayServer):
+        self.policy = policy or FetchPolicy()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="echo2-relay", daemon=True)
+        self.thread.start()
+        self.server = server_cls(token, host=host, port=port)
+        self.server.pipeline_wait_s = self.policy.pipeline_wait_s
+        self.fetcher = Fetcher(token, store_read, self.policy)
+        self._call(self.server.start())
+
+    def _call(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start_fetch(self, manifest: dict, peers: list[str]):
+        """Begin receiving a version in the background; returns a concurrent future of its buffer."""
+
+        async def run() -> VersionBuffer:
+            buffer = new_buffer(manifest)
+            self.server.add(buffer)
+            return await self.fetcher.fetch(buffer, peers)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop)
+
+    def seed(self, manifest: dict, files: dict[str, bytes]) -> None:
+        """Hold a whole version already in hand (the benchmark's origin, or a learner that relays)."""
+
+        async def run() -> None:
+            buffer = new_buffer(manifest)
+            for chunk in buffer.chunks:
+                buffer.put(chunk.index, files[chunk.file][chunk.offset : chunk.offset + chunk.size], "seed")
+            self.server.add(buffer)
+
+        self._call(run())
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            await self.server.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:  # fetches in flight end here, not in a garbage-collected loop
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self._call(shutdown(), timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)

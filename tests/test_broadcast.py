@@ -1,0 +1,228 @@
+"""The relay over real HTTP on loopback: chains, trees, pipelining, bad peers, signatures, tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import aiohttp
+import pytest
+
+from echo2.broadcast.manifest import (ManifestRejected, chunk_hashes, relay_token, sign, verify_signature)
+from echo2.broadcast.relay import FetchPolicy, RelayNode, RelayServer
+from echo2.broadcast.topology import parent_index, plan, sources
+from echo2.data.store import open_store
+
+KEY = b"k" * 32
+TOKEN = relay_token(KEY)
+CHUNK = 64 * 1024
+
+
+def make_version(store, version=1, sizes=(300_000, 200_000, 5)):
+    files = {f"shard-{i:04d}.safetensors": os.urandom(n) for i, n in enumerate(sizes)}
+    entries = []
+    for name, data in files.items():
+        store.put(f"policy/v{version:06d}/{name}", data)
+        entries.append({"name": name, "kind": "shard", "size": len(data), "chunks": chunk_hashes(data, CHUNK)})
+    return sign({"version": version, "chunk_size": CHUNK, "files": entries}, KEY), files
+
+
+def slow_store_reader(store, delay=0.02):
+    def read(chunk, manifest):
+        time.sleep(delay)  # a store slower than loopback, so pipelining shows in the timestamps
+        key = f"policy/v{int(manifest['version']):06d}/{chunk.file}"
+        return store.get_range(key, chunk.offset, chunk.offset + chunk.size)
+
+    return read
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(str(tmp_path / "store"))
+
+
+def nodes(store, n, policy=None):
+    return [RelayNode(TOKEN, slow_store_reader(store), policy=policy or FetchPolicy(pipeline_wait_s=10)) for _ in range(n)]
+
+
+def run_topology(store, manifest, n, fanout):
+    relay = plan({f"a{i}": "" for i in range(n)}, 1, fanout=fanout, roots=1)
+    ns = nodes(store, n)
+    try:
+        urls = {f"a{i}": node.url for i, node in enumerate(ns)}
+        for p in relay["peers"]:
+            p["url"] = urls[p["id"]]
+        by_id = {f"a{i}": node for i, node in enumerate(ns)}
+        futures = {pid: by_id[pid].start_fetch(manifest, sources(relay, pid)) for pid in urls}
+        return relay, {pid: f.result(timeout=60) for pid, f in futures.items()}
+    finally:
+        for node in ns:
+            node.close()
+
+
+@pytest.mark.parametrize("n, fanout", [(4, 1), (6, 2)])
+def test_chain_and_tree_deliver_identical_bytes_pipelined(store, n, fanout):
+    manifest, files = make_version(store)
+    relay, buffers = run_topology(store, manifest, n, fanout)
+    order = [p["id"] for p in relay["peers"]]
+    for pid, buf in buffers.items():
+        assert buf.files() == files
+        k = order.index(pid)
+        parent = parent_index(k, fanout=fanout, roots=1)
+        if parent is None:
+            assert set(buf.sources) == {"store"}
+        else:
+            assert "store" not in buf.sources  # everything came through its parent
+            # pipelining: the child had its first chunk before the parent had its last
+            parent_buf = buffers[order[parent]]
+            assert min(buf.arrived_at) < max(parent_buf.arrived_at)
+
+
+class EvilServer(RelayServer):
+    """A peer that serves a corrupted chunk 2 (a test peer, not production code)."""
+
+    async def _chunk(self, request):
+        resp = await super()._chunk(request)
+        if request.match_info["index"] == "2" and resp.status == 200:
+            return type(resp)(body=b"\x00" * len(resp.body), content_type="application/octet-stream")
+        return resp
+
+
+def test_corrupted_chunk_is_never_used_or_passed_on(store):
+    manifest, files = make_version(store)
+    evil = RelayNode(TOKEN, slow_store_reader(store, 0), server_cls=EvilServer)
+    evil_server = evil.server
+    evil.start_fetch(manifest, []).result(timeout=30)
+    child, grandchild = nodes(store, 2)
+    try:
+        buf = child.start_fetch(manifest, [evil_server.url]).result(timeout=30)
+        assert buf.files() == files
+        assert buf.sources[2] == "store" and buf.sources[0] == evil_server.url
+        # the grandchild, fed by the child, never sees the bad bytes either
+        assert grandchild.start_fetch(manifest, [child.url]).result(timeout=30).files() == files
+    finally:
+        for node in (evil, child, grandchild):
+            node.close()
+
+
+def test_parent_dying_mid_transfer(store):
+    manifest, files = make_version(store, sizes=(2_000_000,))
+    parent, child = nodes(store, 2)
+    try:
+        pfut = parent.start_fetch(manifest, [])
+        cfut = child.start_fetch(manifest, [parent.url])
+
+        def child_has_a_chunk():
+            buf = child.server.buffers.get(1)
+            return buf is not None and any(d is not None for d in buf.data)
+
+        deadline = time.time() + 20
+        while time.time() < deadline and not child_has_a_chunk():
+            time.sleep(0.005)
+        parent.close()  # the parent dies with most of the version still to send
+        buf = cfut.result(timeout=60)
+        assert buf.files() == files
+        assert parent.url in buf.sources and "store" in buf.sources
+    finally:
+        child.close()
+        pfut.cancel()
+
+
+def stalling_server():
+    """Accepts connections and never answers (a test peer)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    conns = []
+    stop = threading.Event()
+
+    def accept():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conns.append(sock.accept()[0])
+            except OSError:
+                pass
+
+    threading.Thread(target=accept, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close(), [c.close() for c in conns])
+
+
+def test_stalled_parent_is_left_for_the_store(store):
+    manifest, files = make_version(store)
+    url, stop = stalling_server()
+    (child,) = nodes(store, 1, FetchPolicy(pipeline_wait_s=0.5, expected_mbit=100))
+    try:
+        t0 = time.time()
+        buf = child.start_fetch(manifest, [url]).result(timeout=60)
+        assert buf.files() == files and set(buf.sources) == {"store"}
+        assert time.time() - t0 < 30
+    finally:
+        child.close()
+        stop()
+
+
+def test_requests_without_the_run_token_get_401(store):
+    manifest, _ = make_version(store)
+    (node,) = nodes(store, 1)
+    try:
+        node.start_fetch(manifest, []).result(timeout=30)
+
+        async def get(headers):
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"{node.url}/v1/versions/1/chunks/0", headers=headers) as r:
+                    return r.status
+
+        assert asyncio.run(get({})) == 401
+        assert asyncio.run(get({"Authorization": "Bearer wrong"})) == 401
+        assert asyncio.run(get({"Authorization": f"Bearer {TOKEN}"})) == 200
+    finally:
+        node.close()
+
+
+def test_forged_and_re_signed_manifests_are_rejected(store):
+    manifest, _ = make_version(store)
+    assert verify_signature(manifest, KEY) == manifest
+    forged = {**manifest, "files": manifest["files"][:1]}
+    with pytest.raises(ManifestRejected):
+        verify_signature(forged, KEY)
+    with pytest.raises(ManifestRejected):
+        verify_signature(sign(forged, b"another key"), KEY)
+    with pytest.raises(ManifestRejected):
+        verify_signature({k: v for k, v in manifest.items() if k != "signature"}, KEY)
+
+
+def test_receiver_refuses_a_manifest_signed_with_another_key(store, tmp_path):
+    import torch
+
+    from echo2.broadcast.receiver import PolicyReceiver
+    from echo2.config import BroadcastConfig
+    from echo2.data.weights import publish_version
+
+    publish_version(store, 0, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=b"not the run key")
+    receiver = PolicyReceiver(store, "a0", KEY, BroadcastConfig(mode="store"))
+    try:
+        assert receiver.poll() is None and 0 in receiver.rejected
+        publish_version(store, 1, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=KEY)
+        deadline = time.time() + 10
+        got = None
+        while got is None and time.time() < deadline:
+            got = receiver.poll()
+            time.sleep(0.05)
+        assert got is not None and got.version == 1
+    finally:
+        receiver.close()
+
+
+def test_topology_rule():
+    assert [parent_index(k, fanout=1, roots=1) for k in range(4)] == [None, 0, 1, 2]
+    assert [parent_index(k, fanout=2, roots=1) for k in range(5)] == [None, 0, 0, 1, 1]
+    assert [parent_index(k, fanout=2, roots=2) for k in range(6)] == [None, None, 0, 0, 1, 1]
+    relay = plan({"a": "ua", "b": "ub", "c": "uc"}, 7, fanout=1, roots=1)
+    ids = [p["id"] for p in relay["peers"]]
+    assert relay == plan({"c": "uc", "a": "ua", "b": "ub"}, 7, fanout=1, roots=1)  # deterministic
+    assert sources(relay, ids[0]) == [] and sources(relay, "stranger") == []
+    assert sources(relay, ids[2]) == [f"u{ids[1]}", f"u{ids[0]}"]  # parent, then grandparent
