@@ -15,7 +15,7 @@ export DO_NOT_TRACK ?= 1
 export AWS_EC2_METADATA_DISABLED ?= true
 export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 
-.PHONY: setup run test clean-runs help
+.PHONY: setup run test clean-runs help bench-broadcast
 
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
@@ -40,3 +40,6 @@ test: setup
 
 clean-runs:
 	rm -rf runs echo2-logs
+
+bench-broadcast: setup
+	$(BIN)/echo2 bench broadcast

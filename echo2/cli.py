@@ -162,7 +162,7 @@ def export(
     """Export a published version or checkpoint as a from_pretrained-loadable directory."""
     from echo2.data import layout
     from echo2.data.store import NotFound, StoreError, open_store
-    from echo2.data.weights import download, latest_version
+    from echo2.data.weights import download, iter_tensors, latest_version
 
     try:
         store = open_store(run, _store_options_from_env())
@@ -179,9 +179,58 @@ def export(
             _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
     except (StoreError, NotFound) as exc:
         _fail(str(exc))
-    for extra in ("optimizer.pt", "trainer_state.json"):  # learner state is not part of the model
+    if manifest.get("weights") == "lora":  # an adapter version: fold it into its base
+        from echo2.data.weights import merge_into_folder
+
+        adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
+        download(store, layout.policy_dir(manifest["base_version"]), dest)
+        merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
+    for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
     typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
+
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured side by side.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("broadcast")
+def bench_broadcast(
+    receivers: Optional[List[int]] = typer.Option(None, "--receivers", help="Receiver counts (repeatable; default 2 4 8 16)."),
+    size_mb: float = typer.Option(256.0, "--size-mb", help="Payload (one policy version) in MB."),
+    link_mbit: float = typer.Option(200.0, "--link-mbit", help="Every node's uplink, the store's too."),
+    chunk_mb: float = typer.Option(2.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
+    fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
+    loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
+) -> None:
+    """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
+    from echo2.broadcast.bench import namespaces_available, run_broadcast_bench
+
+    counts = receivers or [2, 4, 8, 16]
+    shaped = False if loopback else namespaces_available()
+    results = []
+    for n in counts:
+        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped)
+        results.append(result)
+        if as_json:
+            typer.echo(json.dumps(result))
+    if as_json:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"broadcast of {size_mb:g} MB, {link_mbit:g} Mbit/s links, {chunk_mb:g} MB chunks, "
+                        f"fan-out {fanout} ({results[0]['network']})")
+    for col in ("receivers", "relay s", "store-only s", "ideal s", "relay/ideal", "store-only/relay", "verified"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r["receivers"]), f"{r['relay_s']:.2f}", f"{r['store_only_s']:.2f}", f"{r['ideal_s']:.2f}",
+                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", str(r["verified"]))
+    Console().print(table)
+    by_n = {r["receivers"]: r for r in results}
+    if 4 in by_n and 16 in by_n:
+        typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
 
 
 def main() -> None:

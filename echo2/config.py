@@ -110,6 +110,12 @@ class TrainConfig(_Section):
     """Newest published versions always kept; older ones are deleted once no rollout of them can be used (v < t - S)."""
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept; older ones are deleted after a newer one is committed."""
+    lora_rank: int = Field(0, ge=0)
+    """Train a LoRA adapter of this rank instead of all weights (0 = full fine-tuning); only the adapter is published."""
+    lora_alpha: float = Field(32.0, gt=0)
+    """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B @ A."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters (peft's target_modules)."""
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
     shard_mb: int = Field(256, ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import torch
 import pytest
 
 from conftest import REPO
@@ -203,3 +205,39 @@ def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
     assert not any(pid_alive(p) for p in pids)
     kinds = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
     assert "terminated" in kinds
+
+
+def test_two_actors_relay_versions_to_each_other(tiny_model, tmp_path):
+    echo2("run", str(REPO / "configs" / "quickstart-relay.yaml"),
+          *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=relay", *TINY, "train.max_steps=6",
+                "rollout.groups_per_batch=1"))
+    run = tmp_path / "runs" / "relay"
+    logs = "\n".join(p.read_text() for p in (run / "logs").glob("*.log"))
+    assert logs.count("received and verified") >= 6
+    assert "from http://127.0.0.1" in logs  # at least one version came through a peer, not the store
+    manifest = json.loads((run / "policy" / "v000006" / "manifest.json").read_text())
+    assert manifest["signature"] and {p["id"][:6] for p in manifest["relay"]["peers"]} == {"actor0", "actor1"}
+    assert not list(run.glob("peers/*.json"))  # actors unregister when they stop
+
+
+def test_lora_run_publishes_only_the_adapter(tiny_model, tmp_path):
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=lora", *TINY,
+                                    "train.lora_rank=4", "train.max_steps=3", "train.checkpoint_every=2"))
+    run = tmp_path / "runs" / "lora"
+    base = json.loads((run / "policy" / "v000000" / "manifest.json").read_text())
+    last = json.loads((run / "policy" / "v000003" / "manifest.json").read_text())
+    assert base["weights"] == "full" and last["weights"] == "lora" and last["base_version"] == 0
+    shard_bytes = lambda m: sum(f["size"] for f in m["files"] if f["kind"] == "shard")  # noqa: E731
+    assert shard_bytes(last) < shard_bytes(base) / 3  # only the adapter travelled
+    logs = "\n".join(p.read_text() for p in (run / "logs").glob("*.log"))
+    assert re.search(r"now generating with policy v[12] ", logs)  # an adapter version, merged by the actor
+    # the adapter version exports merged into its base, and differs from the base
+    from transformers import AutoModelForCausalLM
+
+    echo2("export", str(run), str(tmp_path / "merged"))
+    echo2("export", str(run), str(tmp_path / "base"), "--step", "0")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    original = AutoModelForCausalLM.from_pretrained(tmp_path / "base").state_dict()
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q], original[q])
+    assert torch.equal(merged["model.embed_tokens.weight"], original["model.embed_tokens.weight"])

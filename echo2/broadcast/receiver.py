@@ -80,6 +80,11 @@ class PolicyReceiver:
         log.info("v%d received and verified (%d chunks, from %s)", version, len(buffer.chunks), ", ".join(sorted(sources)))
         return buffer
 
+    def fetch_blocking(self, version: int) -> VersionBuffer:
+        """A whole older version (the base of a LoRA adapter) from the store, verified, now."""
+        manifest = verify_signature(read_manifest(self.store, layout.policy_dir(version)), self.key)
+        return self.node.start_fetch(manifest, []).result()
+
     def _begin(self, version: int) -> None:
         try:
             manifest = verify_signature(read_manifest(self.store, layout.policy_dir(version)), self.key)

@@ -174,3 +174,18 @@ def published_versions(store: ObjectStore) -> list[int]:
             if v is not None:
                 out.append(v)
     return sorted(out)
+
+
+def merge_into_folder(folder: Path, adapter: dict[str, torch.Tensor], *, rank: int, alpha: float) -> None:
+    """Fold a LoRA adapter into the shards of a downloaded base folder, shard by shard."""
+    from echo2.data.lora import merge_lora
+
+    merged_modules = 0
+    for shard in sorted(folder.glob("shard-*.safetensors")):
+        base = st_load(shard.read_bytes())
+        merged, n = merge_lora(base, adapter, rank=rank, alpha=alpha, strict=False)
+        merged_modules += n
+        shard.write_bytes(st_save(merged, metadata={"format": "pt"}))
+    expected = sum(k.endswith(".lora_A.weight") for k in adapter)
+    if merged_modules != expected:
+        raise CorruptWeights(f"adapter has {expected} modules but only {merged_modules} match the base")

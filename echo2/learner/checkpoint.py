@@ -14,13 +14,16 @@ import random
 from dataclasses import dataclass
 
 import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from echo2.data import layout
 from echo2.data.store import ObjectStore
-from echo2.data.weights import iter_tensors, read_manifest, read_verified, unique_state_dict, write_weights
+from echo2.data.weights import iter_tensors, read_manifest, read_verified, write_weights
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
+ADAPTER_FILE = "adapter.safetensors"
 
 
 @dataclass
@@ -29,18 +32,23 @@ class Checkpoint:
     state: dict
     tensors: dict[str, torch.Tensor]
     optimizer: dict
+    adapter: dict[str, torch.Tensor] | None
 
 
-def save_checkpoint(store: ObjectStore, step: int, model, optimizer, state: dict, *, shard_mb: int,
-                    extra_files: dict[str, bytes]) -> None:
+def save_checkpoint(store: ObjectStore, step: int, tensors: dict[str, torch.Tensor], optimizer, state: dict, *,
+                    shard_mb: int, extra_files: dict[str, bytes], adapter: dict[str, torch.Tensor] | None = None) -> None:
+    """``tensors``: full weights under HF names (so the folder loads with from_pretrained);
+    ``adapter``: the LoRA adapter being trained, which resume restores on top of the base."""
     buf = io.BytesIO()
     torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                 "py_rng": random.getstate()}, buf)
     files = dict(extra_files)
     files[OPTIMIZER_FILE] = buf.getvalue()
     files[STATE_FILE] = json.dumps({"step": step, **state}, indent=1).encode()
-    write_weights(store, layout.checkpoint_dir(step), unique_state_dict(model), extra_files=files,
-                  shard_mb=shard_mb, meta={"step": step})
+    if adapter is not None:
+        files[ADAPTER_FILE] = st_save(adapter, metadata={"format": "pt"})
+    write_weights(store, layout.checkpoint_dir(step), tensors, extra_files=files, shard_mb=shard_mb,
+                  meta={"step": step})
 
 
 def checkpoint_steps(store: ObjectStore) -> list[int]:
@@ -60,8 +68,9 @@ def load_checkpoint(store: ObjectStore, step: int) -> Checkpoint:
     entries = {e["name"]: e for e in manifest["files"]}
     state = json.loads(read_verified(store, prefix, entries[STATE_FILE]))
     opt = torch.load(io.BytesIO(read_verified(store, prefix, entries[OPTIMIZER_FILE])), weights_only=False)
-    tensors = dict(iter_tensors(store, prefix, manifest))
-    return Checkpoint(step=step, state=state, tensors=tensors, optimizer=opt)
+    adapter = st_load(read_verified(store, prefix, entries[ADAPTER_FILE])) if ADAPTER_FILE in entries else None
+    tensors = {} if adapter is not None else dict(iter_tensors(store, prefix, manifest))
+    return Checkpoint(step=step, state=state, tensors=tensors, optimizer=opt, adapter=adapter)
 
 
 def prune_checkpoints(store: ObjectStore, keep: int) -> None:

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from echo2.config import TrainConfig
 from echo2.data import layout
 from echo2.data.store import ObjectStore
+from echo2.data.lora import merge_lora
 from echo2.data.weights import model_files, publish_version, published_versions, unique_state_dict
 from echo2.learner.loss import group_advantages, policy_loss, token_logprobs
 
@@ -33,10 +34,19 @@ class Learner:
         self.model_dir = model_dir
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        # the frozen base, as plain HF names (shares storage with the model: no copy)
+        self.base_tensors = unique_state_dict(self.model)
+        self.lora = config.lora_rank > 0
+        if self.lora:
+            from peft import LoraConfig, get_peft_model
+
+            self.model = get_peft_model(self.model, LoraConfig(
+                r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_target_modules,
+                lora_dropout=0.0))
         self.model.train()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
+            [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
         )
         self.reference = None
         if config.kl_coef > 0:
@@ -120,12 +130,39 @@ class Learner:
                            clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
     # -- publishing ------------------------------------------------------------------------
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def full_tensors(self) -> dict[str, torch.Tensor]:
+        """Current weights under plain Hugging Face names (a LoRA adapter merged into the base)."""
+        if not self.lora:
+            return unique_state_dict(self.model)
+        return merge_lora(self.base_tensors, self.adapter_tensors(), rank=self.config.lora_rank,
+                          alpha=self.config.lora_alpha)
+
+    def load_adapter(self, tensors: dict[str, torch.Tensor]) -> None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(self.model, tensors)
+
     def publish(self, store: ObjectStore, *, key: bytes, chunk_size: int, relay: dict) -> dict:
-        """Commit the current weights as policy version ``self.version`` (signed) and move LATEST to it."""
-        tensors = unique_state_dict(self.model, _DTYPES[self.config.publish_dtype])
+        """Commit the current weights as policy version ``self.version`` (signed) and move LATEST to it.
+
+        With LoRA, version 0 is the full base and every later version only the adapter.
+        """
+        dtype = _DTYPES[self.config.publish_dtype]
+        meta: dict = {"relay": relay, "weights": "full"}
+        if self.lora and self.version > 0:
+            tensors = {k: v.to(dtype) for k, v in self.adapter_tensors().items()}
+            meta.update(weights="lora", base_version=0, lora_rank=self.config.lora_rank,
+                        lora_alpha=self.config.lora_alpha)
+        else:
+            tensors = {k: v.to(dtype) for k, v in self.base_tensors.items()} if self.lora else unique_state_dict(
+                self.model, dtype)
         manifest = publish_version(store, self.version, tensors, extra_files=self.extra_files,
-                                   shard_mb=self.config.shard_mb, chunk_size=chunk_size, key=key,
-                                   meta={"relay": relay})
+                                   shard_mb=self.config.shard_mb, chunk_size=chunk_size, key=key, meta=meta)
         self._collect_garbage(store)
         return manifest
 
@@ -135,6 +172,8 @@ class Learner:
         keep = set(versions[-self.config.keep_versions :])
         oldest_useful = self.version - self.config.staleness
         for v in versions:
+            if self.lora and v == 0:
+                continue  # the base every adapter version applies to
             if v not in keep and v < oldest_useful:
                 prefix = layout.policy_dir(v)
                 # the manifest goes first, so a half-deleted folder is never taken for a committed one

@@ -107,8 +107,11 @@ class LearnerRun:
         settled: set[str] = set()
         if steps:
             ckpt = load_checkpoint(self.store, step)
-            self.learner.model.load_state_dict(ckpt.tensors, strict=False)
-            self.learner.model.tie_weights()
+            if ckpt.adapter is not None:
+                self.learner.load_adapter(ckpt.adapter)
+            else:
+                self.learner.model.load_state_dict(ckpt.tensors, strict=False)
+                self.learner.model.tie_weights()
             self.learner.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
             torch.set_rng_state(ckpt.optimizer["torch_rng"])
             random.setstate(ckpt.optimizer["py_rng"])
@@ -191,8 +194,10 @@ class LearnerRun:
     def checkpoint(self) -> None:
         state = {"settled": sorted(self.collector.settled), "history": self.history, "evals": self.evals,
                  "wall_seconds": self.wall_seconds(), "run_id": self.run_id}
-        save_checkpoint(self.store, self.step, self.learner.model, self.learner.optimizer, state,
-                        shard_mb=self.config.train.shard_mb, extra_files=self.learner.extra_files)
+        learner = self.learner
+        save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer, state,
+                        shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
+                        adapter=learner.adapter_tensors() if learner.lora else None)
         prune_checkpoints(self.store, self.config.train.keep_checkpoints)
 
     def wall_seconds(self) -> float:

@@ -34,6 +34,7 @@ from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex
+from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
 from echo2.rollout.engine import Engine, SamplingParams
@@ -63,6 +64,7 @@ class Actor:
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
+        self._base: tuple[int, dict[str, torch.Tensor]] | None = None
         self.seq = 0
         self._stopping = False
         self._committing = False
@@ -121,10 +123,23 @@ class Actor:
                     (model_dir / entry["name"]).write_bytes(files[entry["name"]])
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self._build_engine(model_dir)
-        shards = [files[e["name"]] for e in buffer.manifest["files"] if e["kind"] == "shard"]
-        self.engine.load_weights(item for blob in shards for item in st_load(blob).items())
+        self.engine.load_weights(self._weights_of(buffer.manifest, files).items())
         self.version = buffer.version
         log.info("now generating with policy v%d (loaded in %.1fs)", self.version, time.time() - t0)
+
+    def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+        """Full weights of a received version; a LoRA version is merged into its base version."""
+        tensors = {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
+        if manifest.get("weights") != "lora":
+            if self.config.train.lora_rank > 0:
+                self._base = (manifest["version"], tensors)  # later adapter versions apply to it
+            return tensors
+        base_version = manifest["base_version"]
+        if self._base is None or self._base[0] != base_version:
+            log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
+            base = self.receiver.fetch_blocking(base_version)
+            self._base = (base_version, self._weights_of(base.manifest, base.files()))
+        return merge_lora(self._base[1], tensors, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
 
     def _build_engine(self, model_dir: Path) -> None:
         if self.config.rollout.engine == "transformers":

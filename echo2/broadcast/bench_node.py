@@ -1,0 +1,95 @@
+"""One node of the broadcast benchmark, run as its own process (inside a network namespace when
+shaped). ``origin`` serves the payload over HTTP like an object store; ``receiver`` runs the real
+relay code: a ``RelayNode`` that fetches chunks from its sources (peers, then the store) and
+serves what it has verified to its children.
+
+Protocol with the coordinator (stdin/stdout, one JSON object per line):
+    node -> {"ready": url}         server is listening
+    coord -> {"sources": [...]}    start fetching (receivers only)
+    node -> {"done": t, ...}       whole version verified (receivers only)
+    coord -> closes stdin          exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import fsspec
+from aiohttp import web
+
+from echo2.broadcast.relay import FetchPolicy, RelayNode
+
+
+def _say(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def run_origin(root: Path, host: str, port: int) -> None:
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_static("/", root)  # FileResponse answers Range requests, as object stores do
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        _say({"ready": f"http://{host}:{site._server.sockets[0].getsockname()[1]}"})
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the coordinator closes
+        await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: int, policy: FetchPolicy) -> None:
+    manifest = json.loads(manifest_path.read_text())
+    http = fsspec.filesystem("http")
+
+    def store_read(chunk, manifest):
+        return http.cat_file(f"{origin}/{chunk.file}", start=chunk.offset, end=chunk.offset + chunk.size)
+
+    node = RelayNode(token, store_read, host=host, port=port, policy=policy)
+    _say({"ready": node.url})
+    command = json.loads(sys.stdin.readline())
+    started = time.time()
+    buffer = node.start_fetch(manifest, command["sources"]).result()
+    done = time.time()
+    # whole-file check on top of the per-chunk checks: every byte matches the manifest
+    verified = True
+    for entry in manifest["files"]:
+        digest = hashlib.sha256()
+        for chunk, data in zip(buffer.chunks, buffer.data):
+            if chunk.file == entry["name"]:
+                digest.update(data)
+        verified &= digest.hexdigest() == entry["sha256"]
+    _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at), "verified": verified,
+          "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+    sys.stdin.read()  # keep serving children until the coordinator closes stdin
+    node.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["origin", "receiver"])
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--root", type=Path)
+    parser.add_argument("--manifest", type=Path)
+    parser.add_argument("--origin")
+    parser.add_argument("--token-file", type=Path)
+    parser.add_argument("--expected-mbit", type=float, default=200.0)
+    args = parser.parse_args()
+    if args.role == "origin":
+        run_origin(args.root, args.host, args.port)
+    else:
+        policy = FetchPolicy(expected_mbit=args.expected_mbit, min_rate_fraction=0.05, pipeline_wait_s=60)
+        run_receiver(args.manifest, args.origin, args.token_file.read_text().strip(), args.host, args.port, policy)
+
+
+if __name__ == "__main__":
+    main()
