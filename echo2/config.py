@@ -148,8 +148,8 @@ class BroadcastConfig(_Section):
     """A parent slower than this fraction of expected_mbit on a chunk is left for the next source."""
     pipeline_wait_s: float = Field(30.0, gt=0)
     """How long a relay holds a request for a chunk it is still receiving."""
-    window: int = Field(2, ge=1)
-    """Chunk requests in flight per actor."""
+    window: int = Field(4, ge=1)
+    """Chunk requests in flight to the store (from a peer, chunks come one at a time)."""
     host: str = "127.0.0.1"
     """Address the relay server binds (0.0.0.0 on cloud VMs)."""
     advertise_host: str | None = None

@@ -82,8 +82,10 @@ class FetchPolicy:
     """A parent slower than this fraction of ``expected_mbit`` on a chunk is abandoned."""
     pipeline_wait_s: float = 30.0
     """How long a server holds a request for a chunk it is still receiving."""
-    window: int = 2
-    """Chunk requests in flight per node."""
+    window: int = 4
+    """Chunk requests in flight to the store. From a peer, chunks come one at a time: parallel
+    transfers would share the parent's uplink and finish every chunk later, adding latency at
+    every hop of the pipeline."""
 
     def chunk_timeout(self, size: int) -> float:
         return 2.0 + size * 8 / (self.expected_mbit * 1e6 * self.min_rate_fraction)
@@ -175,6 +177,7 @@ class Fetcher:
         queue: asyncio.Queue[int] = asyncio.Queue()
         for chunk in buffer.chunks:
             queue.put_nowait(chunk.index)
+        gates = {s: asyncio.Semaphore(self.policy.window if s == "store" else 1) for s in sources}
         timeout = ClientTimeout(total=None, sock_connect=3)
         async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"}) as session:
 
@@ -187,7 +190,10 @@ class Fetcher:
                     while buffer.data[index] is None:
                         source = next(s for s in sources if s not in dead)
                         try:
-                            data = await self._get(session, source, buffer, index)
+                            async with gates[source]:
+                                if source in dead:
+                                    continue  # another worker gave up on it while we queued
+                                data = await self._get(session, source, buffer, index)
                             buffer.put(index, data, source)
                         except (SourceFailed, OSError, asyncio.TimeoutError, ValueError) as exc:
                             if source == "store":

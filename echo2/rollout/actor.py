@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -105,6 +106,7 @@ class Actor:
             pass
         finally:
             self.receiver.close()
+            shutil.rmtree(self._workdir, ignore_errors=True)
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
 
     # -- steps -----------------------------------------------------------------------------
