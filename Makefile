@@ -15,7 +15,7 @@ export DO_NOT_TRACK ?= 1
 export AWS_EC2_METADATA_DISABLED ?= true
 export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 
-.PHONY: setup run test clean-runs help bench-broadcast
+.PHONY: setup run test clean-runs help bench-broadcast ui ui-stop browser
 
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
@@ -35,7 +35,11 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/echo2 run configs/quickstart.yaml
 
-test: setup
+# headless Chromium renders the Prefect flow run page in the UI test (Debian's package)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: setup browser
 	$(BIN)/python -m pytest
 
 clean-runs:
@@ -43,3 +47,9 @@ clean-runs:
 
 bench-broadcast: setup
 	$(BIN)/echo2 bench broadcast
+
+ui: setup
+	BIN=$(abspath $(BIN)) infra/ui.sh start
+
+ui-stop:
+	infra/ui.sh stop

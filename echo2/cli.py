@@ -42,36 +42,6 @@ def _store_options_from_env() -> dict:
     return json.loads(raw) if raw else {}
 
 
-def _resolve(config_path: Path, overrides: list[str], resume: bool):
-    """The config this invocation runs with; on --resume, the run's own config plus the overrides."""
-    from echo2.config import config_from_dict, load_config, parse_override, _set_path
-    from echo2.data.fsspec_store import FsspecStore
-    from echo2.data.store import StoreError
-    from echo2.errors import StoreUnreachable
-    from echo2.learner.run import find_resumable_run
-    from echo2.models import resolve_model
-
-    config = load_config(config_path, overrides)
-    try:
-        store = FsspecStore(config.store.url, config.store.options)
-        store.check()
-    except StoreError as exc:
-        raise StoreUnreachable(str(exc)) from None
-    if resume:
-        runs = store.child("runs")
-        run_id = config.run.id or find_resumable_run(runs)
-        try:
-            data = runs.child(run_id).get_json("run.json")["config"]
-        except KeyError:
-            raise Echo2InputError(f"--resume: no run {run_id} under {runs.url}") from None
-        for text in overrides:
-            key, value = parse_override(text)
-            _set_path(data, key, value)
-        config = config_from_dict(data, f"{runs.url}/{run_id}/run.json")
-    resolve_model(config.model.name)  # fail before starting anything; converts the default once
-    return config
-
-
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 
@@ -103,8 +73,10 @@ def run(
         os.environ.setdefault(key, value)
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    from echo2.launch import resolve_launch
+
     try:
-        cfg = _resolve(config, set_ or [], resume)
+        cfg = resolve_launch(config, set_ or [], resume)
     except Echo2InputError as exc:
         _fail(str(exc))
     if dry_run:
@@ -115,10 +87,6 @@ def run(
     reporter = RichReporter()
     _setup_logging(verbose, reporter.console)
     set_reporter(reporter)
-    from echo2.learner.run import new_run_id
-
-    if cfg.run.id is None:
-        cfg.run.id = new_run_id(cfg.run.name)
     from flows.train import train
 
     try:

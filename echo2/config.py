@@ -169,6 +169,8 @@ class FleetConfig(_Section):
     """Number of actor processes."""
     max_restarts: int = Field(3, ge=0)
     """A crashed actor is restarted up to this many times per run."""
+    max_usd_per_hour: float | None = Field(None, gt=0)
+    """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
 
 
 class Config(_Section):

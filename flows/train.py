@@ -1,35 +1,39 @@
-"""The ``echo2-train`` Prefect flow: one training run, each optimizer step a Prefect task.
+"""The ``echo2-train`` Prefect flow: one training run, each stage a Prefect task.
 
+    resolve the launch (config + overrides, or the run being resumed)
     prepare the run (create, or resume from the last checkpoint) and publish the initial policy
     start the actor fleet
     evaluate before training
-    until max_steps: train one step (collect fresh rollouts, GRPO update, publish, checkpoint)
-                     and reconcile the fleet
-    evaluate after training
-    stop the fleet (always), write the reports
+    until max_steps: collect fresh rollouts (retried on store hiccups)
+                     update the policy (GRPO step, publish, checkpoint)
+                     reconcile the fleet, forward actor logs, update the artifacts
+    on cancel or Ctrl-C: checkpoint so `resume: true` continues from here
+    always: stop the fleet
+    evaluate after training, write the reports and the cost report artifact
 """
 
 from __future__ import annotations
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
-from prefect.runtime import flow_run
 
-from echo2.config import Config, config_from_dict, load_config
-from echo2.data.store import open_store
+from echo2.config import Config, config_from_dict
+from echo2.data.store import StoreError, open_store
 from echo2.fleet.local import LocalFleet
+from echo2.launch import resolve_launch
+from echo2.learner.collector import Selection
 from echo2.learner.run import LearnerRun
-from echo2.progress import reporter
+from flows.observe import RunWatch
 
 
-def _run_name() -> str:
-    return (flow_run.parameters.get("config") or {}).get("run", {}).get("id") or "echo2-run"
+def _transient(task, task_run, state) -> bool:
+    exc = state.result(raise_on_failure=False)
+    return isinstance(exc, (StoreError, ConnectionError, OSError)) and not isinstance(exc, FileNotFoundError)
 
 
 @task(cache_policy=NO_CACHE)
 def prepare_run(config: Config, resume: bool) -> LearnerRun:
-    runs = open_store(config.store.url, config.store.options).child("runs")
-    return LearnerRun(config, runs, resume=resume)
+    return LearnerRun(config, open_store(config.store.url, config.store.options).child("runs"), resume=resume)
 
 
 @task(cache_policy=NO_CACHE)
@@ -45,9 +49,15 @@ def evaluate(run: LearnerRun, label: str) -> dict:
     return run.evaluate(label)
 
 
-@task(cache_policy=NO_CACHE, task_run_name="train-step-{step}")
-def train_step(run: LearnerRun, fleet: LocalFleet, step: int) -> dict:
-    return run.train_step(should_abort=fleet.reconcile)
+@task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2, retry_condition_fn=_transient,
+      task_run_name="collect-rollouts-{step}")
+def collect_rollouts(run: LearnerRun, fleet: LocalFleet, step: int) -> Selection:
+    return run.collect(should_abort=fleet.reconcile)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="update-policy-{step}")
+def update_policy(run: LearnerRun, selection: Selection, step: int) -> dict:
+    return run.update(selection)
 
 
 @task(cache_policy=NO_CACHE)
@@ -60,24 +70,39 @@ def write_reports(run: LearnerRun) -> dict:
     return run.finish()
 
 
-@flow(name="echo2-train", flow_run_name=_run_name)
-def train(config: dict | None = None, config_path: str = "configs/quickstart.yaml",
-          overrides: list[str] | None = None, resume: bool = False) -> dict:
-    """Train with a resolved ``config`` mapping (what ``echo2 run`` passes), or a YAML path plus overrides."""
-    cfg = config_from_dict(config) if config is not None else load_config(config_path, overrides or [])
+@flow(name="echo2-train")
+def train(config_path: str = "configs/quickstart.yaml", model: str | None = None, task: str | None = None,
+          staleness: int | None = None, max_steps: int | None = None, fleet_budget_usd_per_hour: float | None = None,
+          overrides: list[str] | None = None, resume: bool = False, config: dict | None = None) -> dict:
+    """Train a policy with GRPO on a fleet of rollout actors.
+
+    config_path: YAML config; model/task/staleness/max_steps/fleet_budget_usd_per_hour override its
+    most-changed fields; overrides: more `key=value` settings; resume: continue the run named by
+    `run.id` (or the newest unfinished one) from its last checkpoint.
+    """
+    shortcuts = {"model.name": model, "task.name": task, "train.staleness": staleness,
+                 "train.max_steps": max_steps, "fleet.max_usd_per_hour": fleet_budget_usd_per_hour}
+    settings = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides or [])
+    cfg = config_from_dict(config) if config is not None else resolve_launch(config_path, settings, resume)
+    watch = RunWatch(cfg)
     run = prepare_run(cfg, resume)
     fleet = start_fleet(run)
-    ui = reporter()
     try:
         if cfg.eval.before:
-            ui.eval("before", evaluate(run, "before"))
-        ui.start(run.run_id, cfg.train.max_steps, run.step)
+            watch.eval("before", evaluate(run, "before"))
+        watch.started(run.step)
         while run.step < cfg.train.max_steps:
-            metrics = train_step(run, fleet, step=run.step + 1)
-            ui.step(metrics, reconcile_fleet(fleet))
+            selection = collect_rollouts(run, fleet, step=run.step + 1)
+            metrics = update_policy(run, selection, step=run.step + 1)
+            watch.step(metrics, reconcile_fleet(fleet), fleet.new_log_lines(), fleet.cost_so_far())
+    except BaseException:
+        run.interrupted()
+        watch.stopped()
+        raise
     finally:
-        ui.stop()
         fleet.stop()
     if cfg.eval.after:
-        ui.eval("after", evaluate(run, "after"))
-    return write_reports(run)
+        watch.eval("after", evaluate(run, "after"))
+    summary = write_reports(run)
+    watch.finished(summary, run.report_file("curves.png"), run.cost_markdown())
+    return summary

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo2.config import FleetConfig
-from echo2.data.ledger import write_event
+from echo2.data.ledger import actor_costs, read_events, write_event
 from echo2.data.store import ObjectStore
 from echo2.fleet.backend import FleetBackend
 
@@ -53,6 +53,7 @@ class LocalFleet(FleetBackend):
         self.store_options = store_options
         self.log_dir = log_dir
         self.slots: list[_Slot] = []
+        self._log_offsets: dict[Path, int] = {}
         self._stopped = False
         atexit.register(self.stop)
 
@@ -113,5 +114,22 @@ class LocalFleet(FleetBackend):
                 log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
         atexit.unregister(self.stop)
 
-    def log_paths(self) -> list[Path]:
-        return [s.log_path for s in self.slots]
+    def cost_so_far(self) -> float:
+        """Dollars the fleet has spent in this run so far (local processes are free, but counted)."""
+        return sum(row["usd"] for row in actor_costs(read_events(self.store)))
+
+    def new_log_lines(self) -> list[str]:
+        """Lines the actors logged since the last call, prefixed with the actor id (for the flow's log)."""
+        lines = []
+        for slot in self.slots:
+            offset = self._log_offsets.get(slot.log_path, 0)
+            try:
+                with open(slot.log_path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next call
+            self._log_offsets[slot.log_path] = offset + len(complete)
+            lines += [f"[{slot.actor_id}] {line}" for line in complete.decode(errors="replace").splitlines() if line]
+        return lines

@@ -39,6 +39,7 @@ class Selection:
     used: list[dict] = field(default_factory=list)
     dropped: list[dict] = field(default_factory=list)
     quarantined: list[dict] = field(default_factory=list)
+    waited_s: float = 0.0
 
     @property
     def groups(self) -> int:
@@ -81,8 +82,20 @@ class RolloutCollector:
 
     def collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float = 0.25,
                 should_abort=lambda: None) -> Selection:
-        """Block until enough fresh, valid groups are committed; write the step's ledger entry."""
+        """Block until enough fresh, valid groups are committed; write the step's ledger entry.
+
+        On any error nothing is settled, so a retry sees the same files again.
+        """
+        settled_before = set(self.settled)
+        try:
+            return self._collect(step, learner_version, timeout_s=timeout_s, poll_s=poll_s, should_abort=should_abort)
+        except BaseException:
+            self.settled = settled_before
+            raise
+
+    def _collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float, should_abort) -> Selection:
         sel = Selection(step=step, learner_version=learner_version)
+        started = time.time()
         deadline = time.time() + timeout_s
         while sel.groups < self.groups_per_step:
             progressed = False
@@ -124,4 +137,5 @@ class RolloutCollector:
             if not progressed:
                 time.sleep(poll_s)
         write_consumed(self.store, step, sel.ledger_record())
+        sel.waited_s = time.time() - started
         return sel

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from echo2.data import layout
-from echo2.data.ledger import consumed_keys, read_events
+from echo2.data.ledger import actor_costs, consumed_keys, read_events
 
 if TYPE_CHECKING:
     from echo2.learner.run import LearnerRun
@@ -59,10 +59,18 @@ def _curves_png(history: list[dict]) -> bytes:
     return buf.getvalue()
 
 
+def cost_markdown(rows: list[dict]) -> str:
+    total = sum(r["usd"] for r in rows)
+    lines = [f"## Cost: ${total:.4f}", "", "| actor | backend | $/h | hours | $ |", "| --- | --- | ---: | ---: | ---: |"]
+    lines += [f"| {r['actor_id']} | {r['backend']} | {r['price_usd_per_hour']:.4f} | {r['hours']:.4f} | {r['usd']:.4f} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(run: "LearnerRun") -> dict:
     store = run.store
-    events = read_events(store)
-    cost = sum(e.get("cost_usd", 0.0) for e in events)
+    rows = actor_costs(read_events(store))
+    cost = sum(r["usd"] for r in rows)
     summary = {
         "run_id": run.run_id,
         "steps": run.step,
@@ -79,6 +87,7 @@ def write_reports(run: "LearnerRun") -> dict:
     store.put(f"reports/metrics.json", json.dumps(run.history, indent=1).encode(), if_absent=False)
     if run.history:
         store.put("reports/curves.png", _curves_png(run.history), if_absent=False)
-    store.put_json("reports/cost.json", {"total_usd": cost, "events": len(events)}, if_absent=False)
+    store.put_json("reports/cost.json", {"total_usd": cost, "actors": rows}, if_absent=False)
+    store.put("reports/cost.md", cost_markdown(rows).encode(), if_absent=False)
     store.put_json(layout.SUMMARY, summary)
     return summary

@@ -28,7 +28,8 @@ from echo2.data.ledger import CONSUMED_PREFIX, write_event
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 from echo2.errors import Echo2InputError
 from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
-from echo2.learner.collector import RolloutCollector
+from echo2.learner.collector import RolloutCollector, Selection
+from echo2.learner.metrics import MetricsSink
 from echo2.learner.evaluate import greedy_accuracy
 from echo2.learner.learner import Learner
 from echo2.learner.report import write_reports
@@ -78,6 +79,7 @@ class LearnerRun:
             settled = self._resume()
         else:
             self._create()
+        self.sink = MetricsSink(self.local_dir, self.run_id, config.model_dump(mode="json"))
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=config.train.staleness,
             groups_per_step=config.train.groups_per_step, group_size=config.rollout.group_size,
@@ -161,28 +163,42 @@ class LearnerRun:
         result["seconds"] = time.time() - t0
         result["at_step"] = self.step
         self.evals[label] = result
+        self.sink.log_eval(label, self.step, result["accuracy"])
         log.info("eval %s (step %d): accuracy %.3f on %d held-out problems", label, self.step,
                  result["accuracy"], result["n"])
         return result
 
-    def train_step(self, should_abort=lambda: None) -> dict:
-        """Collect fresh rollouts, take one optimizer step, publish and checkpoint on schedule."""
+    def collect(self, should_abort=lambda: None) -> Selection:
+        """Wait for enough fresh, valid rollouts for the next step; write its ledger entry."""
+        return self.collector.collect(self.step + 1, self.step, timeout_s=self.config.train.rollout_timeout_s,
+                                      should_abort=should_abort)
+
+    def update(self, selection: Selection) -> dict:
+        """One optimizer step on ``selection``; publish and checkpoint on schedule; returns metrics."""
         cfg = self.config.train
         t0 = time.time()
-        selection = self.collector.collect(self.step + 1, self.step, timeout_s=cfg.rollout_timeout_s,
-                                           should_abort=should_abort)
-        wait = time.time() - t0
         metrics = self.learner.train_step(selection.tables)
-        metrics.update(wait_seconds=wait, dropped_stale=len(selection.dropped),
+        metrics.update(wait_seconds=selection.waited_s, dropped_stale=len(selection.dropped),
                        quarantined=len(selection.quarantined), time=time.time())
         is_last = self.step >= cfg.max_steps
         if self.step % cfg.publish_every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
             self.publish()
         if self.step % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
-        metrics["seconds"] = time.time() - t0
+        metrics["seconds"] = time.time() - t0 + selection.waited_s
         self.history.append(metrics)
+        self.sink.log(self.step, metrics)
         return metrics
+
+    def train_step(self, should_abort=lambda: None) -> dict:
+        return self.update(self.collect(should_abort))
+
+    def interrupted(self) -> None:
+        """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""
+        if self.step > 0 and self.step not in checkpoint_steps(self.store):
+            self.checkpoint()
+        write_event(self.store, "interrupted", "learner", step=self.step)
+        log.warning("run %s interrupted at step %d; resume with --resume", self.run_id, self.step)
 
     def publish(self) -> dict:
         """Publish the current version, signed, with the relay tree over the peers alive now."""
@@ -203,13 +219,27 @@ class LearnerRun:
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.started
 
+    def report_file(self, name: str) -> bytes | None:
+        try:
+            return self.store.get(f"reports/{name}")
+        except NotFound:
+            return None
+
+    def cost_markdown(self) -> str:
+        return (self.report_file("cost.md") or b"").decode()
+
     def finish(self) -> dict:
         """Write ``reports/`` (summary.json last: it also tells actors the run is over)."""
+        self.sink.close()
         return write_reports(self)
 
     @property
-    def log_dir(self) -> Path:
-        """Where actor logs go: inside the run for a local store, else ./echo2-logs/<run>."""
+    def local_dir(self) -> Path:
+        """Local files of the run (logs, TensorBoard): the run folder itself for a local store, else ./echo2-logs/<run>."""
         if self.store.url.startswith("file://"):
-            return Path(self.store.url[len("file://") :]) / "logs"
+            return Path(self.store.url[len("file://") :])
         return Path("echo2-logs") / self.run_id
+
+    @property
+    def log_dir(self) -> Path:
+        return self.local_dir / "logs"

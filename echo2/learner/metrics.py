@@ -1,0 +1,50 @@
+"""Per-step metrics to the tools users already compare runs with: TensorBoard event files under
+the run's local folder (``tensorboard/``), and Weights & Biases when it is installed and
+configured (``WANDB_API_KEY`` or ``WANDB_MODE`` set)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("echo2.learner")
+
+_SCALARS = ("reward", "loss", "lag_mean", "lag_max", "clip_fraction", "ratio_mean", "kl_behavior", "grad_norm",
+            "groups_with_signal", "completion_tokens", "seconds", "wait_seconds", "dropped_stale", "quarantined")
+
+
+class MetricsSink:
+    def __init__(self, local_dir: Path, run_id: str, config: dict):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tensorboard_dir = local_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
+        self.wandb = None
+        if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"):
+            try:
+                import wandb
+            except ImportError:
+                log.warning("WANDB_* is set but wandb is not installed; metrics go to TensorBoard only")
+            else:
+                self.wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "echo2"), name=run_id, id=run_id,
+                                        resume="allow", config=config)
+
+    def log(self, step: int, metrics: dict) -> None:
+        scalars = {k: float(metrics[k]) for k in _SCALARS if k in metrics}
+        for name, value in scalars.items():
+            self.writer.add_scalar(f"train/{name}", value, step)
+        self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log({f"train/{k}": v for k, v in scalars.items()}, step=step)
+
+    def log_eval(self, label: str, step: int, accuracy: float) -> None:
+        self.writer.add_scalar(f"eval/accuracy_{label}", accuracy, step)
+        self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log({f"eval/accuracy_{label}": accuracy}, step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()

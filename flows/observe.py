@@ -1,0 +1,79 @@
+"""What a user watching the flow run in the Prefect UI sees: name and tags, a progress artifact
+updated every step, a metrics table every few steps, actor logs in the run's log, and the cost
+report with the reward curve at the end. Prefect-specific code lives here and in ``train.py``."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from prefect import get_client, get_run_logger
+from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
+                               update_progress_artifact)
+from prefect.runtime import flow_run
+
+from echo2.config import Config
+from echo2.progress import reporter
+
+
+def _key(run_id: str, what: str) -> str:  # artifact keys: lowercase letters, digits, dashes
+    safe = "".join(c if c.isalnum() else "-" for c in run_id.lower()).strip("-")
+    return f"{safe}-{what}"[:120]
+
+
+class RunWatch:
+    def __init__(self, config: Config, table_every: int = 2):
+        self.config = config
+        self.run_id = config.run.id
+        self.table_every = table_every
+        self.rows: list[dict] = []
+        self.log = get_run_logger()
+        self.ui = reporter()
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=self.run_id, tags=[
+                f"model:{config.model.name.rsplit('/', 1)[-1]}", f"task:{config.task.name}",
+                f"fleet:{config.fleet.backend}", "echo2"])
+        self.progress_id = create_progress_artifact(0.0, key=_key(self.run_id, "progress"),
+                                                    description=f"steps done of {config.train.max_steps}")
+
+    def started(self, step: int) -> None:
+        self.ui.start(self.run_id, self.config.train.max_steps, step)
+
+    def eval(self, label: str, result: dict) -> None:
+        self.ui.eval(label, result)
+        self.log.info("eval %s: greedy accuracy %.3f on %d held-out problems", label, result["accuracy"], result["n"])
+
+    def step(self, metrics: dict, fleet: dict, actor_lines: list[str], cost_so_far: float) -> None:
+        self.ui.step(metrics, fleet)
+        for line in actor_lines:
+            self.log.info(line)
+        step, max_steps = metrics["step"], self.config.train.max_steps
+        update_progress_artifact(self.progress_id, 100.0 * step / max_steps,
+                                 description=f"step {step} of {max_steps}")
+        self.rows.append({"step": step, "reward": round(metrics["reward"], 4), "eval_accuracy": None,
+                          "lag_mean": round(metrics["lag_mean"], 2), "lag_max": metrics["lag_max"],
+                          "actors_alive": fleet.get("actors_alive"), "usd_so_far": round(cost_so_far, 4),
+                          "step_seconds": round(metrics["seconds"], 1)})
+        if step % self.table_every == 0 or step == max_steps:
+            self._table()
+
+    def _table(self) -> None:
+        create_table_artifact(self.rows, key=_key(self.run_id, "metrics"),
+                              description=f"training metrics of {self.run_id}")
+
+    def finished(self, summary: dict, curves_png: bytes | None, cost_md: str) -> None:
+        self.ui.stop()
+        if self.rows and summary.get("eval_after") is not None:
+            self.rows[-1]["eval_accuracy"] = summary["eval_after"]
+            self._table()
+        chart = ""
+        if curves_png:
+            chart = f"\n![reward and lag](data:image/png;base64,{base64.b64encode(curves_png).decode()})\n"
+        create_markdown_artifact(
+            f"# {self.run_id}\n\nheld-out greedy accuracy **{summary['eval_before']} -> {summary['eval_after']}** "
+            f"in {summary['steps']} steps, {summary['wall_seconds']:.0f} s\n\n{cost_md}\n{chart}",
+            key=_key(self.run_id, "cost-report"), description="cost report and reward curve")
+        self.log.info("run %s finished at %s", self.run_id, time.strftime("%H:%M:%S"))
+
+    def stopped(self) -> None:
+        self.ui.stop()

@@ -1,0 +1,104 @@
+"""The control room: a real Prefect server and process worker on loopback, the deployments of
+prefect.yaml, `prefect deployment run`, artifacts read back through the API, and the flow run
+page rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    state = tmp_path_factory.mktemp("ui-state")
+    port = free_port()
+    env = dict(os.environ, ECHO2_UI_STATE=str(state), ECHO2_UI_PORT=str(port), BIN=str(Path(sys.executable).parent),
+               PREFECT_WORKER_QUERY_SECONDS="2")
+    env.pop("PREFECT_HOME", None)
+    subprocess.run(["bash", "infra/ui.sh", "start"], cwd=REPO, env=env, check=True, timeout=300)
+    api = dict(env, PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_HOME=str(state / "prefect-home"))
+    pids = [int((state / f"{n}.pid").read_text()) for n in ("server", "worker")]
+    yield api, port, state
+    subprocess.run(["bash", "infra/ui.sh", "stop"], cwd=REPO, env=env, check=True, timeout=120)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def prefect(api, *args, timeout=600):
+    return subprocess.run([str(Path(sys.executable).parent / "prefect"), *args], cwd=REPO, env=api,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_deployment_run_reports_progress_metrics_and_cost(ui, tiny_model, tmp_path):
+    api, port, state = ui
+    listed = prefect(api, "deployment", "ls")
+    assert "echo2-train/quickstart" in listed.stdout.replace(" ", "") or "quickstart" in listed.stdout
+    assert "spot-multicloud" in listed.stdout
+    overrides = [f"store.url={tmp_path}", "run.id=deployed", "rollout.group_size=4", "rollout.groups_per_batch=2",
+                 "train.groups_per_step=2", "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",
+                 "train.checkpoint_every=2"]
+    run = prefect(api, "deployment", "run", "echo2-train/quickstart", "--param", f"model={tiny_model}",
+                  "--param", "max_steps=4", "--param", f"overrides={json.dumps(overrides)}", "--watch",
+                  "--watch-timeout", "400")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "runs" / "deployed" / "reports" / "summary.json").exists()
+
+    code = r'''
+import json, sys
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, ArtifactFilter, ArtifactFilterFlowRunId
+with get_client(sync_client=True) as c:
+    runs = c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["deployed"])))
+    run = runs[0]
+    arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    print(json.dumps({"id": str(run.id), "state": run.state.type.value, "tags": run.tags,
+                      "artifacts": [{"key": a.key, "type": a.type, "data": a.data} for a in arts]}, default=str))
+'''
+    out = subprocess.run([sys.executable, "-c", code], env=api, capture_output=True, text=True, timeout=60, check=True)
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["state"] == "COMPLETED"
+    assert {"echo2", "task:arithmetic", "fleet:local"} <= set(info["tags"])
+    by_type = {}
+    for a in info["artifacts"]:
+        by_type.setdefault(a["type"], []).append(a)
+    assert by_type["progress"][-1]["data"] == 100.0
+    table = json.loads(by_type["table"][-1]["data"]) if isinstance(by_type["table"][-1]["data"], str) else by_type["table"][-1]["data"]
+    assert [row["step"] for row in table][-1] == 4
+    assert any("Cost" in a["data"] for a in by_type["markdown"])
+    # actor logs reached the flow run's log
+    logs = prefect(api, "flow-run", "logs", info["id"])
+    assert "[actor0-" in logs.stdout
+    (state / "flow_run_id").write_text(info["id"])
+
+
+def test_flow_run_page_renders_the_artifacts(ui):
+    api, port, state = ui
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.fail("chromium is missing: `make setup` installs it (apt-get install chromium)")
+    flow_run_id = (state / "flow_run_id").read_text()
+    url = f"http://127.0.0.1:{port}/runs/flow-run/{flow_run_id}?tab=Artifacts"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={state / 'chromium'}", "--virtual-time-budget=15000", "--window-size=1400,1000"]
+    dom = subprocess.run([browser, *flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert "deployed-metrics" in dom.stdout and "deployed-cost-report" in dom.stdout, dom.stdout[-2000:]
+    shot = REPO / "docs" / "prefect-flow-run.png"
+    shot.parent.mkdir(exist_ok=True)
+    subprocess.run([browser, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
+    assert shot.stat().st_size > 20_000
