@@ -106,17 +106,24 @@ def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
 def test_resume_after_the_learner_is_killed(tiny_model, tmp_path):
     args = ["run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=crash", *TINY,
                                       "train.max_steps=200", "eval.before=false")]
+    # its own session, so that what SIGKILL leaves behind (Prefect's ephemeral server) can be reaped after
     learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, start_new_session=True)
     run = tmp_path / "runs" / "crash"
     try:
         wait_until(lambda: (run / "checkpoints" / "step-000002" / "manifest.json").exists(), 240, "checkpoint 2")
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000003.json").exists(), 60, "step 3 to start")
     finally:
-        learner.send_signal(signal.SIGKILL)
+        learner.send_signal(signal.SIGKILL)  # the learner alone: its actors must notice by themselves
         learner.wait()
     pids = actor_pids(run)
-    wait_until(lambda: not any(pid_alive(p) for p in pids), 30, "actors to die with their learner")
+    try:
+        wait_until(lambda: not any(pid_alive(p) for p in pids), 30, "actors to die with their learner")
+    finally:
+        try:
+            os.killpg(learner.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert not (run / "reports" / "summary.json").exists()
     ckpt = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "manifest.json").exists())
     consumed = run / "ledger" / "consumed"

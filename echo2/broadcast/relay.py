@@ -111,7 +111,8 @@ class RelayServer:
         app = web.Application()
         app.router.add_get("/v1/health", self._health)
         app.router.add_get("/v1/versions/{version}/chunks/{index}", self._chunk)
-        self._runner = web.AppRunner(app, access_log=None)
+        # held (pipelined) requests must not keep a stopping relay alive for long
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -277,11 +278,11 @@ class RelayNode:
 
     def close(self) -> None:
         async def shutdown() -> None:
-            await self.server.stop()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:  # fetches in flight end here, not in a garbage-collected loop
+            for t in tasks:  # fetches and held requests end here, not in a garbage-collected loop
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.server.stop()
 
         try:
             self._call(shutdown(), timeout=10)

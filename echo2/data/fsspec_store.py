@@ -65,8 +65,13 @@ class FsspecStore(ObjectStore):
         if _fs is not None:
             self.fs = _fs
         else:
+            fs_options = dict(self.options)
+            if self.protocol not in ("file", "memory"):
+                # objects appear while we run: a cached listing would hide them (s3fs also sizes
+                # reads from it), so every listing and read goes to the store
+                fs_options.setdefault("use_listings_cache", False)
             try:
-                self.fs = fsspec.filesystem(self.protocol, **self.options)
+                self.fs = fsspec.filesystem(self.protocol, **fs_options)
             except (ImportError, ValueError) as exc:
                 raise StoreError(f"cannot open store {self.url}: {exc}") from None
 

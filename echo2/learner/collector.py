@@ -112,7 +112,7 @@ class RolloutCollector:
                 try:
                     data = self.store.get(key)
                 except NotFound:
-                    continue  # moved away by a concurrent quarantine; nothing to use
+                    continue  # moved away by a concurrent quarantine; gone from the next listing
                 try:
                     table = decode_rollouts(data)
                     validate_rollouts(table, run_id=self.run_id, expected_version=version,

@@ -69,13 +69,14 @@ class Actor:
         self.seq = 0
         self._stopping = False
         self._committing = False
+        self._closing = False
         self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))
 
     # -- lifecycle -------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
         def handler(signum, frame):
             self._stopping = True
-            if not self._committing:  # abandon a batch in generation; a commit finishes first
+            if not self._committing and not self._closing:  # abandon a batch in generation, not a commit
                 raise _Stop()
 
         signal.signal(signal.SIGTERM, handler)
@@ -105,6 +106,7 @@ class Actor:
         except _Stop:
             pass
         finally:
+            self._closing = True  # a second signal must not cut the clean-up short
             self.receiver.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
