@@ -245,6 +245,12 @@ def test_lora_run_publishes_only_the_adapter(tiny_model, tmp_path):
     echo2("export", str(run), str(tmp_path / "base"), "--step", "0")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
     original = AutoModelForCausalLM.from_pretrained(tmp_path / "base").state_dict()
+    from safetensors.torch import load_file
+
+    adapter = {k: v for p in (run / "policy" / "v000003").glob("shard-*.safetensors") for k, v in load_file(p).items()}
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    a, b = adapter[f"{prefix}.lora_A.weight"], adapter[f"{prefix}.lora_B.weight"]
+    assert a.shape[0] == 4 and b.shape[1] == 4
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(merged[q], original[q])
+    assert torch.allclose(merged[q], original[q] + (last["lora_alpha"] / 4) * b @ a, atol=1e-6)
     assert torch.equal(merged["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
