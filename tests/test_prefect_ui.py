@@ -114,3 +114,50 @@ def test_flow_run_page_renders_the_artifacts(ui):
         finally:
             browser.close()
     assert shot.stat().st_size > 20_000
+
+
+def test_cancelling_from_the_api_stops_actors_checkpoints_and_resume_continues(ui, tiny_model, tmp_path):
+    """What the UI's Cancel button does (it calls the same API): actors stop, a checkpoint is written, resume works."""
+    import re
+    import time
+
+    api, port, state = ui
+    overrides = [f"store.url={tmp_path}", "run.id=cancelme", "rollout.group_size=4", "rollout.groups_per_batch=2",
+                 "train.groups_per_step=2", "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",
+                 "train.checkpoint_every=1000", "eval.before=false"]
+    started = prefect(api, "deployment", "run", "echo2-train/quickstart", "--param", f"model={tiny_model}",
+                      "--param", "max_steps=100000", "--param", f"overrides={json.dumps(overrides)}")
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+    run = tmp_path / "runs" / "cancelme"
+    deadline = time.time() + 240
+    while not (run / "ledger" / "consumed" / "step-000003.json").exists():
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.5)
+    pids = [json.loads(p.read_text())["pid"] for p in (run / "ledger" / "events").glob("*.json")
+            if json.loads(p.read_text())["kind"] == "launch"]
+    cancel = prefect(api, "flow-run", "cancel", flow_run_id)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    deadline = time.time() + 120
+    while True:
+        inspect = prefect(api, "flow-run", "inspect", flow_run_id)
+        if "CANCELLED" in inspect.stdout:
+            break
+        assert time.time() < deadline, inspect.stdout[-2000:]
+        time.sleep(1)
+    deadline = time.time() + 60
+    while any(Path(f"/proc/{p}").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z" for p in pids):
+        assert time.time() < deadline, "actors outlived the cancelled run"
+        time.sleep(0.5)
+    ckpts = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "manifest.json").exists())
+    assert ckpts and ckpts[-1] >= 3  # written on cancellation, not by schedule
+    assert not (run / "reports" / "summary.json").exists()
+    kinds = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
+    assert "interrupted" in kinds
+
+    resume = [f"store.url={tmp_path}", "run.id=cancelme"]
+    done = prefect(api, "deployment", "run", "echo2-train/quickstart", "--param", "resume=true",
+                   "--param", f"max_steps={ckpts[-1] + 2}", "--param", f"overrides={json.dumps(resume)}", "--watch",
+                   "--watch-timeout", "400")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((run / "reports" / "summary.json").read_text())
+    assert summary["steps"] == ckpts[-1] + 2 and summary["run_id"] == "cancelme"

@@ -164,16 +164,18 @@ def latest_version(store: ObjectStore) -> int | None:
         return None
 
 
-def published_versions(store: ObjectStore) -> list[int]:
-    """Versions with a committed manifest, ascending."""
+def committed_folders(store: ObjectStore, prefix: str, parse) -> list[int]:
+    """Numbers of the folders under ``prefix`` (``v000042``, ``step-000040``) that have a manifest, ascending."""
     out = []
-    for key in store.list("policy/"):
+    for key in store.list(prefix):
         parts = key.split("/")
-        if len(parts) == 3 and parts[2] == layout.MANIFEST:
-            v = layout.parse_version_dir(parts[1])
-            if v is not None:
-                out.append(v)
+        if len(parts) == 3 and parts[2] == layout.MANIFEST and (n := parse(parts[1])) is not None:
+            out.append(n)
     return sorted(out)
+
+
+def published_versions(store: ObjectStore) -> list[int]:
+    return committed_folders(store, "policy/", layout.parse_version_dir)
 
 
 def merge_into_folder(folder: Path, adapter: dict[str, torch.Tensor], *, rank: int, alpha: float) -> None:

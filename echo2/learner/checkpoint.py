@@ -19,7 +19,7 @@ from safetensors.torch import save as st_save
 
 from echo2.data import layout
 from echo2.data.store import ObjectStore
-from echo2.data.weights import iter_tensors, read_manifest, read_verified, write_weights
+from echo2.data.weights import committed_folders, iter_tensors, read_manifest, read_verified, write_weights
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -52,14 +52,7 @@ def save_checkpoint(store: ObjectStore, step: int, tensors: dict[str, torch.Tens
 
 
 def checkpoint_steps(store: ObjectStore) -> list[int]:
-    steps = []
-    for key in store.list("checkpoints/"):
-        parts = key.split("/")
-        if len(parts) == 3 and parts[2] == layout.MANIFEST:
-            s = layout.parse_step_dir(parts[1])
-            if s is not None:
-                steps.append(s)
-    return sorted(steps)
+    return committed_folders(store, "checkpoints/", layout.parse_step_dir)
 
 
 def load_checkpoint(store: ObjectStore, step: int) -> Checkpoint:

@@ -10,6 +10,7 @@ with them, and ledger entries of steps > c. They are moved, not deleted, to
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import secrets
@@ -124,7 +125,7 @@ class LearnerRun:
         self.learner.version = step
         moved = self._orphan_after(step)
         if self.store.exists(f"{layout.policy_dir(step)}/{layout.MANIFEST}"):
-            self.store.put_pointer(layout.LATEST, f'{{"version": {step}}}'.encode())
+            self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
             self.publish()
         write_event(self.store, "resume", "learner", step=step, orphaned=moved)
