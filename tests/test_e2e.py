@@ -80,6 +80,13 @@ def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
     assert sorted(p.name for p in (run / "ledger" / "consumed").iterdir()) == [f"step-00000{i}.json" for i in range(1, 5)]
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"step-000002", "step-000004"}
     assert (run / "reports" / "curves.png").stat().st_size > 1000
+    assert "## Cost" in (run / "reports" / "cost.md").read_text()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
+    assert "eval/accuracy_after" in events.Tags()["scalars"]
     # every lag recorded in the ledger is within the bound
     for step_file in (run / "ledger" / "consumed").iterdir():
         record = json.loads(step_file.read_text())
