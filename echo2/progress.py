@@ -18,7 +18,7 @@ class Reporter:
         log.info("run %s: training to step %d", run_id, max_steps)
 
     def eval(self, label: str, result: dict) -> None:
-        log.info("eval %s: accuracy %.3f (%d problems)", label, result["accuracy"], result["n"])
+        pass  # the learner logs every evaluation itself
 
     def step(self, metrics: dict, fleet: dict) -> None:
         log.info("step %d: reward %.3f, lag mean %.2f max %d, %d rollouts, %.1fs", metrics["step"], metrics["reward"],

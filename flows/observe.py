@@ -41,7 +41,6 @@ class RunWatch:
 
     def eval(self, label: str, result: dict) -> None:
         self.ui.eval(label, result)
-        self.log.info("eval %s: greedy accuracy %.3f on %d held-out problems", label, result["accuracy"], result["n"])
 
     def step(self, metrics: dict, fleet: dict, actor_lines: list[str], cost_so_far: float) -> None:
         self.ui.step(metrics, fleet)
