@@ -167,7 +167,7 @@ def bench_broadcast(
     receivers: Optional[List[int]] = typer.Option(None, "--receivers", help="Receiver counts (repeatable; default 2 4 8 16)."),
     size_mb: float = typer.Option(256.0, "--size-mb", help="Payload (one policy version) in MB."),
     link_mbit: float = typer.Option(200.0, "--link-mbit", help="Every node's uplink, the store's too."),
-    chunk_mb: float = typer.Option(2.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
+    chunk_mb: float = typer.Option(1.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
     fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
     loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),

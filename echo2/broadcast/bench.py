@@ -146,7 +146,7 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
             "store_chunks": sum(r["from_store"] for r in results)}
 
 
-def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 2.0,
+def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 1.0,
                         fanout: int = 1, shaped: bool | None = None, store_only: bool = True) -> dict:
     """One measurement: relay and store-only for ``receivers`` nodes and a ``size_mb`` payload."""
     if shaped is None:
