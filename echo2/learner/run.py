@@ -191,9 +191,6 @@ class LearnerRun:
         self.sink.log(self.step, metrics)
         return metrics
 
-    def train_step(self, should_abort=lambda: None) -> dict:
-        return self.update(self.collect(should_abort))
-
     def interrupted(self) -> None:
         """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""
         if self.step > 0 and self.step not in checkpoint_steps(self.store):
