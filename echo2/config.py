@@ -231,6 +231,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply ``key.path=value`` overrides to a raw config mapping, in place."""
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return data
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     parts = []
     for err in exc.errors():
@@ -267,9 +275,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {source} must hold a mapping at the top level")
         data = loaded or {}
-    for text in overrides:
-        key, value = parse_override(text)
-        _set_path(data, key, value)
+    apply_overrides(data, overrides)
     return config_from_dict(data, source)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echo2.config import Config, _set_path, config_from_dict, load_config, parse_override
+from echo2.config import Config, apply_overrides, config_from_dict, load_config
 from echo2.data.fsspec_store import FsspecStore
 from echo2.data.store import NotFound, StoreError
 from echo2.errors import Echo2InputError, StoreUnreachable
@@ -32,10 +32,7 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool) 
             data = runs.child(run_id).get_json("run.json")["config"]
         except NotFound:
             raise Echo2InputError(f"--resume: no run {run_id} under {runs.url}") from None
-        for text in overrides:
-            key, value = parse_override(text)
-            _set_path(data, key, value)
-        config = config_from_dict(data, f"{runs.url}/{run_id}/run.json")
+        config = config_from_dict(apply_overrides(data, overrides), f"{runs.url}/{run_id}/run.json")
     resolve_model(config.model.name)  # fail before starting anything; converts the default once
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)
