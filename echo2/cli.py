@@ -173,7 +173,7 @@ def bench_broadcast(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
 ) -> None:
     """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
-    from echo2.broadcast.bench import namespaces_available, run_broadcast_bench
+    from echo2.bench.broadcast import namespaces_available, run_broadcast_bench
 
     counts = receivers or [2, 4, 8, 16]
     shaped = False if loopback else namespaces_available()

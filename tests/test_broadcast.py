@@ -11,7 +11,8 @@ import time
 import aiohttp
 import pytest
 
-from echo2.broadcast.manifest import (ManifestRejected, chunk_hashes, relay_token, sign, verify_signature)
+from echo2.data.manifest import ManifestRejected, chunk_hashes, sign, verify_signature
+from echo2.data.run_key import relay_token
 from echo2.broadcast.relay import FetchPolicy, RelayNode, RelayServer
 from echo2.broadcast.topology import parent_index, plan, sources
 from echo2.data.store import open_store

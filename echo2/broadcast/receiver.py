@@ -12,7 +12,8 @@ import threading
 from concurrent.futures import Future
 
 from echo2.broadcast import topology
-from echo2.broadcast.manifest import Chunk, ManifestRejected, relay_token, verify_signature
+from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
+from echo2.data.run_key import relay_token
 from echo2.broadcast.relay import FetchPolicy, RelayNode, VersionBuffer
 from echo2.config import BroadcastConfig
 from echo2.data import layout

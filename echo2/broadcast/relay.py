@@ -24,7 +24,7 @@ from typing import Callable
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from echo2.broadcast.manifest import Chunk, chunk_table
+from echo2.data.manifest import Chunk, chunk_table
 
 log = logging.getLogger("echo2.relay")
 

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from echo2.broadcast.manifest import chunk_hashes, sign
+from echo2.data.manifest import chunk_hashes, sign
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore
 

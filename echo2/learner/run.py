@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from echo2 import __version__
-from echo2.broadcast.manifest import run_key
+from echo2.data.run_key import run_key
 from echo2.broadcast.topology import live_peers, plan
 from echo2.config import Config
 from echo2.data import layout

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load as st_load
 from transformers import AutoTokenizer
 
-from echo2.broadcast.manifest import run_key
+from echo2.data.run_key import run_key
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from echo2.broadcast.manifest import chunk_hashes, relay_token, sign
+from echo2.data.manifest import chunk_hashes, sign
+from echo2.data.run_key import relay_token
 from echo2.broadcast.topology import parent_index
 from echo2.data.weights import sha256
 
@@ -99,7 +100,7 @@ def loopback_network(n_nodes: int, link_mbit: float):
 
 class Node:
     def __init__(self, host: Host, argv: list[str]):
-        self.proc = subprocess.Popen(host.command([sys.executable, "-m", "echo2.broadcast.bench_node", *argv]),
+        self.proc = subprocess.Popen(host.command([sys.executable, "-m", "echo2.bench.broadcast_node", *argv]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.url = self.read()["ready"]
 

@@ -3,7 +3,8 @@
 Each weights file is cut into chunks of ``chunk_size`` bytes (the last one shorter); the
 manifest lists the sha256 of every chunk. Chunk ``i`` of a version is the i-th in manifest
 order across all files, so peers and the store agree on numbering. The whole manifest is
-signed with HMAC-SHA256 under the run's key; the key never enters the store or a log.
+signed with HMAC-SHA256 under the run's key (``echo2.data.run_key``); the key never enters
+the store or a log.
 """
 
 from __future__ import annotations
@@ -11,14 +12,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
-import secrets
 from dataclasses import dataclass
-from pathlib import Path
 
 SIGNATURE = "signature"
-TOKEN_CONTEXT = b"echo2 relay token v1"
-KEY_ENV = "ECHO2_RUN_KEY"
 
 
 class ManifestRejected(Exception):
@@ -43,32 +39,6 @@ def verify_signature(manifest: dict, key: bytes) -> dict:
     if not hmac.compare_digest(str(manifest.get(SIGNATURE, "")), expected):
         raise ManifestRejected(f"manifest of version {manifest.get('version')} has a bad or missing signature")
     return manifest
-
-
-def relay_token(key: bytes) -> str:
-    """The bearer token relay requests carry, derived from the run key (so it never needs its own secret)."""
-    return hmac.new(key, TOKEN_CONTEXT, hashlib.sha256).hexdigest()
-
-
-def key_path(run_id: str) -> Path:
-    base = Path(os.environ.get("ECHO2_SECRETS", Path.home() / ".config" / "echo2" / "keys"))
-    return base / f"{run_id}.key"
-
-
-def run_key(run_id: str, *, create: bool = False) -> bytes:
-    """The run's HMAC key: ``$ECHO2_RUN_KEY``, else the secrets file of the run (created by the learner)."""
-    if os.environ.get(KEY_ENV):
-        return os.environ[KEY_ENV].encode()
-    path = key_path(run_id)
-    if path.exists():
-        return path.read_bytes().strip()
-    if not create:
-        raise ManifestRejected(f"no key for run {run_id}: set {KEY_ENV} or provide {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_hex(32).encode())
-    return path.read_bytes().strip()
 
 
 @dataclass(frozen=True)
