@@ -50,10 +50,16 @@ def _quiet_transformers() -> None:
 
 
 def _setup_logging(verbose: bool, console=None) -> None:
-    from rich.logging import RichHandler
-
+    """Logs through rich beside the progress bar (``console``), or, without one (output to a file
+    or a pipe), as plain timestamped lines on stderr."""
     _quiet_transformers()
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    if console is not None:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler], format="%(message)s", force=True)
     logging.getLogger("echo2").setLevel(logging.DEBUG if verbose else logging.INFO)
 
@@ -82,10 +88,11 @@ def run(
     if dry_run:
         typer.echo(dump_config(cfg), nl=False)
         return
-    from echo2.progress import RichReporter, set_reporter
+    from echo2.progress import RichReporter, make_reporter, set_reporter
 
-    reporter = RichReporter()
-    _setup_logging(verbose, reporter.console)
+    # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
+    reporter = make_reporter()
+    _setup_logging(verbose, reporter.console if isinstance(reporter, RichReporter) else None)
     set_reporter(reporter)
     from flows.train import train
 

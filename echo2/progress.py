@@ -1,12 +1,20 @@
-"""How a run reports progress: a rich progress bar in a terminal, log lines elsewhere.
+"""How a run reports progress: a rich progress bar in a terminal, plain lines when the output
+is a file or a pipe, log lines elsewhere.
 
-The flow calls the current reporter; the CLI installs a ``RichReporter`` before it runs the flow.
+The flow calls the current reporter; the CLI installs the one ``make_reporter`` picks before it
+runs the flow. The plain lines (stdout, flushed, one per event) are a stable, greppable format:
+
+    run <run_id>: training to step <max_steps> (from step <first_step>)
+    eval <label>: greedy accuracy <accuracy %.3f> on <n> held-out problems
+    step <step>/<max_steps>: reward <%.3f>, lag <mean %.1f> (max <int>), <n> rollouts, <seconds %.1f>s
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from typing import TextIO
 
 log = logging.getLogger("echo2")
 
@@ -60,6 +68,58 @@ class RichReporter(Reporter):
     def stop(self) -> None:
         if self.task_id is not None:
             self.progress.stop()
+
+
+class PlainReporter(Reporter):
+    """One plain, flushed line per event on ``stream`` (stdout by default): for ``make run > file``,
+    ``nohup`` and pipes, where a live progress bar would print nothing until the end."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self._stream = stream
+        self.max_steps: int | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout  # resolved late: capsys, redirects
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def start(self, run_id: str, max_steps: int, first_step: int) -> None:
+        self.max_steps = max_steps
+        self._print(f"run {run_id}: training to step {max_steps} (from step {first_step})")
+
+    def eval(self, label: str, result: dict) -> None:
+        self._print(f"eval {label}: greedy accuracy {result['accuracy']:.3f} on {result['n']} held-out problems")
+
+    def step(self, metrics: dict, fleet: dict) -> None:
+        self._print(format_step(metrics, self.max_steps))
+
+
+def format_step(metrics: dict, max_steps: int | None) -> str:
+    """``step 3/16: reward 0.412, lag 1.0 (max 2), 8 rollouts, 21.3s`` (``step 3/?`` if max is unknown)."""
+    total = "?" if max_steps is None else max_steps
+    return (f"step {metrics['step']}/{total}: reward {metrics['reward']:.3f}, lag {metrics['lag_mean']:.1f} "
+            f"(max {int(metrics['lag_max'])}), {metrics['rollouts']} rollouts, {metrics['seconds']:.1f}s")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def make_reporter(stream: TextIO | None = None, bar_stream: TextIO | None = None) -> Reporter:
+    """The live rich bar (drawn on ``bar_stream``, stderr) when both ``stream`` (stdout) and
+    ``bar_stream`` are terminals; otherwise plain lines on ``stream``."""
+    stream = sys.stdout if stream is None else stream
+    bar_stream = sys.stderr if bar_stream is None else bar_stream
+    if _isatty(stream) and _isatty(bar_stream):
+        from rich.console import Console
+
+        return RichReporter(Console(file=bar_stream))
+    return PlainReporter(stream)
 
 
 _current: Reporter = Reporter()
