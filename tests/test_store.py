@@ -81,17 +81,93 @@ def test_concurrent_creators_exactly_one_wins(tmp_path):
     assert store.list() == ["commit"]  # no temp files left behind
 
 
-def test_s3_create_if_absent_uses_the_wire_protocol(s3_store, s3_server):
-    """The second create is refused by the server (412), not by a client-side check."""
-    import boto3
-    from botocore.exceptions import ClientError
+def test_s3_create_if_absent_is_refused_by_the_server(s3_store, monkeypatch):
+    """The second create is refused by the server (412 on If-None-Match), not by a client-side check.
 
+    Every way s3fs could look the key up first is made to lie ("absent"): a put that relied on a
+    check-then-write would then overwrite the object instead of raising.
+    """
     s3_store.put("x", b"1")
-    bucket = s3_store.root.split("/")[0]
-    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
-    with pytest.raises(ClientError) as err:
-        client.put_object(Bucket=bucket, Key="root/x", Body=b"2", IfNoneMatch="*")
-    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    fs = s3_store.fs
+
+    def lookup_double_says_absent(*args, **kwargs):
+        raise FileNotFoundError("test double: every lookup says absent")
+
+    async def async_lookup_double_says_absent(*args, **kwargs):
+        raise FileNotFoundError("test double: every lookup says absent")
+
+    def exists_double_says_no(*args, **kwargs):
+        return False
+
+    async def async_exists_double_says_no(*args, **kwargs):
+        return False
+
+    with monkeypatch.context() as m:
+        # both the sync and the async names: fsspec binds each sync method to its async twin
+        for name in ("exists", "isfile"):
+            m.setattr(fs, name, exists_double_says_no)
+            m.setattr(fs, f"_{name}", async_exists_double_says_no)
+        m.setattr(fs, "info", lookup_double_says_absent)
+        m.setattr(fs, "_info", async_lookup_double_says_absent)
+        assert not fs.exists(f"{s3_store.root}/x")  # the lie is in place
+        with pytest.raises(AlreadyExists):
+            s3_store.put("x", b"2", if_absent=True)
+        s3_store.put_pointer("p", b"old")
+        s3_store.put_pointer("p", b"new")
+    assert s3_store.get("x") == b"1"
+    assert s3_store.get("p") == b"new"
+
+
+def _lose_first_response(patch, fs, *, first_call_reaches_server: bool) -> list:
+    """Test double around s3fs's ``pipe_file``: the first call fails with a ``ConnectionError``.
+
+    With ``first_call_reaches_server`` the object is really written before the error (a lost
+    response); without it the request never arrives. Returns the list of calls made.
+    """
+    real_pipe_file = fs.pipe_file
+    calls = []
+
+    def pipe_file_losing_first_response(path, data, **kwargs):
+        calls.append(data)
+        if len(calls) == 1:
+            if first_call_reaches_server:
+                real_pipe_file(path, data, **kwargs)
+            raise ConnectionError("test double: connection reset before the response arrived")
+        return real_pipe_file(path, data, **kwargs)
+
+    patch.setattr(fs, "pipe_file", pipe_file_losing_first_response)
+    return calls
+
+
+def test_s3_create_survives_a_lost_response(s3_store, monkeypatch):
+    """The put landed but its response was lost; the retry's 412 must not turn success into failure."""
+    with monkeypatch.context() as m:
+        calls = _lose_first_response(m, s3_store.fs, first_call_reaches_server=True)
+        s3_store.put("rollouts/v000001/a.arrow", b"payload")
+    assert len(calls) == 2  # the retry happened and met the object the first attempt wrote
+    assert s3_store.get("rollouts/v000001/a.arrow") == b"payload"
+
+
+def test_s3_retried_create_still_refuses_other_bytes(s3_store, monkeypatch):
+    """A retry that meets somebody else's object is a genuine conflict."""
+    s3_store.put("commit", b"theirs")
+    with monkeypatch.context() as m:
+        calls = _lose_first_response(m, s3_store.fs, first_call_reaches_server=False)
+        with pytest.raises(AlreadyExists):
+            s3_store.put("commit", b"ours")
+    assert len(calls) == 2  # the 412 came on the retry, where the object is read back
+    assert s3_store.get("commit") == b"theirs"
+
+
+def test_size(store):
+    store.put("a/b.bin", b"12345")
+    store.put("empty", b"")
+    assert store.size("a/b.bin") == 5
+    assert store.size("empty") == 0
+    with pytest.raises(NotFound):
+        store.size("missing")
+    with pytest.raises(NotFound):
+        store.size("a")  # a folder (or common prefix) is not an object
 
 
 def test_unreachable_s3_store_fails_check(monkeypatch):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError
 
@@ -39,12 +39,13 @@ def _transient(exc: BaseException) -> bool:
     }
 
 
-_retry = retry(
+_RETRY_POLICY = dict(
     retry=retry_if_exception(_transient),
     stop=stop_after_attempt(4),
     wait=wait_exponential(multiplier=0.2, max=3),
     reraise=True,
 )
+_retry = retry(**_RETRY_POLICY)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -93,9 +94,35 @@ class FsspecStore(ObjectStore):
         return FsspecStore(f"{self.protocol}://{self._path(prefix)}", self.options, _fs=self.fs)
 
     # -- writes ----------------------------------------------------------------------------
-    @_retry
     def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
+        """Write ``data`` under ``key``, retrying transient (network) errors.
+
+        A retried create can meet the object its own earlier attempt wrote: on S3 the PutObject
+        may have landed while its response was lost, and the retry then gets 412. So an
+        ``AlreadyExists`` on a retry (never on the first attempt, which keeps exactly-one-winner
+        among racing creators) reads the object back: holding our bytes, the earlier attempt
+        succeeded and the put returns; holding anything else, it raises ``AlreadyExists``. A racing
+        writer of the very same bytes is then indistinguishable from our own attempt, and both
+        succeed: the object is the same either way.
+        """
         path = self._path(key)
+        for attempt in Retrying(**_RETRY_POLICY):
+            with attempt:
+                try:
+                    self._put_once(key, path, data, if_absent)
+                except AlreadyExists:
+                    if attempt.retry_state.attempt_number > 1 and self._holds(key, data):
+                        return
+                    raise
+
+    def _holds(self, key: str, data: bytes) -> bool:
+        """Whether ``key`` is an object with exactly ``data`` (the size first: one HEAD, no download)."""
+        try:
+            return self.size(key) == len(data) and self.get(key) == data
+        except NotFound:
+            return False
+
+    def _put_once(self, key: str, path: str, data: bytes, if_absent: bool) -> None:
         if self.protocol == "file":
             self._put_local(path, data, if_absent)
         elif self.protocol == "memory":
@@ -178,6 +205,18 @@ class FsspecStore(ObjectStore):
             return self.fs.cat_file(self._path(key), start=start, end=end)
         except FileNotFoundError:
             raise NotFound(key) from None
+
+    @_retry
+    def size(self, key: str) -> int:
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            raise NotFound(key) from None
+        if info.get("type") != "file":
+            raise NotFound(key)  # a folder or common prefix, not an object
+        return int(info["size"])
 
     @_retry
     def exists(self, key: str) -> bool:

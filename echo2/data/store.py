@@ -47,6 +47,10 @@ class ObjectStore(ABC):
         """Bytes [start, end) of an object (one ranged GET on S3)."""
 
     @abstractmethod
+    def size(self, key: str) -> int:
+        """Size of an object in bytes, without reading it; ``NotFound`` if absent."""
+
+    @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether ``key`` is a committed object."""
 
@@ -63,6 +67,7 @@ class ObjectStore(ABC):
         """A store rooted at ``prefix`` under this one (for example a run root)."""
 
     def delete_prefix(self, prefix: str) -> None:
+        """Remove every object under ``prefix`` (garbage collection of a whole version folder)."""
         for key in self.list(prefix):
             self.delete(key)
 
