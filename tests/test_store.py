@@ -170,6 +170,57 @@ def test_size(store):
         store.size("a")  # a folder (or common prefix) is not an object
 
 
+@pytest.mark.parametrize("remover", ["delete", "delete_prefix"])
+def test_removal_never_breaks_a_concurrent_writer(tmp_path, remover):
+    """Removing files must not pull the folder from under another writer of the same folder.
+
+    One thread writes ``d/x-<i>`` and removes it (by key, or the whole ``d/``), the other writes
+    and deletes ``d/y-<i>``. When removal tidied folders left empty, it could remove ``d``
+    between a writer's ``mkdir`` and the open of its temp file: ``FileNotFoundError``.
+    """
+    store = open_store(str(tmp_path / "store"))
+    errors = []
+    stop = threading.Event()
+
+    def churn(name, remove):
+        try:
+            for i in range(400):
+                if stop.is_set():
+                    return
+                store.put(f"d/{name}-{i}", b"x")
+                remove(name, i)
+        except Exception as exc:  # collected and asserted on below; the thread must not die silently
+            errors.append(exc)
+            stop.set()
+
+    def remove_x(name, i):
+        if remover == "delete":
+            store.delete(f"d/{name}-{i}")
+        else:
+            store.delete_prefix("d/")
+
+    threads = [
+        threading.Thread(target=churn, args=("x", remove_x)),
+        threading.Thread(target=churn, args=("y", lambda name, i: store.delete(f"d/{name}-{i}"))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_delete_prefix_tidies_its_folders(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    store.put("policy/v000001/manifest.json", b"{}")
+    store.put("policy/v000001/sub/shard-0000.safetensors", b"w")
+    store.put("policy/v000002/manifest.json", b"{}")
+    store.delete_prefix("policy/v000001/")
+    assert store.list() == ["policy/v000002/manifest.json"]
+    assert not (tmp_path / "store" / "policy" / "v000001").exists()
+    assert (tmp_path / "store" / "policy" / "v000002").is_dir()
+
+
 def test_unreachable_s3_store_fails_check(monkeypatch):
     from echo2.data.fsspec_store import FsspecStore
     from echo2.data.store import StoreError

@@ -47,6 +47,10 @@ _RETRY_POLICY = dict(
 )
 _retry = retry(**_RETRY_POLICY)
 
+# How often a local write creates its folder when a concurrent ``delete_prefix`` tidied it away
+# between ``mkdir`` and opening the temp file; each round needs a new race to fail, so a few suffice.
+_FOLDER_RACE_ROUNDS = 5
+
 
 def split_url(url: str) -> tuple[str, str]:
     """Return (protocol, path); a plain path becomes an absolute local path."""
@@ -56,6 +60,23 @@ def split_url(url: str) -> tuple[str, str]:
     if protocol == "file":
         return "file", str(Path(rest or "/").expanduser().resolve())
     return protocol, rest.rstrip("/")
+
+
+def _open_in_new_or_existing_folder(path: Path):
+    """``open(path, "wb")`` after creating its folder.
+
+    A concurrent ``delete_prefix`` may remove the folder after ``mkdir`` made it and before the
+    open, which then fails with ``FileNotFoundError`` (or ``mkdir`` itself with
+    ``FileExistsError``, when the folder vanishes between its two checks): create it again.
+    """
+    for _ in range(_FOLDER_RACE_ROUNDS - 1):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return open(path, "wb")
+        except (FileNotFoundError, FileExistsError):
+            continue  # the folder vanished meanwhile: make it again
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")  # a persistent cause (a file where the folder should be) raises here
 
 
 class FsspecStore(ObjectStore):
@@ -151,9 +172,10 @@ class FsspecStore(ObjectStore):
 
     def _put_local(self, path: str, data: bytes, if_absent: bool) -> None:
         final = Path(path)
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f"{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
+        # once the temp file exists its folder is not empty, so nothing tidies it away until the
+        # link/replace below has put the final name in it
+        with _open_in_new_or_existing_folder(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -173,21 +195,31 @@ class FsspecStore(ObjectStore):
 
     @_retry
     def delete(self, key: str) -> None:
-        path = self._path(key)
+        """Remove one object. Folders stay, even emptied ones: another process may be about to
+        write into one (between its ``mkdir`` and its open), and removing it would fail that write.
+        """
         try:
-            self.fs.rm_file(path)
+            self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
-        if self.protocol == "file":
-            # drop directories left empty, so listings and `ls` stay tidy
-            parent = Path(path).parent
-            root = Path(self.root)
-            while parent != root and root in parent.parents:
-                try:
-                    parent.rmdir()
-                except OSError:
-                    break
-                parent = parent.parent
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every object under ``prefix``, then (local files) the folders that left empty.
+
+        Used to collect whole policy-version and checkpoint folders, which only the learner
+        writes; a local writer that still races the tidying re-creates its folder (``_put_local``).
+        """
+        super().delete_prefix(prefix)
+        if self.protocol != "file":
+            return  # object stores have no folders to leave behind
+        top = Path(self._path(prefix))
+        if top == Path(self.root):
+            return  # the store's own root stays
+        for folder, _, _ in os.walk(top, topdown=False):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass  # not empty (a file arrived meanwhile) or already gone: leave it
 
     # -- reads -----------------------------------------------------------------------------
     @_retry
