@@ -6,7 +6,7 @@ runs the flow. The plain lines (stdout, flushed, one per event) are a stable, gr
 
     run <run_id>: training to step <max_steps> (from step <first_step>)
     eval <label>: greedy accuracy <accuracy %.3f> on <n> held-out problems
-    step <step>/<max_steps>: reward <%.3f>, lag <mean %.1f> (max <int>), <n> rollouts, <seconds %.1f>s
+    step <step>/<max_steps>: reward <%.3f>, lag <mean %.1f> (max <int>), <n> completions, <seconds %.1f>s
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Reporter:
         pass  # the learner logs every evaluation itself
 
     def step(self, metrics: dict, fleet: dict) -> None:
-        log.info("step %d: reward %.3f, lag mean %.2f max %d, %d rollouts, %.1fs", metrics["step"], metrics["reward"],
+        log.info("step %d: reward %.3f, lag mean %.2f max %d, %d completions, %.1fs", metrics["step"], metrics["reward"],
                  metrics["lag_mean"], metrics["lag_max"], metrics["rollouts"], metrics["seconds"])
 
     def stop(self) -> None:
@@ -97,10 +97,13 @@ class PlainReporter(Reporter):
 
 
 def format_step(metrics: dict, max_steps: int | None) -> str:
-    """``step 3/16: reward 0.412, lag 1.0 (max 2), 8 rollouts, 21.3s`` (``step 3/?`` if max is unknown)."""
+    """``step 3/16: reward 0.412, lag 1.0 (max 2), 8 completions, 21.3s`` (``step 3/?`` if max is unknown).
+
+    ``metrics["rollouts"]`` counts the step's rows, i.e. completions (the summary's
+    ``completions_used``), not rollout files (its ``rollouts_used``)."""
     total = "?" if max_steps is None else max_steps
     return (f"step {metrics['step']}/{total}: reward {metrics['reward']:.3f}, lag {metrics['lag_mean']:.1f} "
-            f"(max {int(metrics['lag_max'])}), {metrics['rollouts']} rollouts, {metrics['seconds']:.1f}s")
+            f"(max {int(metrics['lag_max'])}), {metrics['rollouts']} completions, {metrics['seconds']:.1f}s")
 
 
 def _isatty(stream) -> bool:

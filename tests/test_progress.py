@@ -9,7 +9,7 @@ from echo2.progress import PlainReporter, RichReporter, make_reporter
 
 METRICS = {"step": 3, "reward": 0.41234, "lag_mean": 1.0, "lag_max": 2, "rollouts": 8, "seconds": 21.34,
            "completion_tokens": 120}
-STEP_LINE = re.compile(r"^step (\d+)/(\d+): reward (-?[0-9.]+), lag ([0-9.]+) \(max (\d+)\), (\d+) rollouts, "
+STEP_LINE = re.compile(r"^step (\d+)/(\d+): reward (-?[0-9.]+), lag ([0-9.]+) \(max (\d+)\), (\d+) completions, "
                        r"([0-9.]+)s$")
 
 
@@ -31,8 +31,8 @@ def test_plain_reporter_prints_one_flushed_line_per_event(capsys):
     assert out.splitlines() == [
         "run r1: training to step 16 (from step 0)",
         "eval before: greedy accuracy 0.500 on 50 held-out problems",
-        "step 3/16: reward 0.412, lag 1.0 (max 2), 8 rollouts, 21.3s",
-        "step 4/16: reward -0.250, lag 0.5 (max 1), 8 rollouts, 10.0s",
+        "step 3/16: reward 0.412, lag 1.0 (max 2), 8 completions, 21.3s",
+        "step 4/16: reward -0.250, lag 0.5 (max 1), 8 completions, 10.0s",
         "eval after: greedy accuracy 0.980 on 50 held-out problems",
     ]
     assert all(STEP_LINE.match(line) for line in out.splitlines() if line.startswith("step "))
@@ -50,7 +50,7 @@ def test_plain_reporter_writes_to_its_stream_and_flushes():
     rep = PlainReporter(stream)
     rep.start("r1", 2, 1)
     rep.step({**METRICS, "step": 2}, {})
-    assert stream.getvalue().splitlines()[-1] == "step 2/2: reward 0.412, lag 1.0 (max 2), 8 rollouts, 21.3s"
+    assert stream.getvalue().splitlines()[-1] == "step 2/2: reward 0.412, lag 1.0 (max 2), 8 completions, 21.3s"
     assert stream.flushes >= 2  # every line is flushed: `make run > file` shows each step as it happens
 
 
