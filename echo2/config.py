@@ -120,6 +120,10 @@ class TrainConfig(_Section):
     """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
     shard_mb: int = Field(256, ge=1)
     """Largest safetensors shard of a published version."""
+    max_rollout_file_mb: float = Field(64.0, gt=0)
+    """A rollout file larger than this is quarantined before it is downloaded or decoded."""
+    max_prompt_tokens: int = Field(4096, ge=1)
+    """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
 
 
 class EvalConfig(_Section):
@@ -203,6 +207,27 @@ class Config(_Section):
                 f"train.groups_per_step ({self.train.groups_per_step})"
             )
         return self
+
+
+FROZEN_ON_RESUME = ("run.", "model.", "task.", "rollout.", "broadcast.", "train.staleness", "train.lora_")
+"""Fields that actors read from ``run.json`` (or that the checkpoint depends on). ``run.json`` is
+written once, so a resumed run cannot change them: the learner and its actors would disagree."""
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return out
+
+
+def frozen_changes(original: Config, resumed: Config) -> list[str]:
+    """Dotted fields a resume would change although actors read them (see ``FROZEN_ON_RESUME``)."""
+    before = _flatten(original.model_dump(mode="json"))
+    after = _flatten(resumed.model_dump(mode="json"))
+    return sorted(k for k in after if k.startswith(FROZEN_ON_RESUME) and before.get(k) != after[k])
 
 
 def _set_path(tree: dict, dotted: str, value: Any) -> None:

@@ -2,23 +2,25 @@
 
 A config file plus ``key=value`` overrides; with ``resume``, the run's own ``run.json`` config
 (the run named by ``run.id``, else the newest unfinished run) plus the same overrides. The store
-is probed and the model resolved before anything starts, so bad input fails in one line.
+is probed, the model resolved and a resume checked (its key, and no override of a field the
+actors read) before anything starts, so bad input fails in one line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from echo2.config import Config, apply_overrides, config_from_dict, load_config
+from echo2.config import Config, apply_overrides, config_from_dict, frozen_changes, load_config
+from echo2.data import layout
 from echo2.data.fsspec_store import FsspecStore
-from echo2.data.store import NotFound, StoreError
+from echo2.data.run_folder import check_run_key, find_resumable_run, new_run_id, read_run_record
+from echo2.data.run_key import MissingRunKey, run_key
+from echo2.data.store import StoreError
 from echo2.errors import Echo2InputError, StoreUnreachable
 from echo2.models import resolve_model
 
 
 def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool) -> Config:
-    from echo2.learner.run import find_resumable_run, new_run_id
-
     config = load_config(config_path, overrides)
     try:
         store = FsspecStore(config.store.url, config.store.options)
@@ -26,14 +28,27 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool) 
     except StoreError as exc:
         raise StoreUnreachable(str(exc)) from None
     if resume:
-        runs = store.child("runs")
-        run_id = config.run.id or find_resumable_run(runs)
-        try:
-            data = runs.child(run_id).get_json("run.json")["config"]
-        except NotFound:
-            raise Echo2InputError(f"--resume: no run {run_id} under {runs.url}") from None
-        config = config_from_dict(apply_overrides(data, overrides), f"{runs.url}/{run_id}/run.json")
+        config = resume_config(store.child(layout.RUNS), config.run.id, overrides)
     resolve_model(config.model.name)  # fail before starting anything; converts the default once
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)
+    return config
+
+
+def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
+    """The config of the run to resume with ``overrides`` applied; refuses what would split learner and actors."""
+    run_id = run_id or find_resumable_run(runs)
+    record = read_run_record(runs, run_id)
+    source = f"{runs.url}/{run_id}/{layout.RUN_JSON}"
+    original = config_from_dict(record["config"], source)
+    config = config_from_dict(apply_overrides(record["config"], overrides), source)
+    changed = frozen_changes(original, config)
+    if changed:
+        raise Echo2InputError(f"--resume cannot change {', '.join(changed)}: the run's actors read it from "
+                              f"run.json, which is written once; start a new run instead")
+    try:
+        key = run_key(run_id)
+    except MissingRunKey:
+        key = None
+    check_run_key(record, key)
     return config

@@ -21,14 +21,17 @@ from echo2.config import Config, config_from_dict
 from echo2.data.store import StoreError, open_store
 from echo2.fleet.local import LocalFleet
 from echo2.launch import resolve_launch
-from echo2.learner.collector import Selection
+from echo2.learner.collector import NoRollouts, Selection
 from echo2.learner.run import LearnerRun
 from flows.observe import RunWatch
 
 
 def _transient(task, task_run, state) -> bool:
+    """Retry store hiccups; not a missing file, and not "no usable rollouts" (its timeout is the user's)."""
     exc = state.result(raise_on_failure=False)
-    return isinstance(exc, (StoreError, ConnectionError, OSError)) and not isinstance(exc, FileNotFoundError)
+    if isinstance(exc, (FileNotFoundError, NoRollouts)):
+        return False
+    return isinstance(exc, (StoreError, ConnectionError, OSError))
 
 
 @task(cache_policy=NO_CACHE)

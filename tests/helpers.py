@@ -4,11 +4,12 @@ from echo2.data import layout
 from echo2.data.rollouts import Rollout, encode_rollouts
 
 
-def make_rollouts(n_groups=2, group_size=2, *, vocab=100, reward=lambda g, s: float(s == 0), logprob=-0.5):
+def make_rollouts(n_groups=2, group_size=2, *, vocab=100, reward=lambda g, s: float(s == 0), logprob=-0.5, salt=""):
+    """``salt`` makes the content differ (files with the same content are used once)."""
     out = []
     for g in range(n_groups):
         for s in range(group_size):
-            out.append(Rollout(prompt_id=f"p{g}", group_id=f"g{g}", sample_index=s, prompt_token_ids=[1, 2, 3],
+            out.append(Rollout(prompt_id=f"p{g}{salt}", group_id=f"g{g}", sample_index=s, prompt_token_ids=[1, 2, 3],
                                completion_token_ids=[4, 5, min(6, vocab - 1)], behavior_logprobs=[logprob] * 3,
                                reward=reward(g, s), finish_reason="stop", reward_detail={"ok": True}))
     return out
@@ -21,5 +22,34 @@ def rollout_bytes(version, *, run_id="run", rollouts=None, **kw):
 
 def commit_rollouts(store, version, seq, *, actor="a", run_id="run", data=None, **kw):
     key = layout.rollout_key(version, actor, seq)
+    kw.setdefault("salt", f"-{version}-{actor}-{seq}")
     store.put(key, data if data is not None else rollout_bytes(version, run_id=run_id, **kw))
     return key
+
+
+def ledger_audit(store):
+    """Every committed rollout file of a run, and how the ledger accounts for it.
+
+    Returns (problems, counts): a problem is a file the ledger shows zero or several times (an
+    amendment that quarantines a used file does not count twice), or an orphaned file it shows at all.
+    """
+    import collections
+
+    from echo2.data.ledger import SECTIONS, consumed_keys
+
+    live = [k for k in store.list(layout.ROLLOUTS) if k.endswith(".arrow")]
+    quarantined = [k[len(layout.QUARANTINE):] for k in store.list(layout.QUARANTINE) if k.endswith(".arrow")]
+    orphaned = {k.split("/", 2)[2] for k in store.list(layout.ORPHANED) if k.endswith(".arrow")}
+    seen = collections.Counter()
+    kinds = collections.Counter()
+    for key in consumed_keys(store):
+        record = store.get_json(key)
+        for section in SECTIONS:
+            if record.get("amendment"):
+                continue
+            for item in record.get(section, []):
+                seen[item["key"]] += 1
+                kinds[section] += 1
+    problems = [f"{k}: shown {seen[k]} times" for k in live + quarantined if seen[k] != 1]
+    problems += [f"{k}: orphaned but in the ledger" for k in orphaned if seen[k] and k not in live + quarantined]
+    return problems, {"files": len(live) + len(quarantined), "orphaned": len(orphaned), **kinds}

@@ -5,8 +5,12 @@ import pytest
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex
 from echo2.data.store import open_store
+from echo2.data.rollouts import RolloutLimits
 from echo2.learner.collector import RolloutCollector, is_fresh
 from helpers import commit_rollouts, make_rollouts, rollout_bytes
+
+LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
+                       reward_range=(0.0, 1.0))
 
 
 def test_bound_is_inclusive():
@@ -15,7 +19,7 @@ def test_bound_is_inclusive():
 
 
 def _collector(store, **kw):
-    args = dict(run_id="run", staleness=1, groups_per_step=4, group_size=2, vocab_size=100)
+    args = dict(run_id="run", staleness=1, groups_per_step=4, limits=LIMITS)
     args.update(kw)
     return RolloutCollector(store, **args)
 

@@ -17,6 +17,8 @@ import torch
 import pytest
 
 from conftest import REPO
+from echo2.data.store import open_store
+from helpers import ledger_audit
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2",
@@ -77,7 +79,10 @@ def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
     assert json.loads((run / "run.json").read_text())["config"]["run"]["id"] == "e2e"
     assert json.loads((run / "policy" / "LATEST").read_text()) == {"version": 4}
     assert (run / "policy" / "v000004" / "manifest.json").exists()
-    assert sorted(p.name for p in (run / "ledger" / "consumed").iterdir()) == [f"step-00000{i}.json" for i in range(1, 5)]
+    assert sorted(p.name for p in (run / "ledger" / "consumed").iterdir()) == [
+        "final.json", *(f"step-00000{i}.json" for i in range(1, 5))]
+    problems, counts = ledger_audit(open_store(str(run)))
+    assert not problems and counts["used"] >= 4, (problems, counts)  # every committed file once in the ledger
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"step-000002", "step-000004"}
     assert (run / "reports" / "curves.png").stat().st_size > 1000
     assert "## Cost" in (run / "reports" / "cost.md").read_text()
@@ -147,7 +152,9 @@ def test_resume_after_the_learner_is_killed(tiny_model, tmp_path):
     # the lost timeline (ledger entries after the checkpoint) was moved aside, not deleted
     orphaned = {p.name for p in (run / "orphaned").rglob("step-*.json")} if lost else set()
     assert set(lost) <= orphaned
-    assert sorted(p.name for p in consumed.iterdir()) == [f"step-{i:06d}.json" for i in range(1, target + 1)]
+    assert sorted(p.name for p in consumed.iterdir()) == ["final.json", *(f"step-{i:06d}.json" for i in range(1, target + 1))]
+    problems, counts = ledger_audit(open_store(str(run)))
+    assert not problems, problems
     events = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
     assert "resume" in events
 

@@ -8,10 +8,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from echo2.data.rollouts import ROLLOUT_SCHEMA, InvalidRollouts, decode_rollouts, validate_rollouts
+from echo2.data.rollouts import ROLLOUT_SCHEMA, InvalidRollouts, RolloutLimits, decode_rollouts, validate_rollouts
 from helpers import make_rollouts, rollout_bytes
 
-OK = dict(run_id="run", expected_version=3, learner_version=4, vocab_size=100, group_size=2)
+LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
+                       reward_range=(0.0, 1.0))
+OK = dict(run_id="run", actor_id="a", expected_version=3, learner_version=4, limits=LIMITS)
 
 
 def test_round_trip_opens_with_pyarrow_and_pandas():
@@ -58,7 +60,7 @@ def test_wrong_run_future_version_and_folder_mismatch():
 def test_group_sizes_and_garbage():
     table = decode_rollouts(rollout_bytes(3, group_size=3))
     with pytest.raises(InvalidRollouts, match="groups have sizes"):
-        validate_rollouts(table, **OK)
+        validate_rollouts(table, **{**OK, "limits": dataclasses.replace(LIMITS, max_completion_tokens=8)})
     with pytest.raises(InvalidRollouts, match="not a readable Arrow IPC file"):
         decode_rollouts(b"definitely not arrow")
     truncated = rollout_bytes(3)[:-40]

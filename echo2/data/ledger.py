@@ -13,27 +13,53 @@ from typing import Any
 from echo2.data import layout
 from echo2.data.store import ObjectStore
 
-CONSUMED_PREFIX = "ledger/consumed/"
-EVENTS_PREFIX = "ledger/events/"
+SECTIONS = ("used", "dropped", "quarantined")
 
 
-def write_consumed(store: ObjectStore, step: int, record: dict[str, Any]) -> None:
-    store.put_json(layout.consumed_key(step), {"step": step, "written_at": time.time(), **record})
+def write_consumed(store: ObjectStore, step: int, record: dict[str, Any], *, amendment: str | None = None) -> None:
+    """The ledger entry of ``step``; an ``amendment`` (a second, write-once entry) corrects it after
+    training, e.g. files whose step turned out non-finite and were quarantined."""
+    extra = {"amendment": amendment} if amendment else {}
+    store.put_json(layout.consumed_key(step, amendment), {"step": step, "written_at": time.time(), **extra, **record})
+
+
+def write_final(store: ObjectStore, step: int, leftovers: list[str]) -> None:
+    """What the run leaves unused when it finishes, so that every committed file is in the ledger."""
+    store.put_json(layout.FINAL_CONSUMED, {"step": step, "written_at": time.time(), "used": [], "quarantined": [],
+                                           "dropped": [{"key": k, "reason": "unused when the run finished"}
+                                                       for k in leftovers]})
 
 
 def consumed_keys(store: ObjectStore) -> list[str]:
-    return [k for k in store.list(CONSUMED_PREFIX) if k.endswith(".json")]
+    return [k for k in store.list(layout.LEDGER_CONSUMED) if k.endswith(".json")]
+
+
+def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int | None = None) -> list[tuple[int, str]]:
+    """Committed rollout files that no step has settled, as (version, key), oldest version first.
+
+    The one listing of the backlog, shared by the collector (which also drops the stale ones) and
+    the actors' flow control (which counts only those of ``oldest_version`` or newer).
+    """
+    out = []
+    for key in store.list(layout.ROLLOUTS):
+        if key in settled:
+            continue
+        v = layout.version_of_rollout_key(key)
+        if v is None or (oldest_version is not None and v < oldest_version):
+            continue
+        out.append((v, key))
+    return sorted(out)
 
 
 def write_event(store: ObjectStore, kind: str, actor_id: str, **fields: Any) -> None:
     """A fleet event (launch, ready, exited, restarted, terminated), with its price when known."""
     ts = time.time()
-    key = f"{EVENTS_PREFIX}{ts:017.6f}-{actor_id}-{uuid.uuid4().hex[:6]}.json"
+    key = layout.event_key(ts, actor_id, uuid.uuid4().hex[:6])
     store.put_json(key, {"ts": ts, "kind": kind, "actor_id": actor_id, **fields})
 
 
 def read_events(store: ObjectStore) -> list[dict[str, Any]]:
-    return [store.get_json(k) for k in store.list(EVENTS_PREFIX) if k.endswith(".json")]
+    return [store.get_json(k) for k in store.list(layout.LEDGER_EVENTS) if k.endswith(".json")]
 
 
 class ConsumedIndex:
@@ -52,7 +78,7 @@ class ConsumedIndex:
             if key in self._read:
                 continue
             record = self.store.get_json(key)
-            for section in ("used", "dropped", "quarantined"):
+            for section in SECTIONS:
                 self.settled.update(item["key"] for item in record.get(section, []))
             self._read.add(key)
         return self.settled

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -63,6 +64,44 @@ class InvalidRollouts(ValueError):
     """A rollout file failed validation; the message says why."""
 
 
+LOGPROB_MAX = 1e-4
+"""A log-probability is <= 0; a little float noise above 0 is tolerated."""
+LOGPROB_FLOOR = -50.0
+"""No sampled token has a log-probability below this (p < 2e-22): with behavior logprobs >= -50 the
+ratio exp(log pi - log mu) stays below e^50 ~ 5e21, finite in fp32, so no accepted file can overflow
+the loss (a forged -1e4 would make it inf and the gradient NaN)."""
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """What an accepted rollout file may hold: the bounds the loss relies on."""
+
+    vocab_size: int
+    group_size: int
+    max_completion_tokens: int
+    """rollout.max_new_tokens plus the environment tokens a multi-turn task may interleave."""
+    max_prompt_tokens: int
+    reward_range: tuple[float, float]
+    """The task's rewards lie in [low, high]; a reward near the float32 maximum would overflow the group std."""
+    logprob_min: float = LOGPROB_FLOOR
+
+
+_CONTENT_COLUMNS = ("prompt_id", "sample_index", "prompt_token_ids", "completion_token_ids", "completion_mask",
+                    "behavior_logprobs", "reward", "policy_version")
+
+
+def content_hash(table: pa.Table) -> str:
+    """sha256 of what training would use from a file, independent of row order, names and timestamps:
+    the same rollouts committed twice under two names (or reordered) hash the same."""
+    columns = table.select(list(_CONTENT_COLUMNS)).to_pydict()
+    rows = sorted(json.dumps([columns[c][i] for c in _CONTENT_COLUMNS]) for i in range(table.num_rows))
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(row.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
 def encode_rollouts(
     rollouts: list[Rollout], *, run_id: str, actor_id: str, policy_version: int, task: str
 ) -> bytes:
@@ -101,16 +140,13 @@ def decode_rollouts(data: bytes) -> pa.Table:
         raise InvalidRollouts(f"not a readable Arrow IPC file: {exc}") from None
 
 
-def validate_rollouts(
-    table: pa.Table,
-    *,
-    run_id: str,
-    expected_version: int,
-    learner_version: int,
-    vocab_size: int,
-    group_size: int | None = None,
-) -> None:
-    """Raise ``InvalidRollouts`` naming the first problem found; return None for a usable file."""
+def validate_rollouts(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int, learner_version: int,
+                      limits: RolloutLimits) -> pa.Table:
+    """Check everything the learner relies on; return the table as ``ROLLOUT_SCHEMA`` (columns selected and cast).
+
+    Raises ``InvalidRollouts`` naming the first problem. A table that passes cannot make the loss or
+    its gradient non-finite: every logprob, reward and length is inside ``limits``.
+    """
     meta = table.schema.metadata or {}
     version = meta.get(b"echo2.schema_version")
     if version != SCHEMA_VERSION.encode():
@@ -118,59 +154,115 @@ def validate_rollouts(
     for f in ROLLOUT_SCHEMA:
         if f.name not in table.schema.names:
             raise InvalidRollouts(f"missing column {f.name}")
-        got = table.schema.field(f.name).type
-        if not got.equals(f.type):
-            raise InvalidRollouts(f"column {f.name} has type {got}, expected {f.type}")
+        if table.schema.get_all_field_indices(f.name) != [table.schema.get_field_index(f.name)]:
+            raise InvalidRollouts(f"column {f.name} appears more than once")
+    # extra columns are ignored and the order is ours; a type that casts losslessly is accepted
+    try:
+        table = table.select(ROLLOUT_SCHEMA.names).cast(ROLLOUT_SCHEMA, safe=True)
+        table.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        raise InvalidRollouts(f"columns do not fit the schema: {str(exc).splitlines()[0][:200]}") from None
     if table.num_rows == 0:
         raise InvalidRollouts("file has no rows")
     for name in ROLLOUT_SCHEMA.names:
-        if table.column(name).null_count:
+        column = table.column(name)
+        if column.null_count:
             raise InvalidRollouts(f"column {name} has null values")
+        if pa.types.is_list(column.type) and pc.list_flatten(column).null_count:
+            raise InvalidRollouts(f"column {name} has null values inside its lists")
 
-    runs = set(table.column("run_id").to_pylist())
+    _check_identity(table, run_id=run_id, actor_id=actor_id, expected_version=expected_version,
+                    learner_version=learner_version)
+    _check_lengths_and_bounds(table, limits)
+    _check_groups(table, limits.group_size)
+    return table
+
+
+def _check_identity(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int, learner_version: int) -> None:
+    runs = set(table.column("run_id").unique().to_pylist())
     if runs != {run_id}:
-        raise InvalidRollouts(f"run_id {sorted(runs)} does not match this run {run_id!r}")
-    versions = set(table.column("policy_version").to_pylist())
+        raise InvalidRollouts(f"run_id {sorted(runs)[:3]} does not match this run {run_id!r}")
+    actors = set(table.column("actor_id").unique().to_pylist())
+    if actors != {actor_id}:
+        raise InvalidRollouts(f"actor_id {sorted(actors)[:3]} does not match the file's actor {actor_id!r}")
+    versions = set(table.column("policy_version").unique().to_pylist())
     if versions != {expected_version}:
-        raise InvalidRollouts(f"policy_version {sorted(versions)} does not match its folder v{expected_version}")
+        raise InvalidRollouts(f"policy_version {sorted(versions)[:3]} does not match its folder v{expected_version}")
     if expected_version > learner_version:
         raise InvalidRollouts(f"policy_version {expected_version} is from the future (learner is at {learner_version})")
 
-    comp = table.column("completion_token_ids")
-    comp_len = pc.list_value_length(comp).to_numpy(zero_copy_only=False)
+
+def _first(bad: np.ndarray) -> int:
+    return int(np.nonzero(bad)[0][0])
+
+
+def _check_lengths_and_bounds(table: pa.Table, limits: RolloutLimits) -> None:
+    comp_len = pc.list_value_length(table.column("completion_token_ids")).to_numpy()
     for name in ("completion_mask", "behavior_logprobs"):
-        lens = pc.list_value_length(table.column(name)).to_numpy(zero_copy_only=False)
+        lens = pc.list_value_length(table.column(name)).to_numpy()
         if not np.array_equal(lens, comp_len):
-            row = int(np.nonzero(lens != comp_len)[0][0])
+            row = _first(lens != comp_len)
             raise InvalidRollouts(f"row {row}: {name} has {lens[row]} entries but the completion has {comp_len[row]} tokens")
     if (comp_len == 0).any():
-        raise InvalidRollouts(f"row {int(np.nonzero(comp_len == 0)[0][0])}: empty completion")
-    prompt_len = pc.list_value_length(table.column("prompt_token_ids")).to_numpy(zero_copy_only=False)
+        raise InvalidRollouts(f"row {_first(comp_len == 0)}: empty completion")
+    if (comp_len > limits.max_completion_tokens).any():
+        row = _first(comp_len > limits.max_completion_tokens)
+        raise InvalidRollouts(f"row {row}: completion of {comp_len[row]} tokens, more than the run's limit "
+                              f"{limits.max_completion_tokens}")
+    prompt_len = pc.list_value_length(table.column("prompt_token_ids")).to_numpy()
     if (prompt_len == 0).any():
-        raise InvalidRollouts(f"row {int(np.nonzero(prompt_len == 0)[0][0])}: empty prompt")
+        raise InvalidRollouts(f"row {_first(prompt_len == 0)}: empty prompt")
+    if (prompt_len > limits.max_prompt_tokens).any():
+        row = _first(prompt_len > limits.max_prompt_tokens)
+        raise InvalidRollouts(f"row {row}: prompt of {prompt_len[row]} tokens, more than {limits.max_prompt_tokens}")
 
     for name in ("prompt_token_ids", "completion_token_ids"):
-        ids = pc.list_flatten(table.column(name)).to_numpy(zero_copy_only=False)
-        bad = (ids < 0) | (ids >= vocab_size)
+        ids = pc.list_flatten(table.column(name)).to_numpy()
+        bad = (ids < 0) | (ids >= limits.vocab_size)
         if bad.any():
-            raise InvalidRollouts(f"{name} holds token id {int(ids[bad][0])} outside the vocabulary [0, {vocab_size})")
-    logprobs = pc.list_flatten(table.column("behavior_logprobs")).to_numpy(zero_copy_only=False)
-    if not np.isfinite(logprobs).all() or (logprobs > 1e-4).any():
-        raise InvalidRollouts("behavior_logprobs holds a non-finite or positive log-probability")
-    mask = pc.list_flatten(table.column("completion_mask")).to_numpy(zero_copy_only=False)
+            raise InvalidRollouts(f"{name} holds token id {int(ids[bad][0])} outside the vocabulary [0, {limits.vocab_size})")
+    mask = pc.list_flatten(table.column("completion_mask")).to_numpy()
     if not np.isin(mask, (0, 1)).all():
         raise InvalidRollouts("completion_mask holds values other than 0 and 1")
+    parents = pc.list_parent_indices(table.column("completion_mask")).to_numpy()
+    trained = np.bincount(parents, weights=mask, minlength=table.num_rows)
+    if (trained == 0).any():
+        raise InvalidRollouts(f"row {_first(trained == 0)}: no token of the completion is the policy's (mask all 0)")
+    logprobs = pc.list_flatten(table.column("behavior_logprobs")).to_numpy()
+    if not np.isfinite(logprobs).all():
+        raise InvalidRollouts("behavior_logprobs holds a non-finite log-probability")
+    if (logprobs > LOGPROB_MAX).any() or (logprobs < limits.logprob_min).any():
+        bad = logprobs[(logprobs > LOGPROB_MAX) | (logprobs < limits.logprob_min)][0]
+        raise InvalidRollouts(f"behavior_logprobs holds {bad:g}, outside [{limits.logprob_min:g}, 0]")
     rewards = table.column("reward").to_numpy()
     if not np.isfinite(rewards).all():
         raise InvalidRollouts("reward holds a non-finite value")
+    lo, hi = limits.reward_range
+    if (rewards < lo).any() or (rewards > hi).any():
+        bad = rewards[(rewards < lo) | (rewards > hi)][0]
+        raise InvalidRollouts(f"reward {bad:g} is outside the task's range [{lo:g}, {hi:g}]")
     for detail in table.column("reward_detail").to_pylist():
         try:
             json.loads(detail)
         except ValueError:
             raise InvalidRollouts(f"reward_detail is not JSON: {detail[:60]!r}") from None
-    if group_size is not None:
-        counts = pc.value_counts(table.column("group_id"))
-        sizes = set(counts.field("counts").to_pylist())
-        if sizes != {group_size}:
-            raise InvalidRollouts(f"groups have sizes {sorted(sizes)}, expected {group_size}")
 
+
+def _check_groups(table: pa.Table, group_size: int) -> None:
+    """Every group: exactly G rows, sample_index 0..G-1 once each, one prompt (id and tokens)."""
+    stats = table.group_by("group_id").aggregate([
+        ("sample_index", "count"), ("sample_index", "count_distinct"), ("sample_index", "min"),
+        ("sample_index", "max"), ("prompt_id", "count_distinct")])
+    sizes = set(stats.column("sample_index_count").to_pylist())
+    if sizes != {group_size}:
+        raise InvalidRollouts(f"groups have sizes {sorted(sizes)[:5]}, expected {group_size} (a group_id is one group of one file)")
+    if (set(stats.column("sample_index_count_distinct").to_pylist()) != {group_size}
+            or min(stats.column("sample_index_min").to_pylist()) != 0
+            or max(stats.column("sample_index_max").to_pylist()) != group_size - 1):
+        raise InvalidRollouts(f"sample_index is not 0..{group_size - 1} once each within every group")
+    if set(stats.column("prompt_id_count_distinct").to_pylist()) != {1}:
+        raise InvalidRollouts("a group mixes completions of different prompt_ids")
+    prompts: dict[str, list[int]] = {}
+    for gid, tokens in zip(table.column("group_id").to_pylist(), table.column("prompt_token_ids").to_pylist()):
+        if prompts.setdefault(gid, tokens) != tokens:
+            raise InvalidRollouts(f"group {gid[:40]!r} mixes different prompt tokens")

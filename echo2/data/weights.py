@@ -21,7 +21,8 @@ from safetensors.torch import save as st_save
 
 from echo2.data.manifest import chunk_hashes, sign
 from echo2.data import layout
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.failpoints import failpoint
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 
 INDEX_FILE = "model.safetensors.index.json"
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -88,33 +89,44 @@ def write_weights(
 
     Every file is also described chunk by chunk (sha256 per ``chunk_size`` bytes) for the relay;
     with ``key`` the manifest is signed (HMAC-SHA256) so actors can reject forgeries.
+
+    The manifest is the commit point, created once; a committed folder raises ``AlreadyExists``.
+    Until then the folder is nobody's: what a killed writer left there is cleared first and the
+    files are written with overwrite, so a retried put (its response lost) or a second attempt
+    after a crash never fails on its own leftovers.
     """
+    if store.exists(layout.manifest_key(prefix)):
+        raise AlreadyExists(layout.manifest_key(prefix))
+    store.delete_prefix(prefix + "/")
+    kind = "checkpoint" if prefix.startswith(layout.CHECKPOINTS) else "publish"
     files = []
     weight_map: dict[str, str] = {}
     total = 0
     for i, shard in enumerate(_shard(tensors, shard_mb * 2**20)):
         name = f"shard-{i:04d}.safetensors"
         data = st_save(shard, metadata={"format": "pt"})
-        store.put(f"{prefix}/{name}", data)
+        store.put(f"{prefix}/{name}", data, if_absent=False)
+        failpoint(kind)
         files.append({"name": name, "kind": "shard", "size": len(data), "sha256": sha256(data),
                       "chunks": chunk_hashes(data, chunk_size)})
         weight_map.update({k: name for k in shard})
         total += sum(t.numel() * t.element_size() for t in shard.values())
     index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
     for name, data in {INDEX_FILE: index, **extra_files}.items():
-        store.put(f"{prefix}/{name}", data)
+        store.put(f"{prefix}/{name}", data, if_absent=False)
+        failpoint(kind)
         files.append({"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data),
                       "chunks": chunk_hashes(data, chunk_size)})
     manifest = {"format": "echo2-weights/1", "created_at": time.time(), "chunk_size": chunk_size, "files": files,
                 **meta}
     if key is not None:
         manifest = sign(manifest, key)
-    store.put_json(f"{prefix}/{layout.MANIFEST}", manifest)
+    store.put_json(layout.manifest_key(prefix), manifest)
     return manifest
 
 
 def read_manifest(store: ObjectStore, prefix: str) -> dict:
-    return store.get_json(f"{prefix}/{layout.MANIFEST}")
+    return store.get_json(layout.manifest_key(prefix))
 
 
 def read_verified(store: ObjectStore, prefix: str, entry: dict) -> bytes:
@@ -153,6 +165,7 @@ def publish_version(
         store, layout.policy_dir(version), tensors, extra_files=extra_files, shard_mb=shard_mb,
         meta={"version": version, **(meta or {})}, chunk_size=chunk_size, key=key,
     )
+    failpoint("publish")
     store.put_pointer(layout.LATEST, json.dumps({"version": version}).encode())
     return manifest
 
@@ -162,6 +175,12 @@ def latest_version(store: ObjectStore) -> int | None:
         return int(store.get_json(layout.LATEST)["version"])
     except NotFound:
         return None
+
+
+def delete_folder(store: ObjectStore, prefix: str) -> None:
+    """Remove a committed weights folder: the manifest first, so a half-deleted folder never looks committed."""
+    store.delete(layout.manifest_key(prefix))
+    store.delete_prefix(prefix + "/")
 
 
 def committed_folders(store: ObjectStore, prefix: str, parse) -> list[int]:
@@ -175,7 +194,7 @@ def committed_folders(store: ObjectStore, prefix: str, parse) -> list[int]:
 
 
 def published_versions(store: ObjectStore) -> list[int]:
-    return committed_folders(store, "policy/", layout.parse_version_dir)
+    return committed_folders(store, layout.POLICY, layout.parse_version_dir)
 
 
 def merge_into_folder(folder: Path, adapter: dict[str, torch.Tensor], *, rank: int, alpha: float) -> None:

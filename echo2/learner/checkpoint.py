@@ -3,7 +3,8 @@
 The folder is a weights folder (``echo2.data.weights``) whose manifest also covers
 ``optimizer.pt`` (AdamW moments and RNG states) and ``trainer_state.json`` (step, the settled
 rollout keys, evaluation so far, metrics history). The manifest is written last, so a learner
-killed mid-checkpoint leaves no checkpoint, never a half one.
+killed mid-checkpoint leaves no checkpoint, never a half one. ``optimizer.pt`` is loaded with
+``torch.load(weights_only=True)``: nothing read from the store is unpickled with code execution.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from safetensors.torch import save as st_save
 
 from echo2.data import layout
 from echo2.data.store import ObjectStore
-from echo2.data.weights import committed_folders, iter_tensors, read_manifest, read_verified, write_weights
+from echo2.data.weights import (committed_folders, delete_folder, iter_tensors, read_manifest, read_verified,
+                                write_weights)
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -52,7 +54,7 @@ def save_checkpoint(store: ObjectStore, step: int, tensors: dict[str, torch.Tens
 
 
 def checkpoint_steps(store: ObjectStore) -> list[int]:
-    return committed_folders(store, "checkpoints/", layout.parse_step_dir)
+    return committed_folders(store, layout.CHECKPOINTS, layout.parse_step_dir)
 
 
 def load_checkpoint(store: ObjectStore, step: int) -> Checkpoint:
@@ -60,7 +62,8 @@ def load_checkpoint(store: ObjectStore, step: int) -> Checkpoint:
     manifest = read_manifest(store, prefix)
     entries = {e["name"]: e for e in manifest["files"]}
     state = json.loads(read_verified(store, prefix, entries[STATE_FILE]))
-    opt = torch.load(io.BytesIO(read_verified(store, prefix, entries[OPTIMIZER_FILE])), weights_only=False)
+    # weights_only: tensors and plain containers only; nothing read from the store may run code
+    opt = torch.load(io.BytesIO(read_verified(store, prefix, entries[OPTIMIZER_FILE])), weights_only=True)
     adapter = st_load(read_verified(store, prefix, entries[ADAPTER_FILE])) if ADAPTER_FILE in entries else None
     tensors = {} if adapter is not None else dict(iter_tensors(store, prefix, manifest))
     return Checkpoint(step=step, state=state, tensors=tensors, optimizer=opt, adapter=adapter)
@@ -68,6 +71,4 @@ def load_checkpoint(store: ObjectStore, step: int) -> Checkpoint:
 
 def prune_checkpoints(store: ObjectStore, keep: int) -> None:
     for step in checkpoint_steps(store)[:-keep]:
-        prefix = layout.checkpoint_dir(step)
-        store.delete(f"{prefix}/{layout.MANIFEST}")
-        store.delete_prefix(prefix + "/")
+        delete_folder(store, layout.checkpoint_dir(step))

@@ -2,12 +2,17 @@
 
 At learner version t, a committed rollout file of policy version v is
 - dropped if t - v > S (too stale), recorded in the ledger with the reason;
-- quarantined if it fails validation: moved to ``quarantine/<key>`` beside a ``.json`` reason;
+- dropped if the same content was already used under another name (content hash in the ledger);
+- quarantined if it fails validation: moved to ``quarantine/<key>`` beside a ``.json`` reason.
+  Validation bounds everything the loss relies on (``data/rollouts.py``), re-derives every prompt
+  from the task and re-scores verifiable rewards (``verify.py``);
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
-Every file is settled exactly once: the set of settled keys is part of the checkpoint, and the
-ledger entry of a step is written when its files are chosen (before training), so actors see at
-once that the backlog shrank.
+The ledger entry of a step is written when its files are chosen (before training), so actors see
+at once that the backlog shrank. The files stay "in flight" until the step completes
+(``settle``): the checkpoint records only what completed steps settled, so a learner killed
+between choosing and training uses the same files again after resume (and resume moves the
+step's ledger entry aside with the rest of the lost timeline, so the ledger shows them once).
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from echo2.data import layout
-from echo2.data.ledger import write_consumed
-from echo2.data.rollouts import InvalidRollouts, decode_rollouts, validate_rollouts
+from echo2.data.failpoints import failpoint
+from echo2.data.ledger import pending_rollouts, write_consumed
+from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, decode_rollouts, validate_rollouts
 from echo2.data.store import NotFound, ObjectStore
 
 log = logging.getLogger("echo2.learner")
+
+
+class NoRollouts(TimeoutError):
+    """No usable rollouts arrived within ``train.rollout_timeout_s``: not a transient store error."""
 
 
 def is_fresh(learner_version: int, rollout_version: int, staleness: int) -> bool:
@@ -45,6 +55,10 @@ class Selection:
     def groups(self) -> int:
         return sum(u["groups"] for u in self.used)
 
+    @property
+    def keys(self) -> set[str]:
+        return {item["key"] for section in (self.used, self.dropped, self.quarantined) for item in section}
+
     def ledger_record(self) -> dict:
         return {"learner_version": self.learner_version, "used": self.used, "dropped": self.dropped,
                 "quarantined": self.quarantined}
@@ -52,90 +66,131 @@ class Selection:
 
 class RolloutCollector:
     def __init__(self, store: ObjectStore, *, run_id: str, staleness: int, groups_per_step: int,
-                 group_size: int, vocab_size: int, settled: set[str] | None = None):
+                 limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
+                 settled: set[str] | None = None, used_hashes: set[str] | None = None):
         self.store = store
         self.run_id = run_id
         self.staleness = staleness
         self.groups_per_step = groups_per_step
-        self.group_size = group_size
-        self.vocab_size = vocab_size
+        self.limits = limits
+        self.verifier = verifier
+        self.max_file_bytes = max_file_bytes
         self.settled: set[str] = set(settled or ())
+        """Keys settled by completed steps (what a checkpoint records)."""
+        self.used_hashes: set[str] = set(used_hashes or ())
+        """Content hashes of the files completed steps used."""
+        self.in_flight: set[str] = set()
+        """Keys chosen by a step that has not completed yet (never chosen twice, not yet checkpointed)."""
+        # files quarantined by a step that never completed (the learner was killed): their ledger
+        # entry went to orphaned/, so the next entry records them again from quarantine/'s reasons
+        self._unrecorded: list[dict] = self._quarantined_unsettled()
 
-    def _candidates(self) -> list[tuple[int, str]]:
+    def _quarantined_unsettled(self) -> list[dict]:
         out = []
-        for key in self.store.list("rollouts/"):
-            if key in self.settled:
+        for reason_key in self.store.list(layout.QUARANTINE):
+            key = layout.quarantined_of_reason_key(reason_key)
+            if key is None or key in self.settled:
                 continue
-            v = layout.version_of_rollout_key(key)
-            if v is None:
-                continue
-            out.append((v, key))
-        return sorted(out)  # oldest version first; within a version, by actor and sequence
+            try:
+                reason = str(self.store.get_json(reason_key).get("reason", "?"))
+            except (NotFound, ValueError, AttributeError):
+                reason = "?"
+            out.append({"key": key, "reason": reason})
+        return out
 
     def _quarantine(self, sel: Selection, key: str, reason: str) -> None:
         log.warning("quarantined %s: %s", key, reason)
-        self.store.put_json(layout.quarantine_key(key) + ".json", {"key": key, "reason": reason, "at": time.time()},
-                            if_absent=False)
-        self.store.move(key, layout.quarantine_key(key))
+        quarantine(self.store, key, reason)
         sel.quarantined.append({"key": key, "reason": reason})
-        self.settled.add(key)
+
+    def _check(self, key: str, version: int, actor_id: str, learner_version: int) -> pa.Table:
+        """Download and validate one file; raises ``InvalidRollouts`` (or ``NotFound`` if it vanished)."""
+        size = self.store.size(key)
+        if size > self.max_file_bytes:
+            raise InvalidRollouts(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
+        data = self.store.get(key)
+        if len(data) > self.max_file_bytes:
+            raise InvalidRollouts(f"file of {len(data)} bytes is over the limit of {self.max_file_bytes}")
+        table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
+                                  expected_version=version, learner_version=learner_version, limits=self.limits)
+        if self.verifier is not None:
+            self.verifier.check(table)
+        return table
 
     def collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float = 0.25,
                 should_abort=lambda: None) -> Selection:
         """Block until enough fresh, valid groups are committed; write the step's ledger entry.
 
-        On any error nothing is settled, so a retry sees the same files again.
+        The chosen files are in flight until ``settle``; on any error nothing is, so a retry sees the
+        same files again (a file already moved to quarantine stays recorded for the next entry).
         """
-        settled_before = set(self.settled)
-        try:
-            return self._collect(step, learner_version, timeout_s=timeout_s, poll_s=poll_s, should_abort=should_abort)
-        except BaseException:
-            self.settled = settled_before
-            raise
-
-    def _collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float, should_abort) -> Selection:
         sel = Selection(step=step, learner_version=learner_version)
+        sel.quarantined.extend(self._unrecorded)
         started = time.time()
         deadline = time.time() + timeout_s
+        taken: set[str] = set()
+        hashes: set[str] = set()
         while sel.groups < self.groups_per_step:
             progressed = False
-            for version, key in self._candidates():
+            for version, key in pending_rollouts(self.store, self.settled | self.in_flight | taken):
                 if sel.groups >= self.groups_per_step:
                     break
                 progressed = True
+                taken.add(key)
+                _, actor_id, _ = layout.parse_rollout_key(key)
                 if not is_fresh(learner_version, version, self.staleness):
                     lag = learner_version - version
                     sel.dropped.append({"key": key, "policy_version": version, "lag": lag,
                                         "reason": f"stale: lag {lag} > S={self.staleness}"})
-                    self.settled.add(key)
                     continue
                 try:
-                    data = self.store.get(key)
+                    table = self._check(key, version, actor_id, learner_version)
                 except NotFound:
-                    continue  # moved away by a concurrent quarantine; gone from the next listing
-                try:
-                    table = decode_rollouts(data)
-                    validate_rollouts(table, run_id=self.run_id, expected_version=version,
-                                      learner_version=learner_version, vocab_size=self.vocab_size,
-                                      group_size=self.group_size)
+                    taken.discard(key)
+                    continue  # moved away meanwhile; gone from the next listing
                 except InvalidRollouts as exc:
                     self._quarantine(sel, key, str(exc))
                     continue
-                groups = len(set(table.column("group_id").to_pylist()))
+                digest = content_hash(table)
+                if digest in self.used_hashes or digest in hashes:
+                    sel.dropped.append({"key": key, "policy_version": version, "sha256": digest,
+                                        "reason": "duplicate: the same rollouts were already used under another name"})
+                    continue
+                hashes.add(digest)
                 sel.tables.append(table)
                 sel.used.append({"key": key, "policy_version": version, "lag": learner_version - version,
-                                 "groups": groups, "rows": table.num_rows})
-                self.settled.add(key)
+                                 "groups": len(table.column("group_id").unique()), "rows": table.num_rows,
+                                 "sha256": digest})
             if sel.groups >= self.groups_per_step:
                 break
             should_abort()
             if time.time() > deadline:
-                raise TimeoutError(
+                raise NoRollouts(
                     f"no usable rollouts for {timeout_s:.0f}s at step {step} (have {sel.groups}/"
                     f"{self.groups_per_step} groups): are the actors alive? see the run's logs/"
                 )
             if not progressed:
                 time.sleep(poll_s)
         write_consumed(self.store, step, sel.ledger_record())
+        failpoint("step")
+        self._unrecorded = []
         sel.waited_s = time.time() - started
+        self.in_flight |= sel.keys
         return sel
+
+    def settle(self, selection: Selection) -> None:
+        """The step that used ``selection`` completed: its files are settled for good."""
+        self.settled |= selection.keys
+        self.used_hashes |= {u["sha256"] for u in selection.used}
+        self.in_flight -= selection.keys
+
+    def unrecorded_leftovers(self) -> list[str]:
+        """Committed rollout files no step settled (what the run leaves unused when it finishes)."""
+        return [key for _, key in pending_rollouts(self.store, self.settled)]
+
+
+def quarantine(store: ObjectStore, key: str, reason: str) -> None:
+    """Set a rejected rollout file aside with its reason (the reason first: a moved file always has one)."""
+    store.put_json(layout.quarantine_reason_key(key), {"key": key, "reason": reason, "at": time.time()},
+                   if_absent=False)
+    store.move(key, layout.quarantine_key(key))

@@ -1,7 +1,9 @@
-"""The learner: policy, optimizer, one GRPO step over a selection of rollout files, publishing.
+"""The learner: policy, optimizer, one GRPO step over a selection of rollout files.
 
 Version semantics: ``self.version`` = optimizer steps taken. The weights after step N are
-policy version N; version 0 is the initial model.
+policy version N; version 0 is the initial model. A step whose loss or gradient is non-finite
+anyway (validation bounds every input, so this means a diverged policy) changes no weight and is
+reported (``metrics["nonfinite"]``) so that its files are quarantined; it still counts as a step.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from echo2.config import TrainConfig
-from echo2.data import layout
-from echo2.data.store import ObjectStore
 from echo2.data.lora import merge_lora
-from echo2.data.weights import model_files, publish_version, published_versions, unique_state_dict
-from echo2.learner.loss import group_advantages, policy_loss, token_logprobs
+from echo2.data.weights import model_files, unique_state_dict
+from echo2.learner.batch import assemble, policy_logprobs
+from echo2.learner.loss import group_advantages, policy_loss
 
 log = logging.getLogger("echo2.learner")
 
@@ -43,7 +44,9 @@ class Learner:
             self.model = get_peft_model(self.model, LoraConfig(
                 r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_target_modules,
                 lora_dropout=0.0))
-        self.model.train()
+        # eval mode: dropout off. The loss is a ratio against the behavior policy, which sampled with
+        # dropout off; dropout in the learner's forward would bias every ratio (gradients still flow)
+        self.model.eval()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
@@ -60,25 +63,35 @@ class Learner:
         """One optimizer step on whole rollout files; returns metrics."""
         t0 = time.time()
         cfg = self.config
-        table = pa.concat_tables(tables)
-        rows = table.select(["group_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
-                             "behavior_logprobs", "reward", "policy_version"]).to_pylist()
-        group_ids = {g: i for i, g in enumerate(dict.fromkeys(r["group_id"] for r in rows))}
+        rows = []
+        for file_index, table in enumerate(tables):
+            for row in table.select(["group_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
+                                     "behavior_logprobs", "reward", "policy_version"]).to_pylist():
+                # a group is one group_id of one file: two files never merge their groups of the same name
+                row["group"] = (file_index, row["group_id"])
+                rows.append(row)
+        group_ids = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
         rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32)
-        group_index = torch.tensor([group_ids[r["group_id"]] for r in rows])
+        group_index = torch.tensor([group_ids[r["group"]] for r in rows])
         advantages = group_advantages(rewards, group_index, scale=cfg.scale_rewards)
         lags = [self.version - r["policy_version"] for r in rows]
         metrics = {
             "step": self.version + 1, "reward": rewards.mean().item(), "rollouts": len(rows),
             "groups": len(group_ids), "lag_mean": sum(lags) / len(lags), "lag_max": max(lags),
-            "completion_tokens": sum(len(r["completion_token_ids"]) for r in rows),
+            "completion_tokens": sum(len(r["completion_token_ids"]) for r in rows), "nonfinite": False,
         }
-        # groups with equal rewards have A = 0 everywhere: no gradient, so no forward pass either
-        keep = [i for i in range(len(rows)) if advantages[i] != 0]
-        metrics["groups_with_signal"] = len({int(group_index[i]) for i in keep})
+        # a group whose rewards are all equal has A = 0 everywhere: no signal, so its rows skip the
+        # forward pass. Whole groups are dropped; a row of a group with signal stays even if its own A is 0
+        n_groups = len(group_ids)
+        high = torch.full((n_groups,), -math.inf).scatter_reduce(0, group_index, rewards, "amax")
+        low = torch.full((n_groups,), math.inf).scatter_reduce(0, group_index, rewards, "amin")
+        with_signal = high > low
+        keep = [i for i in range(len(rows)) if with_signal[group_index[i]]]
+        metrics["groups_with_signal"] = int(with_signal.sum())
         n_tokens = sum(sum(rows[i]["completion_mask"]) for i in keep)
         totals = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl_behavior": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = 0.0
         if keep:
             keep.sort(key=lambda i: len(rows[i]["prompt_token_ids"]) + len(rows[i]["completion_token_ids"]))
             mb = cfg.micro_batch_size
@@ -91,45 +104,36 @@ class Learner:
                 for k in ("clip_fraction", "ratio_mean", "kl_behavior"):
                     totals[k] += getattr(terms, k).item() * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
-            if not math.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm at step {self.version + 1}; weights left unchanged")
-            self.optimizer.step()
-        else:
-            grad_norm = 0.0
+            if math.isfinite(grad_norm) and math.isfinite(totals["loss"]):
+                self.optimizer.step()
+            else:
+                log.error("step %d: non-finite loss %s / gradient norm %s; weights left unchanged",
+                          self.version + 1, totals["loss"], grad_norm)
+                self.optimizer.zero_grad(set_to_none=True)
+                metrics["nonfinite"] = True
+                totals = {k: 0.0 for k in totals}
+                grad_norm = 0.0
         self.version += 1
         metrics.update(totals, grad_norm=grad_norm, train_tokens=n_tokens, step_seconds=time.time() - t0)
         return metrics
 
     def _micro_batch(self, rows: list[dict], advantages: torch.Tensor, n_tokens: int):
-        lengths = [len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows]
-        width = max(lengths)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        # per-token tensors aligned to "predict position j+1 from position j"
-        targets = torch.zeros((len(rows), width - 1), dtype=torch.long)
-        mask = torch.zeros((len(rows), width - 1))
-        behavior = torch.zeros((len(rows), width - 1))
-        for i, r in enumerate(rows):  # right padding: positions match the actor's generation
-            p, c = r["prompt_token_ids"], r["completion_token_ids"]
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            attn[i, : len(p) + len(c)] = 1
-            span = slice(len(p) - 1, len(p) - 1 + len(c))
-            targets[i, span] = torch.tensor(c)
-            mask[i, span] = torch.tensor(r["completion_mask"], dtype=torch.float32)
-            behavior[i, span] = torch.tensor(r["behavior_logprobs"], dtype=torch.float32)
-        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        logprobs = token_logprobs(logits, targets, self.temperature)
+        batch = assemble(rows, self.pad_token_id)
+        logprobs = policy_logprobs(self.model, batch, self.temperature)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference(input_ids=ids, attention_mask=attn).logits[:, :-1], targets,
-                                     self.temperature)
+                ref = policy_logprobs(self.reference, batch, self.temperature)
         cfg = self.config
-        return policy_loss(logprobs, behavior, advantages, mask, n_tokens=n_tokens, clip_low=cfg.clip_low,
-                           clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref, kl_coef=cfg.kl_coef)
+        return policy_loss(logprobs, batch.behavior_logprobs, advantages, batch.mask, n_tokens=n_tokens,
+                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref,
+                           kl_coef=cfg.kl_coef)
 
-    # -- publishing ------------------------------------------------------------------------
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    # -- weights ---------------------------------------------------------------------------
     def adapter_tensors(self) -> dict[str, torch.Tensor]:
         from peft import get_peft_model_state_dict
 
@@ -147,35 +151,16 @@ class Learner:
 
         set_peft_model_state_dict(self.model, tensors)
 
-    def publish(self, store: ObjectStore, *, key: bytes, chunk_size: int, relay: dict) -> dict:
-        """Commit the current weights as policy version ``self.version`` (signed) and move LATEST to it.
+    def policy_version_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """What version ``self.version`` publishes, in ``publish_dtype``, and its manifest metadata.
 
         With LoRA, version 0 is the full base and every later version only the adapter.
         """
         dtype = _DTYPES[self.config.publish_dtype]
-        meta: dict = {"relay": relay, "weights": "full"}
         if self.lora and self.version > 0:
             tensors = {k: v.to(dtype) for k, v in self.adapter_tensors().items()}
-            meta.update(weights="lora", base_version=0, lora_rank=self.config.lora_rank,
-                        lora_alpha=self.config.lora_alpha)
-        else:
-            tensors = {k: v.to(dtype) for k, v in self.base_tensors.items()} if self.lora else unique_state_dict(
-                self.model, dtype)
-        manifest = publish_version(store, self.version, tensors, extra_files=self.extra_files,
-                                   shard_mb=self.config.shard_mb, chunk_size=chunk_size, key=key, meta=meta)
-        self._collect_garbage(store)
-        return manifest
-
-    def _collect_garbage(self, store: ObjectStore) -> None:
-        """Delete versions no actor can still use (older than t - S) beyond the newest ``keep_versions``."""
-        versions = published_versions(store)
-        keep = set(versions[-self.config.keep_versions :])
-        oldest_useful = self.version - self.config.staleness
-        for v in versions:
-            if self.lora and v == 0:
-                continue  # the base every adapter version applies to
-            if v not in keep and v < oldest_useful:
-                prefix = layout.policy_dir(v)
-                # the manifest goes first, so a half-deleted folder is never taken for a committed one
-                store.delete(f"{prefix}/{layout.MANIFEST}")
-                store.delete_prefix(prefix + "/")
+            return tensors, {"weights": "lora", "base_version": 0, "lora_rank": self.config.lora_rank,
+                             "lora_alpha": self.config.lora_alpha}
+        if self.lora:
+            return {k: v.to(dtype) for k, v in self.base_tensors.items()}, {"weights": "full"}
+        return unique_state_dict(self.model, dtype), {"weights": "full"}

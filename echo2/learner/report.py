@@ -19,20 +19,28 @@ if TYPE_CHECKING:
 
 
 def ledger_totals(store) -> dict:
-    used = dropped = quarantined = completions = 0
+    """Counts over the ledger. A step's amendment (files quarantined after a non-finite step) moves
+    them from used to quarantined; the final entry lists what was left unused."""
+    records = [store.get_json(key) for key in consumed_keys(store)]
+    amended = {item["key"] for r in records for item in r.get("quarantined", []) if r.get("amendment")}
+    used = dropped = quarantined = completions = unused = 0
     max_lag = 0
     lags: dict[int, int] = {}
-    for key in consumed_keys(store):
-        record = store.get_json(key)
+    for key, record in zip(consumed_keys(store), records):
         for item in record.get("used", []):
+            if item["key"] in amended:
+                continue
             used += 1
             completions += item.get("rows", 0)
             max_lag = max(max_lag, item["lag"])
             lags[item["lag"]] = lags.get(item["lag"], 0) + 1
-        dropped += len(record.get("dropped", []))
+        if key == layout.FINAL_CONSUMED:
+            unused += len(record.get("dropped", []))
+        else:
+            dropped += len(record.get("dropped", []))
         quarantined += len(record.get("quarantined", []))
     return {"rollouts_used": used, "completions_used": completions, "rollouts_dropped_stale": dropped,
-            "rollouts_quarantined": quarantined, "max_lag_used": max_lag,
+            "rollouts_quarantined": quarantined, "rollouts_unused_at_end": unused, "max_lag_used": max_lag,
             "lag_histogram": {str(k): v for k, v in sorted(lags.items())}}
 
 
@@ -84,10 +92,10 @@ def write_reports(run: "LearnerRun") -> dict:
         "cost_usd": cost,
         "finished_at": time.time(),
     }
-    store.put(f"reports/metrics.json", json.dumps(run.history, indent=1).encode(), if_absent=False)
+    store.put(layout.report_key("metrics.json"), json.dumps(run.history, indent=1).encode(), if_absent=False)
     if run.history:
-        store.put("reports/curves.png", _curves_png(run.history), if_absent=False)
-    store.put_json("reports/cost.json", {"total_usd": cost, "actors": rows}, if_absent=False)
-    store.put("reports/cost.md", cost_markdown(rows).encode(), if_absent=False)
+        store.put(layout.report_key("curves.png"), _curves_png(run.history), if_absent=False)
+    store.put_json(layout.report_key("cost.json"), {"total_usd": cost, "actors": rows}, if_absent=False)
+    store.put(layout.report_key("cost.md"), cost_markdown(rows).encode(), if_absent=False)
     store.put_json(layout.SUMMARY, summary)
     return summary

@@ -2,10 +2,11 @@
 
 The Prefect flow (``flows/train.py``) drives this object; nothing here knows about Prefect.
 
-Resume: the learner restarts from its newest checkpoint c. Everything the dead learner made
-after c belongs to a timeline that no longer exists: policy versions > c, rollouts generated
-with them, and ledger entries of steps > c. They are moved, not deleted, to
-``orphaned/<time>/`` (nothing is lost), and the run continues from version c.
+Resume: the learner restarts from its newest checkpoint c with the run's own key (its fingerprint
+is in ``run.json``). What the dead learner made after c is moved to ``orphaned/<time>/``
+(``data/run_folder.py``), and the run continues from version c. Rollout files a step had chosen
+but not trained on when it died are used again; every committed rollout file ends in the ledger
+exactly once: used, dropped (stale, duplicate, or unused when the run finished) or quarantined.
 """
 
 from __future__ import annotations
@@ -13,47 +14,32 @@ from __future__ import annotations
 import json
 import logging
 import random
-import secrets
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 from echo2 import __version__
-from echo2.data.run_key import run_key
-from echo2.broadcast.topology import live_peers, plan
 from echo2.config import Config
 from echo2.data import layout
-from echo2.data.ledger import CONSUMED_PREFIX, write_event
-from echo2.data.store import AlreadyExists, NotFound, ObjectStore
-from echo2.errors import Echo2InputError
+from echo2.data.failpoints import failpoint
+from echo2.data.ledger import write_consumed, write_event, write_final
+from echo2.data.rollouts import RolloutLimits
+from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
+from echo2.data.run_key import run_key
+from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
-from echo2.learner.collector import RolloutCollector, Selection
-from echo2.learner.metrics import MetricsSink
+from echo2.learner.collector import RolloutCollector, Selection, quarantine
 from echo2.learner.evaluate import greedy_accuracy
 from echo2.learner.learner import Learner
+from echo2.learner.metrics import MetricsSink
+from echo2.learner.publisher import publish
 from echo2.learner.report import write_reports
+from echo2.learner.verify import TaskVerifier
 from echo2.models import resolve_model
 from echo2.tasks import make_task
 
 log = logging.getLogger("echo2.learner")
-
-
-def new_run_id(name: str) -> str:
-    return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def find_resumable_run(runs: ObjectStore) -> str:
-    """The newest run under ``runs/`` that has no summary yet."""
-    candidates = []
-    for key in runs.list():
-        parts = key.split("/")
-        if len(parts) == 2 and parts[1] == layout.RUN_JSON and not runs.exists(f"{parts[0]}/{layout.SUMMARY}"):
-            candidates.append((runs.get_json(key).get("created_at", 0), parts[0]))
-    if not candidates:
-        raise Echo2InputError(f"--resume: no unfinished run under {runs.url}")
-    return max(candidates)[1]
 
 
 class LearnerRun:
@@ -71,43 +57,38 @@ class LearnerRun:
             torch.set_num_threads(config.train.num_threads)
         self.learner = Learner(resolve_model(config.model.name), config.train,
                                temperature=config.rollout.temperature)
-        self.key = run_key(self.run_id, create=True)  # signs manifests; never written to the store
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.wall_before = 0.0
-        settled: set[str] = set()
+        state: dict = {}
         if resume:
-            settled = self._resume()
+            record = read_run_record(runs, self.run_id)
+            self.key = run_key(self.run_id)  # never a new key: actors verify versions with the run's own
+            check_run_key(record, self.key)
+            state = self._resume()
         else:
-            self._create()
+            self.key = run_key(self.run_id, create=True)  # signs manifests; never written to the store
+            create_run(self.store, self.run_id, config.model_dump(mode="json"), key=self.key,
+                       echo2_version=__version__)
+            self.publish()  # version 0: the initial policy
+            log.info("run %s created at %s", self.run_id, self.store.url)
         self.sink = MetricsSink(self.local_dir, self.run_id, config.model_dump(mode="json"))
+        r, t = config.rollout, config.train
+        limits = RolloutLimits(vocab_size=self.learner.vocab_size, group_size=r.group_size,
+                               max_completion_tokens=r.max_new_tokens + self.task.max_env_tokens,
+                               max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range)
         self.collector = RolloutCollector(
-            self.store, run_id=self.run_id, staleness=config.train.staleness,
-            groups_per_step=config.train.groups_per_step, group_size=config.rollout.group_size,
-            vocab_size=self.learner.vocab_size, settled=settled,
+            self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
+            verifier=TaskVerifier(self.task, self.learner.tokenizer), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
+            settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
         )
 
     # -- start -----------------------------------------------------------------------------
-    def _create(self) -> None:
-        record = {"run_id": self.run_id, "created_at": time.time(), "echo2_version": __version__,
-                  "config": self.config.model_dump(mode="json")}
-        try:
-            self.store.put_json(layout.RUN_JSON, record)
-        except AlreadyExists:
-            raise Echo2InputError(f"run {self.run_id} already exists at {self.store.url}; use --resume") from None
-        self.publish()  # version 0: the initial policy
-        log.info("run %s created at %s", self.run_id, self.store.url)
-
-    def _resume(self) -> set[str]:
-        try:
-            self.store.get_json(layout.RUN_JSON)
-        except NotFound:
-            raise Echo2InputError(f"--resume: no run {self.run_id} at {self.store.url}") from None
-        if self.store.exists(layout.SUMMARY):
-            raise Echo2InputError(f"run {self.run_id} has finished; nothing to resume")
+    def _resume(self) -> dict:
+        """Restore the newest checkpoint, move the lost timeline aside, re-point LATEST; returns its state."""
         steps = checkpoint_steps(self.store)
         step = steps[-1] if steps else 0
-        settled: set[str] = set()
+        state: dict = {}
         if steps:
             ckpt = load_checkpoint(self.store, step)
             if ckpt.adapter is not None:
@@ -117,36 +98,22 @@ class LearnerRun:
                 self.learner.model.tie_weights()
             self.learner.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
             torch.set_rng_state(ckpt.optimizer["torch_rng"])
-            random.setstate(ckpt.optimizer["py_rng"])
-            settled = set(ckpt.state["settled"])
-            self.history = ckpt.state["history"]
-            self.evals = ckpt.state["evals"]
-            self.wall_before = ckpt.state["wall_seconds"]
+            random.setstate(_as_random_state(ckpt.optimizer["py_rng"]))
+            state = ckpt.state
+            self.history = state["history"]
+            self.evals = state["evals"]
+            self.wall_before = state["wall_seconds"]
         self.learner.version = step
-        moved = self._orphan_after(step)
-        if self.store.exists(f"{layout.policy_dir(step)}/{layout.MANIFEST}"):
+        moved = orphan_after(self.store, step)
+        if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
-            self.publish()
-        write_event(self.store, "resume", "learner", step=step, orphaned=moved)
+            self.publish()  # never committed (killed while publishing it): publish it now
+        write_event(self.store, "resume", "learner", step=step, orphaned=len(moved),
+                    orphaned_rollouts=[k for k in moved if k.startswith(layout.ROLLOUTS)])
         log.info("run %s resumed from step %d (%d objects of the lost timeline moved to orphaned/)",
-                 self.run_id, step, moved)
-        return settled
-
-    def _orphan_after(self, step: int) -> int:
-        dest = f"orphaned/{time.time():.0f}"
-        moved = 0
-        for key in self.store.list("policy/") + self.store.list("rollouts/") + self.store.list(CONSUMED_PREFIX):
-            parts = key.split("/")
-            if parts[0] in ("policy", "rollouts"):
-                v = layout.parse_version_dir(parts[1]) if len(parts) > 2 else None
-                late = v is not None and v > step
-            else:
-                late = int(parts[-1].split("-")[1].split(".")[0]) > step
-            if late:
-                self.store.move(key, f"{dest}/{key}")
-                moved += 1
-        return moved
+                 self.run_id, step, len(moved))
+        return state
 
     # -- the loop --------------------------------------------------------------------------
     @property
@@ -179,6 +146,10 @@ class LearnerRun:
         cfg = self.config.train
         t0 = time.time()
         metrics = self.learner.train_step(selection.tables)
+        failpoint("step")
+        if metrics["nonfinite"]:
+            self._quarantine_step(selection)
+        self.collector.settle(selection)
         metrics.update(wait_seconds=selection.waited_s, dropped_stale=len(selection.dropped),
                        quarantined=len(selection.quarantined), time=time.time())
         is_last = self.step >= cfg.max_steps
@@ -191,6 +162,19 @@ class LearnerRun:
         self.sink.log(self.step, metrics)
         return metrics
 
+    def _quarantine_step(self, selection: Selection) -> None:
+        """A non-finite step: set its files aside (they may be what diverged it) and amend its ledger entry."""
+        reason = f"step {selection.step} had a non-finite loss or gradient with this file in its batch"
+        moved = []
+        for item in selection.used:
+            try:
+                quarantine(self.store, item["key"], reason)
+            except NotFound:
+                continue
+            moved.append({"key": item["key"], "reason": reason})
+        write_consumed(self.store, selection.step, {"learner_version": selection.learner_version, "used": [],
+                                                    "dropped": [], "quarantined": moved}, amendment="quarantine")
+
     def interrupted(self) -> None:
         """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""
         if self.step > 0 and self.step not in checkpoint_steps(self.store):
@@ -200,14 +184,15 @@ class LearnerRun:
 
     def publish(self) -> dict:
         """Publish the current version, signed, with the relay tree over the peers alive now."""
-        b = self.config.broadcast
-        live = live_peers(self.store, max_age_s=b.peer_timeout_s) if b.mode == "relay" else {}
-        relay = plan(live, self.step, fanout=b.fanout, roots=b.roots)
-        return self.learner.publish(self.store, key=self.key, chunk_size=int(b.chunk_mb * 2**20), relay=relay)
+        tensors, meta = self.learner.policy_version_tensors()
+        return publish(self.store, self.step, tensors, meta, extra_files=self.learner.extra_files,
+                       train=self.config.train, broadcast=self.config.broadcast, key=self.key)
 
     def checkpoint(self) -> None:
-        state = {"settled": sorted(self.collector.settled), "history": self.history, "evals": self.evals,
-                 "wall_seconds": self.wall_seconds(), "run_id": self.run_id}
+        # only what completed steps settled: files chosen for a step still in flight are used again on resume
+        state = {"settled": sorted(self.collector.settled), "used_hashes": sorted(self.collector.used_hashes),
+                 "history": self.history, "evals": self.evals, "wall_seconds": self.wall_seconds(),
+                 "run_id": self.run_id}
         learner = self.learner
         save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer, state,
                         shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
@@ -219,7 +204,7 @@ class LearnerRun:
 
     def report_file(self, name: str) -> bytes | None:
         try:
-            return self.store.get(f"reports/{name}")
+            return self.store.get(layout.report_key(name))
         except NotFound:
             return None
 
@@ -227,8 +212,10 @@ class LearnerRun:
         return (self.report_file("cost.md") or b"").decode()
 
     def finish(self) -> dict:
-        """Write ``reports/`` (summary.json last: it also tells actors the run is over)."""
+        """Record what was left unused, write ``reports/`` (summary.json last: it tells actors the run is over)."""
         self.sink.close()
+        if not self.store.exists(layout.FINAL_CONSUMED):
+            write_final(self.store, self.step, self.collector.unrecorded_leftovers())
         return write_reports(self)
 
     @property
@@ -240,4 +227,10 @@ class LearnerRun:
 
     @property
     def log_dir(self) -> Path:
-        return self.local_dir / "logs"
+        return self.local_dir / layout.LOGS
+
+
+def _as_random_state(state) -> tuple:
+    """``random.setstate`` wants tuples; a checkpoint loaded with weights_only may give lists."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

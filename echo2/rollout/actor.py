@@ -34,7 +34,7 @@ from echo2.data.run_key import run_key
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
-from echo2.data.ledger import ConsumedIndex
+from echo2.data.ledger import ConsumedIndex, pending_rollouts
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
@@ -61,7 +61,8 @@ class Actor:
         self.rng = random.Random(seed)
         torch.manual_seed(seed)
         self.consumed = ConsumedIndex(store)
-        self.receiver = PolicyReceiver(store, actor_id, run_key(self.run_id), self.config.broadcast)
+        self.receiver = PolicyReceiver(store, actor_id, run_key(self.run_id), self.config.broadcast,
+                                       staleness=self.config.train.staleness)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -158,12 +159,7 @@ class Actor:
     def _has_capacity(self) -> bool:
         """Fresh batches (within the staleness bound of the latest version) not yet settled by the ledger."""
         assert self.version is not None
-        oldest_useful = self.version - self.config.train.staleness
-        settled = self.consumed.refresh()
-        pending = [
-            k for k in self.store.list("rollouts/")
-            if (v := layout.version_of_rollout_key(k)) is not None and v >= oldest_useful and k not in settled
-        ]
+        pending = pending_rollouts(self.store, self.consumed.refresh(), self.version - self.config.train.staleness)
         return len(pending) < self.config.rollout.max_pending_batches
 
     def _generate_batch(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from echo2.config import TaskConfig
-from echo2.tasks.base import Problem, Task, prompt_token_ids
+from echo2.tasks.base import Problem, Task, UnknownProblem, prompt_token_ids
 
 
 def make_task(config: TaskConfig) -> Task:
@@ -14,4 +14,4 @@ def make_task(config: TaskConfig) -> Task:
     raise ValueError(f"unknown task {config.name!r}")
 
 
-__all__ = ["Problem", "Task", "make_task", "prompt_token_ids"]
+__all__ = ["Problem", "Task", "UnknownProblem", "make_task", "prompt_token_ids"]

@@ -10,9 +10,10 @@ import random
 import re
 from typing import Any
 
-from echo2.tasks.base import Problem, Task
+from echo2.tasks.base import Problem, Task, UnknownProblem
 
 _INT = re.compile(r"-?\d+")
+_PROMPT_ID = re.compile(r"(0|[1-9]\d{0,8})\+(0|[1-9]\d{0,8})")
 _EVAL_SEED = 1234
 
 
@@ -53,6 +54,17 @@ class ArithmeticTask(Task):
                     continue
             out.append(self._problem(a, b))
         return out
+
+    def problem(self, prompt_id: str) -> Problem:
+        m = _PROMPT_ID.fullmatch(prompt_id)
+        if m is None:
+            raise UnknownProblem(f"prompt_id {prompt_id[:40]!r} is not 'a+b'")
+        a, b = int(m.group(1)), int(m.group(2))
+        if a > self.high or b > self.high:
+            raise UnknownProblem(f"prompt_id {prompt_id!r} has operands over {self.digits} digits")
+        if (a, b) in self._held_out:
+            raise UnknownProblem(f"prompt_id {prompt_id!r} is a held-out problem")
+        return self._problem(a, b)
 
     def eval_set(self) -> list[Problem]:
         return list(self._eval)

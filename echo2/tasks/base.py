@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class UnknownProblem(ValueError):
+    """A prompt id that the task never issues for training."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One prompt with what its reward function needs."""
@@ -21,10 +25,24 @@ class Problem:
 
 class Task(ABC):
     name: str
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    """Every reward lies in [low, high]; the learner rejects rollout files outside it."""
+    verifiable: bool = True
+    """The learner can re-score a completion itself (cheaply) and rejects files whose rewards disagree."""
+    max_env_tokens: int = 0
+    """Environment tokens a multi-turn episode may add to a completion (completion_mask = 0)."""
 
     @abstractmethod
     def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
         """``n`` training problems (never from the held-out set)."""
+
+    @abstractmethod
+    def problem(self, prompt_id: str) -> Problem:
+        """The training problem named ``prompt_id``, re-derived from the task alone.
+
+        The learner uses it to check that a rollout's prompt is one the task issued: an actor must not
+        train the policy on text of its choosing, nor on the held-out set. Raises ``UnknownProblem``.
+        """
 
     @abstractmethod
     def eval_set(self) -> list[Problem]:

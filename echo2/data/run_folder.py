@@ -1,0 +1,108 @@
+"""The life of a run folder ``{store}/runs/{id}/``: a new id, create, find the one to resume, open it
+for resume, and move aside what a killed learner made after its last checkpoint.
+
+Resume continues from the newest committed checkpoint c. Everything the dead learner made after
+c belongs to a timeline that no longer exists: policy versions > c, rollouts generated with them,
+ledger entries of steps > c, and checkpoint folders > c (a manifest-less one is a checkpoint the
+learner was killed writing). They are moved, never deleted, to ``orphaned/<time>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import datetime, timezone
+
+from echo2.data import layout
+from echo2.data.run_key import MissingRunKey, fingerprint, key_path, KEY_ENV
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore
+from echo2.errors import Echo2InputError
+
+log = logging.getLogger("echo2.data")
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def find_resumable_run(runs: ObjectStore) -> str:
+    """The newest run under ``runs/`` that has no summary yet."""
+    candidates = []
+    for key in runs.list():
+        parts = key.split("/")
+        if len(parts) == 2 and parts[1] == layout.RUN_JSON and not runs.exists(f"{parts[0]}/{layout.SUMMARY}"):
+            candidates.append((runs.get_json(key).get("created_at", 0), parts[0]))
+    if not candidates:
+        raise Echo2InputError(f"--resume: no unfinished run under {runs.url}")
+    return max(candidates)[1]
+
+
+def read_run_record(runs: ObjectStore, run_id: str) -> dict:
+    """``run.json`` of a run to resume; a clear error when there is none or the run has finished."""
+    store = runs.child(run_id)
+    try:
+        record = store.get_json(layout.RUN_JSON)
+    except NotFound:
+        raise Echo2InputError(f"--resume: no run {run_id} under {runs.url}") from None
+    if store.exists(layout.SUMMARY):
+        raise Echo2InputError(f"run {run_id} has finished; nothing to resume")
+    return record
+
+
+def create_run(store: ObjectStore, run_id: str, config: dict, *, key: bytes, echo2_version: str) -> dict:
+    """Write ``run.json`` once: the resolved config and the fingerprint of the signing key."""
+    record = {"run_id": run_id, "created_at": time.time(), "echo2_version": echo2_version, "config": config,
+              "key_fingerprint": fingerprint(key)}
+    try:
+        store.put_json(layout.RUN_JSON, record)
+    except AlreadyExists:
+        raise Echo2InputError(f"run {run_id} already exists at {store.url}; use --resume") from None
+    return record
+
+
+def check_run_key(record: dict, key: bytes | None) -> None:
+    """Refuse to resume with a key other than the one the run's versions were signed with.
+
+    Actors verify every manifest with the run's key: a learner that made itself a new key would
+    publish versions no actor accepts and wait for rollouts forever.
+    """
+    expected = record.get("key_fingerprint")
+    if expected is None:  # a run from before fingerprints were recorded
+        return
+    where = f"${KEY_ENV} or {key_path(record['run_id'])}"
+    if key is None:
+        raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but there is no key at {where}; "
+                            "restore the secrets file the run was started with")
+    if fingerprint(key) != expected:
+        raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but the key at {where} is "
+                            f"{fingerprint(key)}; restore the secrets file the run was started with")
+
+
+def orphan_after(store: ObjectStore, step: int) -> list[str]:
+    """Move everything of the lost timeline (after checkpoint ``step``) to ``orphaned/<time>/``; returns the keys."""
+    dest = layout.orphaned_prefix(f"{time.time():.0f}")
+    late = []
+    for key in store.list(layout.POLICY):
+        v = layout.version_of_folder_key(key, layout.POLICY)
+        if v is not None and v > step:
+            late.append(key)
+    for key in store.list(layout.ROLLOUTS):
+        v = layout.version_of_folder_key(key, layout.ROLLOUTS)
+        if v is not None and v > step:
+            late.append(key)
+    for key in store.list(layout.CHECKPOINTS):
+        s = layout.version_of_folder_key(key, layout.CHECKPOINTS)
+        if s is not None and s > step:
+            late.append(key)
+    for key in store.list(layout.LEDGER_CONSUMED):
+        s = layout.step_of_consumed_key(key)
+        if s is not None and s > step:
+            late.append(key)
+    # a manifest first, so that an interrupted move never leaves a folder that looks committed
+    late.sort(key=lambda k: (not k.endswith("/" + layout.MANIFEST), k))
+    for key in late:
+        store.move(key, dest + key)
+    for folder in sorted({k.rsplit("/", 1)[0] + "/" for k in late if not k.startswith(layout.LEDGER_CONSUMED)}):
+        store.delete_prefix(folder)  # tidy the emptied folders (nothing writes there while the learner is down)
+    return late
