@@ -3,10 +3,24 @@ the relay (parent peer first, store as fallback) in the background, hand over ve
 
 A version is handed over only when every chunk matched the signed manifest; a manifest whose
 signature fails is rejected and never fetched.
+
+Which version to receive, with S the run's staleness bound (``train.staleness``): while version
+p is being fetched and LATEST says L > p, the fetch goes on if L - p < S (a rollout generated
+with p still has slack when p lands, so finishing p beats starting over), and is abandoned for
+L once L - p >= S (p would be too stale to be useful). Cancelling on every new LATEST instead
+would mean that, when versions are published faster than one can be fetched, none ever
+arrives. When a fetch completes (or fails), the same poll starts the newest LATEST if it is
+newer. A LATEST that moved back (a resumed learner) replaces the fetch in flight.
+
+Everything read from the store is input from outside the actor: a LATEST that is not
+``{"version": <int >= 0>}`` is logged and skipped until it changes; a manifest that is not a
+JSON object, fails its signature, or is signed for another version is logged and rejected for
+good (a manifest is written once). Neither ever stops the actor.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import Future
@@ -18,23 +32,25 @@ from echo2.broadcast.relay import FetchPolicy, RelayNode, VersionBuffer
 from echo2.config import BroadcastConfig
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore
-from echo2.data.weights import latest_version, read_manifest
+from echo2.data.weights import read_manifest
 
 log = logging.getLogger("echo2.broadcast")
 
 
 class PolicyReceiver:
-    def __init__(self, store: ObjectStore, actor_id: str, key: bytes, config: BroadcastConfig):
+    def __init__(self, store: ObjectStore, actor_id: str, key: bytes, config: BroadcastConfig, *, staleness: int):
         self.store = store
         self.actor_id = actor_id
         self.key = key
         self.config = config
+        self.staleness = staleness
         policy = FetchPolicy(expected_mbit=config.expected_mbit, min_rate_fraction=config.min_rate_fraction,
                              pipeline_wait_s=config.pipeline_wait_s, window=config.window)
         self.node = RelayNode(relay_token(key), self._store_read, host=config.host, port=config.port, policy=policy)
         self.current: int | None = None
         self.rejected: set[int] = set()
         self._pending: tuple[int, Future] | None = None
+        self._bad_latest: bytes | None = None  # the malformed LATEST already logged
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         if config.mode == "relay":
@@ -62,11 +78,23 @@ class PolicyReceiver:
                 log.warning("heartbeat failed: %s", exc)
 
     def poll(self) -> VersionBuffer | None:
-        """Start receiving a newer version if there is one; return a version that finished, verified."""
-        latest = latest_version(self.store)
-        pending_version = self._pending[0] if self._pending else None
-        if latest is not None and latest != self.current and latest != pending_version and latest not in self.rejected:
+        """Return a version that finished, verified (or None); start receiving LATEST if the rule says so."""
+        done = self._collect()
+        latest = self._latest()
+        if latest is not None and latest not in self.rejected and self._wanted(latest):
             self._begin(latest)
+        return done
+
+    def _wanted(self, latest: int) -> bool:
+        """Whether to start ``latest`` now (see the module docstring)."""
+        if latest == self.current or (self._pending is not None and latest == self._pending[0]):
+            return False
+        if self._pending is None:
+            return True
+        p = self._pending[0]
+        return not p < latest < p + self.staleness  # keep p while it will still be fresh when it lands
+
+    def _collect(self) -> VersionBuffer | None:
         if self._pending is None or not self._pending[1].done():
             return None
         version, future = self._pending
@@ -83,12 +111,44 @@ class PolicyReceiver:
 
     def fetch_blocking(self, version: int) -> VersionBuffer:
         """A whole older version (the base of a LoRA adapter) from the store, verified, now."""
-        manifest = verify_signature(read_manifest(self.store, layout.policy_dir(version)), self.key)
-        return self.node.start_fetch(manifest, []).result()
+        return self.node.start_fetch(self._manifest(version), []).result()
+
+    def _latest(self) -> int | None:
+        """The version LATEST points at; None if there is none yet, or it is malformed (logged once)."""
+        try:
+            raw = self.store.get(layout.LATEST)
+        except NotFound:
+            return None
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):  # not JSON, not text, absurdly nested
+            record = None
+        version = record.get("version") if isinstance(record, dict) else None
+        if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+            self._bad_latest = None
+            return version
+        if raw != self._bad_latest:  # once per bad value, not at every poll
+            log.error("ignoring a malformed %s: %r", layout.LATEST, raw[:200])
+            self._bad_latest = raw
+        return None
+
+    def _manifest(self, version: int) -> dict:
+        """The signed manifest of ``version``; ManifestRejected if malformed, forged, or for another version."""
+        try:
+            manifest = read_manifest(self.store, layout.policy_dir(version))
+        except (ValueError, RecursionError) as exc:
+            raise ManifestRejected(f"manifest of version {version} is not JSON: {exc}") from None
+        if not isinstance(manifest, dict):
+            raise ManifestRejected(f"manifest of version {version} is a JSON {type(manifest).__name__}, not an object")
+        verify_signature(manifest, self.key)
+        signed_for = manifest.get("version")
+        if signed_for != version or isinstance(signed_for, bool):  # a genuine manifest replayed elsewhere
+            raise ManifestRejected(f"manifest under {layout.policy_dir(version)} is signed for version {signed_for!r}")
+        return manifest
 
     def _begin(self, version: int) -> None:
         try:
-            manifest = verify_signature(read_manifest(self.store, layout.policy_dir(version)), self.key)
+            manifest = self._manifest(version)
         except ManifestRejected as exc:
             log.error("rejected: %s", exc)
             self.rejected.add(version)
@@ -97,6 +157,7 @@ class PolicyReceiver:
             return  # garbage-collected between LATEST and now: a newer one is coming
         peers = topology.sources(manifest.get("relay", {}), self.actor_id) if self.config.mode == "relay" else []
         if self._pending is not None:
+            log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()
         self._pending = (version, self.node.start_fetch(manifest, peers))
 

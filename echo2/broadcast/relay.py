@@ -5,6 +5,18 @@ Pipelining: a child asks its parent for chunk i as soon as it wants it; if the p
 receiving that chunk, the request waits until the parent has it verified, then gets it. So a
 chain of peers moves a version in about one link's transfer time plus one chunk per hop.
 
+A parent holds a request only for a chunk that may still come: one of the newest version it has
+(still arriving), or of a version newer than everything it has (it may not have started it
+yet), each for at most ``pipeline_wait_s``. A chunk it lacks of an older version (dropped,
+abandoned for a newer one, or never fetched) or of a version whose fetch failed will not come:
+that is a 404 at once, so the child moves on to its next source without waiting.
+
+Falling back: any failure of a peer (refused, dead or stalled connection, a peer that dies
+mid-chunk, a non-200 answer, a body of the wrong size, a chunk that fails its sha256, a rate
+below ``min_rate_fraction``) leaves that peer for the rest of the version and moves on to the
+next source; only a failure of the store fails the version. A child reads at most one chunk
+(+1 byte, to see an excess) from a peer, whatever the peer announces or sends.
+
 Safety: a chunk enters a node's buffer only after its sha256 matched the signed manifest, so a
 bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``.
 
@@ -22,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, web
 
 from echo2.data.manifest import Chunk, chunk_table
 
@@ -46,6 +58,8 @@ class VersionBuffer:
     events: list[asyncio.Event] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     failed: BaseException | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the fetch stopped short (failed or cancelled): missing chunks will not come."""
 
     def __post_init__(self) -> None:
         n = len(self.chunks)
@@ -64,6 +78,10 @@ class VersionBuffer:
         self.events[index].set()
         if all(d is not None for d in self.data):
             self.done.set()
+
+    def abandon(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.ended.set()
 
     def files(self) -> dict[str, bytes]:
         """Whole files, once every chunk is in (already verified chunk by chunk)."""
@@ -144,24 +162,40 @@ class RelayServer:
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
             return web.Response(status=401, text="missing or wrong run token")
-        version, index = int(request.match_info["version"]), int(request.match_info["index"])
+        try:
+            version, index = int(request.match_info["version"]), int(request.match_info["index"])
+        except ValueError:
+            return web.Response(status=404, text="no such chunk")
         deadline = time.monotonic() + self.pipeline_wait_s
-        while version not in self.buffers:  # the parent may not have started this version yet
+        while True:  # re-checked whenever a version is added or this chunk or its version ends
+            buffer = self.buffers.get(version)
+            if buffer is not None:
+                if not 0 <= index < len(buffer.chunks):
+                    return web.Response(status=404, text=f"version {version} has no chunk {index}")
+                if buffer.data[index] is not None:
+                    return web.Response(body=buffer.data[index], content_type="application/octet-stream")
+            if any(v > version for v in self.buffers):
+                # moved on to a newer version: what is missing of this one will not come
+                return web.Response(status=404, text=f"version {version} is superseded here")
+            if buffer is not None and buffer.failed is not None:
+                return web.Response(status=404, text=f"receiving version {version} failed here")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return web.Response(status=404, text=f"version {version} not here")
-            try:
-                await asyncio.wait_for(self._version_added.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
-        buffer = self.buffers[version]
-        if not 0 <= index < len(buffer.chunks):
-            return web.Response(status=404, text=f"version {version} has no chunk {index}")
+                if buffer is None:
+                    return web.Response(status=404, text=f"version {version} not here")
+                return web.Response(status=503, text=f"chunk {index} of version {version} not received yet")
+            await self._until_changed(buffer, index, remaining)
+
+    async def _until_changed(self, buffer: VersionBuffer | None, index: int, timeout: float) -> None:
+        """Wait for a new version, or for this chunk to arrive or its version to end (or the timeout)."""
+        assert self._version_added is not None
+        events = [self._version_added] + ([buffer.events[index], buffer.ended] if buffer is not None else [])
+        waiters = [asyncio.ensure_future(e.wait()) for e in events]
         try:
-            await asyncio.wait_for(buffer.events[index].wait(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            return web.Response(status=503, text=f"chunk {index} of version {version} not received yet")
-        return web.Response(body=buffer.data[index], content_type="application/octet-stream")
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
 
 
 class Fetcher:
@@ -173,6 +207,13 @@ class Fetcher:
         self.policy = policy
 
     async def fetch(self, buffer: VersionBuffer, peers: list[str]) -> VersionBuffer:
+        try:
+            return await self._fill(buffer, peers)
+        except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
+            buffer.abandon(exc)
+            raise
+
+    async def _fill(self, buffer: VersionBuffer, peers: list[str]) -> VersionBuffer:
         sources = list(peers) + ["store"]
         dead: set[str] = set()
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -180,7 +221,9 @@ class Fetcher:
             queue.put_nowait(chunk.index)
         gates = {s: asyncio.Semaphore(self.policy.window if s == "store" else 1) for s in sources}
         timeout = ClientTimeout(total=None, sock_connect=3)
-        async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"}) as session:
+        # raw bytes only: a peer's gzip must not turn a bounded read into an unbounded inflate
+        async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"},
+                                 auto_decompress=False) as session:
 
             async def worker() -> None:
                 while True:
@@ -196,7 +239,8 @@ class Fetcher:
                                     continue  # another worker gave up on it while we queued
                                 data = await self._get(session, source, buffer, index)
                             buffer.put(index, data, source)
-                        except (SourceFailed, OSError, asyncio.TimeoutError, ValueError) as exc:
+                        # ClientError: a peer that dies mid-chunk (ServerDisconnectedError, ClientPayloadError)
+                        except (SourceFailed, OSError, asyncio.TimeoutError, ValueError, ClientError) as exc:
                             if source == "store":
                                 raise
                             if source not in dead:
@@ -204,11 +248,7 @@ class Fetcher:
                                             exc or type(exc).__name__)
                                 dead.add(source)
 
-            try:
-                await asyncio.gather(*(worker() for _ in range(self.policy.window)))
-            except BaseException as exc:
-                buffer.failed = exc
-                raise
+            await asyncio.gather(*(worker() for _ in range(self.policy.window)))
         return buffer
 
     async def _get(self, session: ClientSession, source: str, buffer: VersionBuffer, index: int) -> bytes:
@@ -222,12 +262,28 @@ class Fetcher:
             async with session.get(url) as resp:
                 if resp.status != 200:
                     raise SourceFailed(f"{url} answered {resp.status}")
+                if resp.content_length is not None and resp.content_length != chunk.size:
+                    raise SourceFailed(f"{url} announces {resp.content_length} bytes for a chunk of {chunk.size}")
                 started = time.monotonic()
-                data = await resp.read()
+                data = await _read_at_most(resp, chunk.size + 1)
+                if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
+                    sent = f"more than {chunk.size}" if len(data) > chunk.size else str(len(data))
+                    raise SourceFailed(f"{url} sent {sent} bytes for a chunk of {chunk.size}")
         elapsed = time.monotonic() - started
         if elapsed > self.policy.chunk_timeout(chunk.size):
             raise SourceFailed(f"{source} sent chunk {index} at {chunk.size * 8 / elapsed / 1e6:.1f} Mbit/s")
         return data
+
+
+async def _read_at_most(resp: ClientResponse, limit: int) -> bytes:
+    """The body up to ``limit`` bytes: never more, whatever the peer sends or announces."""
+    data = bytearray()
+    while len(data) < limit:
+        block = await resp.content.read(limit - len(data))
+        if not block:  # end of the body
+            break
+        data += block
+    return bytes(data)
 
 
 def new_buffer(manifest: dict) -> VersionBuffer:
