@@ -74,3 +74,74 @@ def test_settled_files_are_never_used_twice(tmp_path):
     col = _collector(store, groups_per_step=2)
     assert [u["key"] for u in col.collect(step=1, learner_version=0, timeout_s=5).used] == [k1]
     assert [u["key"] for u in col.collect(step=2, learner_version=1, timeout_s=5).used] == [k2]
+
+
+def _task_rollouts(tokenizer, task, problems, *, completion="7", reward=None, salt=0):
+    from echo2.data.rollouts import Rollout
+    from echo2.tasks import prompt_token_ids
+
+    out = []
+    for g, problem in enumerate(problems):
+        prompt = prompt_token_ids(tokenizer, problem)
+        for s in range(2):
+            text = completion if s == 0 else str(problem.answer)
+            ids = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            r = task.reward(problem, text)[0] if reward is None else reward
+            out.append(Rollout(prompt_id=problem.id, group_id=f"g{g}", sample_index=s, prompt_token_ids=prompt,
+                               completion_token_ids=ids, behavior_logprobs=[-1.0 - salt] * len(ids), reward=r,
+                               finish_reason="stop"))
+    return out
+
+
+def _verifying_collector(store, tiny_model):
+    from transformers import AutoTokenizer
+
+    from echo2.learner.verify import TaskVerifier
+    from echo2.tasks.arithmetic import ArithmeticTask
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    task = ArithmeticTask(digits=1, eval_size=10)
+    limits = LIMITS.__class__(vocab_size=len(tok), group_size=2, max_completion_tokens=8, max_prompt_tokens=64,
+                              reward_range=(0.0, 1.0))
+    col = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=2, limits=limits,
+                           verifier=TaskVerifier(task, tok))
+    return col, tok, task
+
+
+def test_prompts_are_re_derived_and_rewards_re_scored(tmp_path, tiny_model):
+    """An actor cannot train the policy on text of its choosing, on the held-out set, or with made-up rewards."""
+    import dataclasses
+
+    store = open_store(str(tmp_path))
+    col, tok, task = _verifying_collector(store, tiny_model)
+    train = task.sample_train(__import__("random").Random(0), 2)
+    honest = _task_rollouts(tok, task, train)
+    forged_prompt = [dataclasses.replace(r, prompt_token_ids=tok("ignore the task")["input_ids"]) for r in honest]
+    held_out = _task_rollouts(tok, task, task.eval_set()[:2])
+    lying = _task_rollouts(tok, task, train, completion="nonsense", reward=1.0, salt=1)
+    keys = {name: commit_rollouts(store, 1, i, data=rollout_bytes(1, rollouts=rows))
+            for i, (name, rows) in enumerate([("prompt", forged_prompt), ("held", held_out), ("reward", lying),
+                                              ("honest", honest)])}
+    sel = col.collect(step=2, learner_version=1, timeout_s=5)
+    assert [u["key"] for u in sel.used] == [keys["honest"]]
+    reasons = {q["key"]: q["reason"] for q in sel.quarantined}
+    assert "prompt tokens are not those the task issues" in reasons[keys["prompt"]]
+    assert "held-out" in reasons[keys["held"]]
+    assert "the task scores the completion 0" in reasons[keys["reward"]]
+
+
+def test_the_same_content_under_two_names_is_used_once(tmp_path):
+    store = open_store(str(tmp_path))
+    data = rollout_bytes(1)
+    first = commit_rollouts(store, 1, 0, data=data)
+    copy = commit_rollouts(store, 1, 1, data=data)
+    later_copy = commit_rollouts(store, 1, 2, data=data)
+    fresh = commit_rollouts(store, 1, 3)
+    col = _collector(store, groups_per_step=2)
+    sel = col.collect(step=2, learner_version=1, timeout_s=5)
+    col.settle(sel)
+    assert [u["key"] for u in sel.used] == [first]
+    sel = col.collect(step=3, learner_version=2, timeout_s=5)  # a copy of a file a completed step used
+    assert [u["key"] for u in sel.used] == [fresh]
+    assert [(d["key"], d["reason"].split(":")[0]) for d in sel.dropped] == [(copy, "duplicate"), (later_copy, "duplicate")]
+    assert store.get_json(layout.consumed_key(2))["used"][0]["sha256"] == sel.dropped[0]["sha256"]

@@ -1,10 +1,13 @@
 """The learner's GRPO step on a tiny model: full fine-tuning and LoRA both move the policy."""
 
+import math
+
 import pytest
 import torch
 
 from echo2.config import TrainConfig
 from echo2.data.rollouts import decode_rollouts
+from echo2.learner.batch import assemble, policy_logprobs
 from echo2.learner.learner import Learner
 from helpers import rollout_bytes
 
@@ -27,3 +30,85 @@ def test_a_step_with_signal_changes_the_policy_and_one_without_does_not(tiny_mod
     if lora_rank:  # only adapted projections move; embeddings stay the base's
         assert all("proj" in k for k in changed)
         assert set(learner.adapter_tensors()) and all("lora_" in k for k in learner.adapter_tensors())
+
+
+def test_groups_of_the_same_name_in_two_files_stay_two_groups(tiny_model):
+    """Before, rows were grouped by group_id across files: two files' "g0" became one group of 4."""
+    learner = Learner(tiny_model, TrainConfig(lr=1e-2), temperature=1.0)
+    same = decode_rollouts(rollout_bytes(0, n_groups=1, reward=lambda g, s: 1.0))   # "g0": no signal
+    other = decode_rollouts(rollout_bytes(0, n_groups=1, reward=lambda g, s: 0.0))  # "g0" too: no signal
+    metrics = learner.train_step([same, other])
+    assert metrics["groups"] == 2 and metrics["groups_with_signal"] == 0 and metrics["train_tokens"] == 0
+
+
+def test_the_no_signal_filter_drops_whole_groups_only(tiny_model):
+    """A row whose reward equals its group's mean (A = 0) still counts in the token average of the step."""
+    learner = Learner(tiny_model, TrainConfig(lr=1e-2), temperature=1.0)
+    rewards = {0: 0.0, 1: 0.5, 2: 1.0}
+    table = decode_rollouts(rollout_bytes(0, n_groups=2, group_size=3,
+                                          reward=lambda g, s: rewards[s] if g == 0 else 1.0))
+    metrics = learner.train_step([table])
+    assert metrics["groups_with_signal"] == 1
+    assert metrics["train_tokens"] == 3 * 3  # all three rows of group 0 (3 tokens each), none of group 1
+
+
+def test_dropout_is_off_in_the_learners_forward(tmp_path):
+    """Ratios are taken against the behavior policy, which sampled without dropout."""
+    from conftest import make_tiny_model
+    from transformers import AutoConfig
+
+    path = make_tiny_model(tmp_path / "m")
+    config = AutoConfig.from_pretrained(path)
+    config.attention_dropout = 0.5
+    config.save_pretrained(path)
+    learner = Learner(path, TrainConfig(), temperature=1.0)
+    rows = decode_rollouts(rollout_bytes(0)).to_pylist()
+    batch = assemble(rows, learner.pad_token_id)
+    first = policy_logprobs(learner.model, batch, 1.0)
+    assert torch.equal(first, policy_logprobs(learner.model, batch, 1.0))
+    first.sum().backward()  # and gradients still flow
+    assert any(p.grad is not None for p in learner.model.parameters())
+
+
+def test_recomputed_logprobs_on_a_right_padded_batch_equal_the_engines(tiny_model):
+    from transformers import AutoTokenizer
+
+    from echo2.rollout.engine import SamplingParams
+    from echo2.rollout.hf_engine import TransformersEngine
+
+    learner = Learner(tiny_model, TrainConfig(), temperature=0.8)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    engine = TransformersEngine(tiny_model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    engine.load_weights(learner.full_tensors().items())
+    prompts = [tok(t)["input_ids"] for t in ("What is 1 + 2?", "What is 13 + 4? Think hard about it.", "9")]
+    groups = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=8, temperature=0.8, seed=3))
+    rows = [{"prompt_token_ids": p, "completion_token_ids": c.token_ids, "completion_mask": [1] * len(c.token_ids),
+             "behavior_logprobs": c.logprobs} for p, g in zip(prompts, groups) for c in g]
+    assert len({len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows}) > 1  # mixed lengths
+    batch = assemble(rows, learner.pad_token_id)
+    with torch.no_grad():
+        logprobs = policy_logprobs(learner.model, batch, 0.8)
+    m = batch.mask.bool()
+    assert torch.allclose(logprobs[m], batch.behavior_logprobs[m], atol=1e-4)
+
+
+def test_the_most_extreme_file_validation_accepts_gives_a_finite_step(tiny_model):
+    """Logprobs at the floor, rewards at the task's bounds: the loss and gradient stay finite."""
+    from echo2.data.rollouts import LOGPROB_FLOOR
+
+    learner = Learner(tiny_model, TrainConfig(lr=1e-2), temperature=1.0)
+    table = decode_rollouts(rollout_bytes(0, group_size=8, logprob=LOGPROB_FLOOR, reward=lambda g, s: float(s == 0)))
+    metrics = learner.train_step([table])
+    assert not metrics["nonfinite"] and metrics["groups_with_signal"] == 2
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def test_a_non_finite_step_changes_no_weight_and_says_so(tiny_model):
+    learner = Learner(tiny_model, TrainConfig(lr=1e-2), temperature=1.0)
+    with torch.no_grad():
+        learner.model.get_input_embeddings().weight[4, 0] = float("inf")  # a diverged policy
+    before = {k: v.clone() for k, v in learner.full_tensors().items()}
+    metrics = learner.train_step([decode_rollouts(rollout_bytes(0))])
+    assert metrics["nonfinite"] and learner.version == 1
+    after = learner.full_tensors()
+    assert all(torch.equal(before[k], after[k]) or torch.isnan(before[k]).any() for k in before)

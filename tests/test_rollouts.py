@@ -73,3 +73,52 @@ def test_schema_drift_is_rejected():
     table = table.replace_schema_metadata(ROLLOUT_SCHEMA.metadata)
     with pytest.raises(InvalidRollouts, match="missing column reward"):
         validate_rollouts(table, **OK)
+
+
+LONG = [-0.5] * 9
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(behavior_logprobs=[-1e4, -0.2, -0.2]), "outside \\[-50, 0\\]"),
+    (dict(reward=3.0e38), "outside the task's range"),
+    (dict(reward=-0.5), "outside the task's range"),
+    (dict(completion_mask=[0, 0, 0]), "no token of the completion is the policy's"),
+    (dict(completion_token_ids=[4] * 9, behavior_logprobs=LONG, completion_mask=[1] * 9), "more than the run's limit 8"),
+    (dict(prompt_token_ids=[1] * 17), "more than 16"),
+    (dict(sample_index=0), "sample_index is not 0..1"),
+    (dict(prompt_id="p1"), "mixes completions of different prompt_ids"),
+    (dict(prompt_token_ids=[1, 2, 4]), "mixes different prompt tokens"),
+])
+def test_what_the_loss_relies_on_is_bounded(change, reason):
+    with pytest.raises(InvalidRollouts, match=reason):
+        validate_rollouts(_broken(**change), **OK)
+
+
+def test_actor_id_must_match_the_file_key():
+    with pytest.raises(InvalidRollouts, match="does not match the file's actor"):
+        validate_rollouts(decode_rollouts(rollout_bytes(3)), **{**OK, "actor_id": "b"})
+
+
+def test_nulls_inside_lists_are_refused():
+    table = decode_rollouts(rollout_bytes(3))
+    i = table.schema.get_field_index("behavior_logprobs")
+    values = table.column(i).to_pylist()
+    values[1][1] = None
+    table = table.set_column(i, ROLLOUT_SCHEMA.field("behavior_logprobs"), pa.array(values, pa.list_(pa.float32())))
+    with pytest.raises(InvalidRollouts, match="null values inside its lists"):
+        validate_rollouts(table, **OK)
+
+
+def test_extra_and_reordered_columns_are_selected_and_cast():
+    table = decode_rollouts(rollout_bytes(3))
+    names = list(reversed(table.column_names))
+    odd = table.select(names).append_column("evil", pa.array([1] * table.num_rows))
+    odd = odd.set_column(odd.schema.get_field_index("sample_index"), "sample_index",
+                         pa.array(table.column("sample_index").to_pylist(), pa.int64()))
+    odd = odd.replace_schema_metadata(ROLLOUT_SCHEMA.metadata)
+    clean = validate_rollouts(odd, **OK)
+    assert clean.schema.equals(ROLLOUT_SCHEMA) and clean.num_rows == table.num_rows
+    overflow = odd.set_column(odd.schema.get_field_index("sample_index"), "sample_index",
+                              pa.array([2**40] * table.num_rows, pa.int64()))
+    with pytest.raises(InvalidRollouts, match="do not fit the schema"):
+        validate_rollouts(overflow, **OK)

@@ -1,0 +1,135 @@
+"""What the learner writes survives being killed at any moment (issue: the foundation holds)."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import pytest
+import torch
+
+from echo2.data import layout
+from echo2.data.store import AlreadyExists, open_store
+from echo2.data.weights import download, publish_version, write_weights
+from echo2.learner.checkpoint import load_checkpoint, save_checkpoint
+from echo2.learner.collector import RolloutCollector
+from echo2.data.rollouts import RolloutLimits
+from helpers import commit_rollouts
+
+LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
+                       reward_range=(0.0, 1.0))
+
+
+def test_a_folder_a_killed_writer_left_without_manifest_is_rewritten(tmp_path):
+    store = open_store(str(tmp_path))
+    # what a learner killed mid-publish leaves: a shard (maybe truncated), no manifest
+    store.put(f"{layout.policy_dir(3)}/shard-0000.safetensors", b"half a shard")
+    store.put(f"{layout.policy_dir(3)}/shard-0007.safetensors", b"a shard of another layout")
+    manifest = publish_version(store, 3, {"w": torch.arange(4.0)}, extra_files={"config.json": b"{}"}, shard_mb=1)
+    assert store.get_json(layout.LATEST) == {"version": 3}
+    names = {f["name"] for f in manifest["files"]}
+    assert store.list(layout.policy_dir(3) + "/") == sorted(f"{layout.policy_dir(3)}/{n}" for n in names | {"manifest.json"})
+    download(store, layout.policy_dir(3), tmp_path / "out")  # every byte verifies against the manifest
+    # a committed folder is immutable
+    with pytest.raises(AlreadyExists):
+        write_weights(store, layout.policy_dir(3), {"w": torch.zeros(4)}, extra_files={}, shard_mb=1, meta={})
+
+
+class _Payload:
+    """A pickle that runs code when loaded (what an attacker with store access would write)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_checkpoint_never_unpickles_code(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt, {"settled": []}, shard_mb=1, extra_files={})
+    assert load_checkpoint(store, 5).optimizer["optimizer"]["param_groups"]  # a real one loads
+
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    torch.save({"optimizer": _Payload(marker)}, buf, pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    # a consistent folder (sizes and hashes match): only weights_only stands in the way
+    write_weights(store, layout.checkpoint_dir(6), {"w": torch.ones(2)}, shard_mb=1, meta={"step": 6},
+                  extra_files={"optimizer.pt": buf.getvalue(), "trainer_state.json": b'{"step": 6}'})
+    with pytest.raises(pickle.UnpicklingError):
+        load_checkpoint(store, 6)
+    assert not marker.exists()
+
+
+def test_files_chosen_by_an_unfinished_step_are_used_again_after_resume(tmp_path):
+    store = open_store(str(tmp_path))
+    keys = [commit_rollouts(store, 0, i) for i in range(3)]
+    col = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=LIMITS)
+    first = col.collect(step=1, learner_version=0, timeout_s=5)
+    col.settle(first)
+    second = col.collect(step=2, learner_version=1, timeout_s=5)
+    assert [u["key"] for u in first.used] == keys[:1] and [u["key"] for u in second.used] == keys[1:2]
+    # killed before step 2 trained: the checkpoint holds what completed steps settled
+    assert col.settled == {keys[0]}
+    resumed = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=LIMITS,
+                               settled=col.settled, used_hashes=col.used_hashes)
+    store.move(layout.consumed_key(2), "orphaned/1/" + layout.consumed_key(2))  # what resume does
+    again = resumed.collect(step=2, learner_version=1, timeout_s=5)
+    assert [u["key"] for u in again.used] == keys[1:2]
+
+
+def test_a_quarantine_of_an_unfinished_step_is_recorded_again_after_resume(tmp_path):
+    store = open_store(str(tmp_path))
+    bad = commit_rollouts(store, 0, 0, data=b"garbage")
+    good = commit_rollouts(store, 0, 1)
+    col = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=LIMITS)
+    sel = col.collect(step=1, learner_version=0, timeout_s=5)
+    assert [q["key"] for q in sel.quarantined] == [bad]
+    store.move(layout.consumed_key(1), "orphaned/1/" + layout.consumed_key(1))  # killed; resume moved it aside
+    resumed = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=LIMITS)
+    again = resumed.collect(step=1, learner_version=0, timeout_s=5)
+    assert [q["key"] for q in again.quarantined] == [bad] and "Arrow" in again.quarantined[0]["reason"]
+    assert [u["key"] for u in again.used] == [good]
+
+
+def test_no_rollouts_is_not_retried_as_a_store_hiccup():
+    """The flow retried TimeoutError as transient (it is an OSError): 4x the configured timeout."""
+    from prefect.states import Failed
+
+    from echo2.data.store import StoreError
+    from echo2.learner.collector import NoRollouts
+    from flows.train import _transient
+
+    assert not _transient(None, None, Failed(data=NoRollouts("no usable rollouts for 3s")))
+    assert _transient(None, None, Failed(data=StoreError("connection reset")))
+    assert _transient(None, None, Failed(data=ConnectionError("reset")))
+
+
+def test_resume_refuses_a_missing_or_different_key_and_actor_visible_overrides(tmp_path, monkeypatch):
+    from echo2.data.run_folder import create_run
+    from echo2.data.run_key import run_key
+    from echo2.errors import Echo2InputError
+    from echo2.config import Config
+    from echo2.launch import resume_config
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    monkeypatch.delenv("ECHO2_RUN_KEY", raising=False)
+    runs = open_store(str(tmp_path / "store")).child("runs")
+    config = Config.model_validate({"run": {"id": "r1"}}).model_dump(mode="json")
+    create_run(runs.child("r1"), "r1", config, key=run_key("r1", create=True), echo2_version="test")
+
+    assert resume_config(runs, "r1", ["train.max_steps=40"]).train.max_steps == 40
+    with pytest.raises(Echo2InputError, match="rollout.temperature") as err:
+        resume_config(runs, "r1", ["rollout.temperature=0.5"])
+    assert "\n" not in str(err.value)
+    key_file = tmp_path / "secrets" / "r1.key"
+    key_file.rename(tmp_path / "elsewhere.key")
+    with pytest.raises(Echo2InputError, match=str(key_file)):
+        resume_config(runs, "r1", [])
+    key_file.write_text("not the run's key")
+    with pytest.raises(Echo2InputError, match="restore the secrets file"):
+        resume_config(runs, "r1", [])
+    assert json.loads(runs.child("r1").get("run.json"))["key_fingerprint"]
