@@ -122,3 +122,36 @@ def test_extra_and_reordered_columns_are_selected_and_cast():
                               pa.array([2**40] * table.num_rows, pa.int64()))
     with pytest.raises(InvalidRollouts, match="do not fit the schema"):
         validate_rollouts(overflow, **OK)
+
+
+def test_no_mutation_of_a_file_crashes_the_validator():
+    """Bytes flipped at random (seeded): every outcome is a usable table or InvalidRollouts, never another error.
+    Before, bad UTF-8 and odd integer widths escaped as UnicodeDecodeError / ArrowNotImplementedError."""
+    import random
+
+    from echo2.data.rollouts import content_hash
+
+    base = rollout_bytes(3)
+    rng = random.Random(0)
+    outcomes = {"ok": 0, "invalid": 0}
+    for _ in range(1500):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            content_hash(validate_rollouts(decode_rollouts(bytes(data)), **OK))
+            outcomes["ok"] += 1
+        except InvalidRollouts:
+            outcomes["invalid"] += 1
+    assert outcomes["invalid"] > 1000 and outcomes["ok"] > 0
+
+
+def test_deeply_nested_reward_detail_is_invalid_not_a_crash():
+    rollouts = make_rollouts()
+    rollouts[0] = dataclasses.replace(rollouts[0], reward_detail={})
+    table = decode_rollouts(rollout_bytes(3, rollouts=rollouts))
+    i = table.schema.get_field_index("reward_detail")
+    deep = ["[" * 100_000 + "]" * 100_000] * table.num_rows
+    table = table.set_column(i, ROLLOUT_SCHEMA.field("reward_detail"), pa.array(deep, pa.string()))
+    with pytest.raises(InvalidRollouts, match="reward_detail"):
+        validate_rollouts(table, **OK)

@@ -136,8 +136,13 @@ def decode_rollouts(data: bytes) -> pa.Table:
     """Parse an Arrow IPC file; raises ``InvalidRollouts`` when it is not one."""
     try:
         return ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise InvalidRollouts(f"not a readable Arrow IPC file: {exc}") from None
+    except _PARSE_ERRORS as exc:
+        raise InvalidRollouts(f"not a readable Arrow IPC file: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+# what parsing bytes an attacker chose can raise (bad UTF-8 in names or strings, odd integer widths,
+# JSON nested deep enough to exhaust the stack): each means "invalid file", never a learner crash
+_PARSE_ERRORS = (pa.ArrowException, OSError, ValueError, UnicodeError, RecursionError, OverflowError)
 
 
 def validate_rollouts(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int, learner_version: int,
@@ -147,6 +152,17 @@ def validate_rollouts(table: pa.Table, *, run_id: str, actor_id: str, expected_v
     Raises ``InvalidRollouts`` naming the first problem. A table that passes cannot make the loss or
     its gradient non-finite: every logprob, reward and length is inside ``limits``.
     """
+    try:
+        return _validate(table, run_id=run_id, actor_id=actor_id, expected_version=expected_version,
+                         learner_version=learner_version, limits=limits)
+    except InvalidRollouts:
+        raise
+    except _PARSE_ERRORS as exc:
+        raise InvalidRollouts(f"unreadable content: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _validate(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int, learner_version: int,
+              limits: RolloutLimits) -> pa.Table:
     meta = table.schema.metadata or {}
     version = meta.get(b"echo2.schema_version")
     if version != SCHEMA_VERSION.encode():
@@ -244,7 +260,7 @@ def _check_lengths_and_bounds(table: pa.Table, limits: RolloutLimits) -> None:
     for detail in table.column("reward_detail").to_pylist():
         try:
             json.loads(detail)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise InvalidRollouts(f"reward_detail is not JSON: {detail[:60]!r}") from None
 
 
