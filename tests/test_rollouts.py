@@ -61,7 +61,7 @@ def test_group_sizes_and_garbage():
     table = decode_rollouts(rollout_bytes(3, group_size=3))
     with pytest.raises(InvalidRollouts, match="groups have sizes"):
         validate_rollouts(table, **{**OK, "limits": dataclasses.replace(LIMITS, max_completion_tokens=8)})
-    with pytest.raises(InvalidRollouts, match="not a readable Arrow IPC file"):
+    with pytest.raises(InvalidRollouts, match="not an Arrow IPC file"):
         decode_rollouts(b"definitely not arrow")
     truncated = rollout_bytes(3)[:-40]
     with pytest.raises(InvalidRollouts):
@@ -155,3 +155,16 @@ def test_deeply_nested_reward_detail_is_invalid_not_a_crash():
     table = table.set_column(i, ROLLOUT_SCHEMA.field("reward_detail"), pa.array(deep, pa.string()))
     with pytest.raises(InvalidRollouts, match="reward_detail"):
         validate_rollouts(table, **OK)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_compressed_batches_are_refused_before_they_are_decoded(codec):
+    """A compressed buffer declares its own uncompressed size: a small file could claim many GB."""
+    import io
+
+    table = decode_rollouts(rollout_bytes(3))
+    sink = io.BytesIO()
+    with ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression=codec)) as writer:
+        writer.write_table(table)
+    with pytest.raises(InvalidRollouts, match="compressed record batches are not accepted"):
+        decode_rollouts(sink.getvalue())

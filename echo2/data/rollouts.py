@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -133,11 +134,65 @@ def encode_rollouts(
 
 
 def decode_rollouts(data: bytes) -> pa.Table:
-    """Parse an Arrow IPC file; raises ``InvalidRollouts`` when it is not one."""
+    """Parse an Arrow IPC file; raises ``InvalidRollouts`` when it is not one we accept.
+
+    The messages are read in order after the file's magic (the footer is not trusted), and a record
+    batch with compressed buffers is refused before it is decoded: a compressed buffer declares its
+    own uncompressed size, so a few MB of file could make the learner allocate many GB. Uncompressed
+    buffers are views into ``data``, so decoding allocates about nothing.
+    """
+    if data[:6] != b"ARROW1":
+        raise InvalidRollouts("not an Arrow IPC file (no ARROW1 magic)")
     try:
-        return ipc.open_file(pa.BufferReader(data)).read_all()
-    except _PARSE_ERRORS as exc:
+        reader = ipc.MessageReader.open_stream(pa.py_buffer(data)[8:])
+        first = reader.read_next_message()
+        if first.type != "schema":
+            raise InvalidRollouts(f"the first message is a {first.type}, not the schema")
+        schema = ipc.read_schema(first)
+        batches = []
+        while True:
+            try:
+                message = reader.read_next_message()
+            except StopIteration:
+                break
+            if message.type != "record batch":
+                raise InvalidRollouts(f"unexpected {message.type} message (rollout files have no dictionaries)")
+            if _batch_is_compressed(message.metadata.to_pybytes()):
+                raise InvalidRollouts("compressed record batches are not accepted")
+            batches.append(ipc.read_record_batch(message, schema))
+        # a whole file: its footer (parsed, never used to decode) lists the batches we read
+        if ipc.open_file(pa.py_buffer(data)).num_record_batches != len(batches):
+            raise InvalidRollouts("the file's footer does not list the record batches it holds")
+        return pa.Table.from_batches(batches, schema)
+    except InvalidRollouts:
+        raise
+    except StopIteration:
+        raise InvalidRollouts("not a readable Arrow IPC file: no schema message") from None
+    except _PARSE_ERRORS + (struct.error, IndexError) as exc:
         raise InvalidRollouts(f"not a readable Arrow IPC file: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _batch_is_compressed(meta: bytes) -> bool:
+    """Whether an IPC RecordBatch message's flatbuffer (Message.fbs) sets ``RecordBatch.compression``.
+
+    Message: field 1 = header_type (3 = RecordBatch), field 2 = header; RecordBatch: field 3 =
+    compression. An out-of-bounds offset raises ``struct.error`` (an invalid file).
+    """
+    def table(pos: int) -> int:
+        return pos + struct.unpack_from("<I", meta, pos)[0]
+
+    def field(tab: int, index: int) -> int | None:
+        vtable = tab - struct.unpack_from("<i", meta, tab)[0]
+        size = struct.unpack_from("<H", meta, vtable)[0]
+        slot = 4 + 2 * index
+        offset = struct.unpack_from("<H", meta, vtable + slot)[0] if slot + 2 <= size else 0
+        return tab + offset if offset else None
+
+    message = table(0)
+    header_type, header = field(message, 1), field(message, 2)
+    if header_type is None or header is None or meta[header_type] != 3:
+        raise InvalidRollouts("a record batch message without a record batch header")
+    return field(table(header), 3) is not None
 
 
 # what parsing bytes an attacker chose can raise (bad UTF-8 in names or strings, odd integer widths,
