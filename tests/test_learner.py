@@ -112,3 +112,38 @@ def test_a_non_finite_step_changes_no_weight_and_says_so(tiny_model):
     assert metrics["nonfinite"] and learner.version == 1
     after = learner.full_tensors()
     assert all(torch.equal(before[k], after[k]) or torch.isnan(before[k]).any() for k in before)
+
+
+def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, tmp_path):
+    """Export of an adapter version (base + (alpha/r) B A, merged by the CLI) gives the learner's own logits.
+    The adapter is trained with signal first, so B != 0: a merge that dropped or mis-scaled B A fails."""
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from echo2.config import BroadcastConfig
+    from echo2.data.store import open_store
+    from echo2.learner.publisher import publish
+    from conftest import REPO
+
+    cfg = TrainConfig(lr=5e-2, lora_rank=4, lora_alpha=8.0)
+    learner = Learner(tiny_model, cfg, temperature=1.0)
+    store = open_store(str(tmp_path / "run"))
+    publish_args = dict(extra_files=learner.extra_files, train=cfg, broadcast=BroadcastConfig(mode="store"), key=b"k")
+    publish(store, 0, *learner.policy_version_tensors(), **publish_args)
+    for _ in range(2):
+        learner.train_step([decode_rollouts(rollout_bytes(0, reward=lambda g, s: float(s == 0)))])
+    publish(store, 2, *learner.policy_version_tensors(), **publish_args)
+    b = [v for k, v in learner.adapter_tensors().items() if "lora_B" in k]
+    assert any(t.abs().sum() > 0 for t in b)
+
+    subprocess.run([sys.executable, "-m", "echo2.cli", "export", str(tmp_path / "run"), str(tmp_path / "out")],
+                   check=True, cwd=REPO, capture_output=True)
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    ids = torch.tensor([[1, 5, 9, 30, 2, 7]])
+    with torch.no_grad():
+        ours = learner.model(input_ids=ids).logits
+        assert torch.allclose(exported(input_ids=ids).logits, ours, atol=1e-4)
+        assert not torch.allclose(base(input_ids=ids).logits, ours, atol=1e-4)
