@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from echo2.config import Config, config_from_dict
+from echo2.data import layout
 from echo2.data.store import StoreError, open_store
 from echo2.fleet.local import LocalFleet
 from echo2.launch import resolve_launch
@@ -36,7 +37,7 @@ def _transient(task, task_run, state) -> bool:
 
 @task(cache_policy=NO_CACHE)
 def prepare_run(config: Config, resume: bool) -> LearnerRun:
-    return LearnerRun(config, open_store(config.store.url, config.store.options).child("runs"), resume=resume)
+    return LearnerRun(config, open_store(config.store.url, config.store.options).child(layout.RUNS), resume=resume)
 
 
 @task(cache_policy=NO_CACHE)

@@ -27,8 +27,10 @@ LEDGER_EVENTS = "ledger/events/"
 REPORTS = "reports/"
 SUMMARY = "reports/summary.json"
 ORPHANED = "orphaned/"
-LOGS = "logs"  # local folder beside the run (or ./echo2-logs/<run>) holding actor logs
+LOGS = "logs"  # local folder of the run (the run root on a local store) holding actor logs
 TENSORBOARD = "tensorboard"
+REMOTE_LOCAL_DIR = "echo2-logs"
+"""For a remote store, the run's local files live under ./echo2-logs/<run>/."""
 
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 _STEP_RE = re.compile(r"^step-(\d{6,})$")

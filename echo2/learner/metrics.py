@@ -8,6 +8,8 @@ import logging
 import os
 from pathlib import Path
 
+from echo2.data import layout
+
 log = logging.getLogger("echo2.learner")
 
 _SCALARS = ("reward", "loss", "lag_mean", "lag_max", "clip_fraction", "ratio_mean", "kl_behavior", "grad_norm",
@@ -18,7 +20,7 @@ class MetricsSink:
     def __init__(self, local_dir: Path, run_id: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tensorboard_dir = local_dir / "tensorboard"
+        self.tensorboard_dir = local_dir / layout.TENSORBOARD
         self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir))
         self.wandb = None
         if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"):

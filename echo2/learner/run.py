@@ -223,7 +223,7 @@ class LearnerRun:
         """Local files of the run (logs, TensorBoard): the run folder itself for a local store, else ./echo2-logs/<run>."""
         if self.store.url.startswith("file://"):
             return Path(self.store.url[len("file://") :])
-        return Path("echo2-logs") / self.run_id
+        return Path(layout.REMOTE_LOCAL_DIR) / self.run_id
 
     @property
     def log_dir(self) -> Path:
