@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 BENCHMARKS := broadcast
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
-.PHONY: setup run test clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
+.PHONY: setup run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
 
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
@@ -58,6 +58,10 @@ test: setup browser
 
 clean-runs:
 	rm -rf runs echo2-logs
+
+# the learner SIGKILLed 21 times mid-checkpoint, mid-publish and mid-step; `make test` runs 3 of these kills
+chaos: setup
+	ECHO2_CHAOS_KILLS=$${ECHO2_CHAOS_KILLS:-21} $(BIN)/python -m pytest -q -s tests/test_chaos.py
 
 bench: setup
 	@set -e; for name in $(BENCHMARKS); do echo "== echo2 bench $$name"; $(BIN)/echo2 bench $$name; done
