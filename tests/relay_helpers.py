@@ -1,0 +1,72 @@
+"""Shared pieces of the relay tests: signed test versions, relay nodes, a bare-socket test peer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+
+from echo2.broadcast.relay import FetchPolicy, RelayNode
+from echo2.data.manifest import chunk_hashes, sign
+from echo2.data.run_key import relay_token
+
+KEY = b"k" * 32
+TOKEN = relay_token(KEY)
+CHUNK = 64 * 1024
+
+
+def make_version(store, version=1, sizes=(300_000, 200_000, 5)):
+    files = {f"shard-{i:04d}.safetensors": os.urandom(n) for i, n in enumerate(sizes)}
+    entries = []
+    for name, data in files.items():
+        store.put(f"policy/v{version:06d}/{name}", data)
+        entries.append({"name": name, "kind": "shard", "size": len(data), "chunks": chunk_hashes(data, CHUNK)})
+    return sign({"version": version, "chunk_size": CHUNK, "files": entries}, KEY), files
+
+
+def slow_store_reader(store, delay=0.02):
+    def read(chunk, manifest):
+        time.sleep(delay)  # a store slower than loopback, so pipelining shows in the timestamps
+        key = f"policy/v{int(manifest['version']):06d}/{chunk.file}"
+        return store.get_range(key, chunk.offset, chunk.offset + chunk.size)
+
+    return read
+
+
+def nodes(store, n, policy=None):
+    return [RelayNode(TOKEN, slow_store_reader(store), policy=policy or FetchPolicy(pipeline_wait_s=10)) for _ in range(n)]
+
+
+def raw_peer(answer: bytes | None):
+    """A test peer on a bare socket: reads a request, sends ``answer`` and hangs up; with None it
+    accepts connections and never answers (a stalled peer)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    conns = []
+    stop = threading.Event()
+
+    def serve():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = sock.accept()[0]
+            except OSError:
+                continue
+            if answer is None:
+                conns.append(conn)  # held open, never answered
+                continue
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    head = b""
+                    while b"\r\n\r\n" not in head and (part := conn.recv(4096)):
+                        head += part
+                    conn.sendall(answer)
+                except OSError:
+                    pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close(), [c.close() for c in conns])
