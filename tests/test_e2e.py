@@ -213,23 +213,46 @@ def test_run_on_s3_against_moto(tiny_model, s3_store, s3_server, tmp_path):
 def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
     args = ["run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=intr", *TINY,
                                       "train.max_steps=500", "eval.before=false")]
-    learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    # output to files, not pipes: a pipe is held open by every child that inherited it, so reading it to
+    # the end would wait for the children too, and we want to see the learner's own exit
+    out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=out, stderr=err,
+                                   start_new_session=True)
     run = tmp_path / "runs" / "intr"
     try:
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists(), 240, "training to start")
         pids = actor_pids(run)
         assert pids and all(pid_alive(p) for p in pids)
         learner.send_signal(signal.SIGINT)
-        out, err = learner.communicate(timeout=60)
+        learner.wait(timeout=90)
+        # nothing the learner started outlives it for long (actors, Prefect's ephemeral server)
+        wait_until(lambda: not session_pids(learner.pid), 30, "the learner's processes to exit")
     finally:
-        if learner.poll() is None:
-            learner.kill()
+        try:
+            os.killpg(learner.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        learner.wait()
+    err = err_path.read_text()
     assert learner.returncode == 130, err
     assert "--resume" in err
     assert not any(pid_alive(p) for p in pids)
     kinds = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
     assert "terminated" in kinds
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (zombies excluded)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(stat.parent.name))
+    return out
 
 
 def test_two_actors_relay_versions_to_each_other(tiny_model, tmp_path):
