@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -74,6 +75,10 @@ def run(
 ) -> None:
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
     from echo2.config import dump_config
+
+    # Ctrl-C (SIGINT) stops the run cleanly (checkpoint, actors stopped, exit 130) however we were
+    # started: a shell script that puts a job in the background makes it inherit SIGINT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -217,8 +217,10 @@ def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
     # the end would wait for the children too, and we want to see the learner's own exit
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
     with open(out_path, "w") as out, open(err_path, "w") as err:
+        # started with SIGINT ignored, as a job a shell script puts in the background inherits it (CI,
+        # `make test &`): Ctrl-C / kill -INT must stop the run all the same
         learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=out, stderr=err,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = tmp_path / "runs" / "intr"
     try:
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists(), 240, "training to start")
