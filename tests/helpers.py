@@ -53,3 +53,16 @@ def ledger_audit(store):
     problems = [f"{k}: shown {seen[k]} times" for k in live + quarantined if seen[k] != 1]
     problems += [f"{k}: orphaned but in the ledger" for k in orphaned if seen[k] and k not in live + quarantined]
     return problems, {"files": len(live) + len(quarantined), "orphaned": len(orphaned), **kinds}
+
+
+def reap_session(proc) -> None:
+    """SIGKILL what is left of a process started with ``start_new_session=True`` (its whole session:
+    Prefect's ephemeral server outlives a SIGKILLed learner), then reap the process itself."""
+    import os
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -20,7 +20,7 @@ import time
 
 from conftest import REPO
 from echo2.data.store import open_store
-from helpers import ledger_audit
+from helpers import ledger_audit, reap_session
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 SETTINGS = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_step=2",
@@ -44,11 +44,7 @@ def _attempt(args: list[str], failpoint: str | None, timeout: float, log_path) -
         try:
             proc.wait(timeout=timeout)
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
+            reap_session(proc)
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"attempt with {failpoint} exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
     return proc.returncode

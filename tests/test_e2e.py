@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO
 from echo2.data.store import open_store
-from helpers import ledger_audit
+from helpers import ledger_audit, reap_session
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2",
@@ -136,10 +136,7 @@ def test_resume_after_the_learner_is_killed(tiny_model, tmp_path):
     try:
         wait_until(lambda: not any(pid_alive(p) for p in pids), 30, "actors to die with their learner")
     finally:
-        try:
-            os.killpg(learner.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        reap_session(learner)
     assert not (run / "reports" / "summary.json").exists()
     ckpt = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "manifest.json").exists())
     consumed = run / "ledger" / "consumed"
@@ -231,11 +228,7 @@ def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
         # nothing the learner started outlives it for long (actors, Prefect's ephemeral server)
         wait_until(lambda: not session_pids(learner.pid), 30, "the learner's processes to exit")
     finally:
-        try:
-            os.killpg(learner.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        learner.wait()
+        reap_session(learner)
     err = err_path.read_text()
     assert learner.returncode == 130, err
     assert "--resume" in err
