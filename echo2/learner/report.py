@@ -21,12 +21,13 @@ if TYPE_CHECKING:
 def ledger_totals(store) -> dict:
     """Counts over the ledger. A step's amendment (files quarantined after a non-finite step) moves
     them from used to quarantined; the final entry lists what was left unused."""
-    records = [store.get_json(key) for key in consumed_keys(store)]
+    keys = consumed_keys(store)
+    records = [store.get_json(key) for key in keys]
     amended = {item["key"] for r in records for item in r.get("quarantined", []) if r.get("amendment")}
     used = dropped = quarantined = completions = unused = 0
     max_lag = 0
     lags: dict[int, int] = {}
-    for key, record in zip(consumed_keys(store), records):
+    for key, record in zip(keys, records):
         for item in record.get("used", []):
             if item["key"] in amended:
                 continue
