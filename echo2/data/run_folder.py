@@ -83,18 +83,11 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
     """Move everything of the lost timeline (after checkpoint ``step``) to ``orphaned/<time>/``; returns the keys."""
     dest = layout.orphaned_prefix(f"{time.time():.0f}")
     late = []
-    for key in store.list(layout.POLICY):
-        v = layout.version_of_folder_key(key, layout.POLICY)
-        if v is not None and v > step:
-            late.append(key)
-    for key in store.list(layout.ROLLOUTS):
-        v = layout.version_of_folder_key(key, layout.ROLLOUTS)
-        if v is not None and v > step:
-            late.append(key)
-    for key in store.list(layout.CHECKPOINTS):
-        s = layout.version_of_folder_key(key, layout.CHECKPOINTS)
-        if s is not None and s > step:
-            late.append(key)
+    for prefix in (layout.POLICY, layout.ROLLOUTS, layout.CHECKPOINTS):  # folders numbered by version or step
+        for key in store.list(prefix):
+            n = layout.version_of_folder_key(key, prefix)
+            if n is not None and n > step:
+                late.append(key)
     for key in store.list(layout.LEDGER_CONSUMED):
         s = layout.step_of_consumed_key(key)
         if s is not None and s > step:

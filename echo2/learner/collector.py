@@ -109,7 +109,7 @@ class RolloutCollector:
         if size > self.max_file_bytes:
             raise InvalidRollouts(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
         data = self.store.get(key)
-        if len(data) > self.max_file_bytes:
+        if len(data) > self.max_file_bytes:  # replaced by a bigger object between the size check and the read
             raise InvalidRollouts(f"file of {len(data)} bytes is over the limit of {self.max_file_bytes}")
         table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
                                   expected_version=version, learner_version=learner_version, limits=self.limits)
