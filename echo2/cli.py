@@ -33,6 +33,19 @@ PREFECT_DEFAULTS = {
 }
 
 
+class _CtrlC:
+    """Whether the user pressed Ctrl-C. Prefect can turn the KeyboardInterrupt into another error
+    (a ValueError when it lands while a task run is being created), so the exception alone
+    cannot tell."""
+
+    pressed = False
+
+    @classmethod
+    def handler(cls, signum, frame) -> None:
+        cls.pressed = True
+        raise KeyboardInterrupt
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -78,7 +91,8 @@ def run(
 
     # Ctrl-C (SIGINT) stops the run cleanly (checkpoint, actors stopped, exit 130) however we were
     # started: a shell script that puts a job in the background makes it inherit SIGINT ignored
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _CtrlC.pressed = False
+    signal.signal(signal.SIGINT, _CtrlC.handler)
 
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -103,14 +117,16 @@ def run(
 
     try:
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
-    except Echo2InputError as exc:
-        _fail(str(exc))
-    except TimeoutError as exc:  # no rollouts arrived: say so plainly, the logs have the rest
-        _fail(str(exc), code=1)
-    except KeyboardInterrupt:  # the flow has already stopped the fleet
-        typer.echo(f"interrupted: every actor was stopped; continue with `echo2 run {config} --resume "
-                   f"--set run.id={cfg.run.id}`", err=True)
-        raise typer.Exit(130)
+    except BaseException as exc:
+        if _CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
+            typer.echo(f"interrupted: every actor was stopped; continue with `echo2 run {config} --resume "
+                       f"--set run.id={cfg.run.id}`", err=True)
+            raise typer.Exit(130) from None
+        if isinstance(exc, Echo2InputError):
+            _fail(str(exc))
+        if isinstance(exc, TimeoutError):  # no rollouts arrived: say so plainly, the logs have the rest
+            _fail(str(exc), code=1)
+        raise
     before, after = summary["eval_before"], summary["eval_after"]
     typer.echo(json.dumps(summary, indent=1))
     if before is not None and after is not None:
