@@ -283,3 +283,17 @@ def test_lora_run_publishes_only_the_adapter(tiny_model, tmp_path):
     echo2("export", str(run), str(tmp_path / "merged"))
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
     assert "model.layers.0.self_attn.q_proj.weight" in merged
+
+
+def test_synchronous_run_generates_nothing_that_is_thrown_away(tiny_model, tmp_path):
+    # staleness 0: only rollouts of the learner's current version are usable; an actor must wait for
+    # the next version instead of generating a batch that the learner can only drop as stale
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=sync", *TINY,
+                                    "train.staleness=0", "train.max_steps=5", "eval.before=false", "eval.after=false"))
+    run = tmp_path / "runs" / "sync"
+    entries = [json.loads(p.read_text()) for p in sorted((run / "ledger" / "consumed").glob("step-*.json"))]
+    assert len(entries) == 5 and all(e["used"] for e in entries)
+    stale = [d for e in entries for d in e["dropped"]]
+    assert not stale, stale
+    final = json.loads((run / "ledger" / "consumed" / "final.json").read_text())
+    assert len(final["dropped"]) <= 1  # at most the batch of the last version, started as the run ended

@@ -72,9 +72,15 @@ class ConsumedIndex:
         self.store = store
         self._read: set[str] = set()
         self.settled: set[str] = set()
+        self.latest_step = 0
+        """The newest step whose files the learner has chosen (0 before the first): it trains that
+        step or has finished it, so its next collection happens at learner version ``latest_step``.
+        Read from the listing each time, so a resume that moves newer entries aside lowers it."""
 
     def refresh(self) -> set[str]:
-        for key in consumed_keys(self.store):
+        keys = consumed_keys(self.store)
+        self.latest_step = max((s for s in map(layout.step_of_consumed_key, keys) if s is not None), default=0)
+        for key in keys:
             if key in self._read:
                 continue
             record = self.store.get_json(key)

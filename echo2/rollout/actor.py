@@ -4,7 +4,8 @@
         if the receiver has a newer policy version whole and verified: swap to it
             (it is received in the background from the parent relay peer or the store, chunk by
             chunk, each checked against the signed manifest; see echo2/broadcast/)
-        if the fleet already has enough fresh, unconsumed batches waiting: sleep   (flow control)
+        if a batch started now would be too stale when the learner next collects, or the
+            fleet already has enough usable batches waiting: sleep                    (flow control)
         draw groups_per_batch problems; sample G completions each with behavior logprobs
         score each completion with the task's verifiable reward
         commit rollouts/v{v}/{actor}-{seq}.arrow (create-if-absent)
@@ -157,9 +158,20 @@ class Actor:
             raise ValueError(f"unknown engine {self.config.rollout.engine!r}")
 
     def _has_capacity(self) -> bool:
-        """Fresh batches (within the staleness bound of the latest version) not yet settled by the ledger."""
+        """Whether a batch started now can still be used: flow control, so no generation is thrown away.
+
+        The learner's next collection happens at version c, the newest step in the ledger; a batch of
+        version v is usable there only if c - v <= S, so an older policy waits for the next version
+        instead of generating a batch the learner could only drop (with S = 0 it would otherwise
+        generate one doomed batch per step). The fleet's backlog of batches still usable at c must
+        also be short (``rollout.max_pending_batches``), which bounds the lag a queue adds.
+        """
         assert self.version is not None
-        pending = pending_rollouts(self.store, self.consumed.refresh(), self.version - self.config.train.staleness)
+        settled = self.consumed.refresh()
+        oldest_usable = self.consumed.latest_step - self.config.train.staleness
+        if self.version < oldest_usable:
+            return False
+        pending = pending_rollouts(self.store, settled, oldest_usable)
         return len(pending) < self.config.rollout.max_pending_batches
 
     def _generate_batch(self) -> None:
