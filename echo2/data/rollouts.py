@@ -103,8 +103,14 @@ def content_hash(table: pa.Table) -> str:
     return digest.hexdigest()
 
 
+MEASURED_PREFIX = "echo2.measured."
+"""Schema metadata keys an actor may add with timings it measured (e.g. ``echo2.measured.dissemination_seconds``).
+Informational only: the capacity fit reads them as finite floats or ignores them; training never does."""
+
+
 def encode_rollouts(
-    rollouts: list[Rollout], *, run_id: str, actor_id: str, policy_version: int, task: str
+    rollouts: list[Rollout], *, run_id: str, actor_id: str, policy_version: int, task: str,
+    measured: dict[str, float] | None = None,
 ) -> bytes:
     now = datetime.now(timezone.utc)
     columns: dict[str, list] = {name: [] for name in ROLLOUT_SCHEMA.names}
@@ -126,9 +132,11 @@ def encode_rollouts(
         columns["finish_reason"].append(r.finish_reason)
         columns["generation_seconds"].append(r.generation_seconds)
         columns["created_at"].append(now)
-    table = pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)
+    schema = ROLLOUT_SCHEMA.with_metadata({**ROLLOUT_SCHEMA.metadata,
+                                           **{f"{MEASURED_PREFIX}{k}": repr(float(v)) for k, v in (measured or {}).items()}})
+    table = pa.Table.from_pydict(columns, schema=schema)
     sink = io.BytesIO()
-    with ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
+    with ipc.new_file(sink, schema) as writer:
         writer.write_table(table)
     return sink.getvalue()
 

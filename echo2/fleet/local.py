@@ -46,8 +46,11 @@ class _Slot:
 
 class LocalFleet(FleetBackend):
     def __init__(self, config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
-                 run_key: bytes):
+                 run_key: bytes, actor_command: list[str] | None = None):
+        """``actor_command`` replaces ``python -m echo2.cli actor`` (the overlap benchmark's actors);
+        ``--run``, ``--actor-id`` and ``--parent-pid`` are appended to it."""
         self.config = config
+        self.actor_command = actor_command or [sys.executable, "-m", "echo2.cli", "actor"]
         self.run_key = run_key
         self.store = store
         self.store_options = store_options
@@ -63,8 +66,7 @@ class LocalFleet(FleetBackend):
         log_path = self.log_dir / f"{actor_id}.log"
         # secrets travel in the environment, never on the command line or through the store
         env = dict(os.environ, ECHO2_STORE_OPTIONS=json.dumps(self.store_options), ECHO2_RUN_KEY=self.run_key.decode())
-        cmd = [sys.executable, "-m", "echo2.cli", "actor", "--run", self.store.url, "--actor-id", actor_id,
-               "--parent-pid", str(os.getpid())]
+        cmd = [*self.actor_command, "--run", self.store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)

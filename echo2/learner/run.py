@@ -43,7 +43,9 @@ log = logging.getLogger("echo2.learner")
 
 
 class LearnerRun:
-    def __init__(self, config: Config, runs: ObjectStore, *, resume: bool):
+    def __init__(self, config: Config, runs: ObjectStore, *, resume: bool, learner: Learner | None = None):
+        """``learner`` replaces the one built from ``config.model`` (the overlap benchmark's timing
+        workload; ``echo2 run`` never passes one)."""
         self.config = config
         self.started = time.time()
         if config.run.id is None:
@@ -55,8 +57,8 @@ class LearnerRun:
         torch.manual_seed(config.run.seed)
         if config.train.num_threads:
             torch.set_num_threads(config.train.num_threads)
-        self.learner = Learner(resolve_model(config.model.name), config.train,
-                               temperature=config.rollout.temperature)
+        self.learner = learner or Learner(resolve_model(config.model.name), config.train,
+                                          temperature=config.rollout.temperature)
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.wall_before = 0.0

@@ -26,6 +26,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load as st_load
@@ -50,8 +51,12 @@ class _Stop(Exception):
 
 
 class Actor:
-    def __init__(self, store: ObjectStore, actor_id: str, *, parent_pid: int | None = None):
+    def __init__(self, store: ObjectStore, actor_id: str, *, parent_pid: int | None = None,
+                 engine_factory: Callable[[Path, object], Engine] | None = None):
+        """``engine_factory(model_dir, tokenizer)`` replaces the configured engine (the overlap
+        benchmark's timing workload; ``echo2 actor`` never passes one)."""
         self.store = store
+        self.engine_factory = engine_factory
         self.actor_id = actor_id
         self.parent_pid = parent_pid
         run = store.get_json(layout.RUN_JSON)
@@ -67,6 +72,8 @@ class Actor:
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
+        self.dissemination_seconds: float | None = None
+        """From the learner's publish (manifest ``created_at``) to this actor generating with it."""
         self._base: tuple[int, dict[str, torch.Tensor]] | None = None
         self.seq = 0
         self._stopping = False
@@ -131,6 +138,8 @@ class Actor:
             self._build_engine(model_dir)
         self.engine.load_weights(self._weights_of(buffer.manifest, files).items())
         self.version = buffer.version
+        created = buffer.manifest.get("created_at")
+        self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
         log.info("now generating with policy v%d (loaded in %.1fs)", self.version, time.time() - t0)
 
     def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
@@ -148,7 +157,9 @@ class Actor:
         return merge_lora(self._base[1], tensors, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
 
     def _build_engine(self, model_dir: Path) -> None:
-        if self.config.rollout.engine == "transformers":
+        if self.engine_factory is not None:
+            self.engine = self.engine_factory(model_dir, self.tokenizer)
+        elif self.config.rollout.engine == "transformers":
             from echo2.rollout.hf_engine import TransformersEngine
 
             eos = self.tokenizer.eos_token_id
@@ -194,8 +205,9 @@ class Actor:
                     completion_token_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=reward,
                     reward_detail=detail, finish_reason=c.finish_reason, generation_seconds=seconds,
                 ))
+        measured = {"dissemination_seconds": self.dissemination_seconds} if self.dissemination_seconds else {}
         data = encode_rollouts(rollouts, run_id=self.run_id, actor_id=self.actor_id, policy_version=version,
-                               task=self.task.name)
+                               task=self.task.name, measured=measured)
         self._committing = True
         try:
             self.store.put(layout.rollout_key(version, self.actor_id, self.seq), data)
@@ -210,11 +222,12 @@ class Actor:
             raise _Stop()
 
 
-def run_actor(run_url: str, actor_id: str, store_options: dict, parent_pid: int | None = None) -> None:
+def run_actor(run_url: str, actor_id: str, store_options: dict, parent_pid: int | None = None, *,
+              store: ObjectStore | None = None, engine_factory: Callable[[Path, object], Engine] | None = None) -> None:
     from echo2.data.store import open_store
 
-    store = open_store(run_url, store_options)
-    actor = Actor(store, actor_id, parent_pid=parent_pid)
+    store = store or open_store(run_url, store_options)
+    actor = Actor(store, actor_id, parent_pid=parent_pid, engine_factory=engine_factory)
     if actor.config.rollout.num_threads:
         torch.set_num_threads(actor.config.rollout.num_threads)
     actor.install_signal_handlers()

@@ -1,0 +1,261 @@
+"""The overlap-based capacity model: how much rollout throughput keeps the learner busy, at which
+staleness, and what utilization and lag a given fleet gives.
+
+Inputs (every time in seconds; a *group* is one prompt with its G completions)
+
+    T   learner busy time per step: loss, backward, optimizer, publish, checkpoint share
+        (everything but waiting for rollouts; measured as step seconds minus wait seconds)
+    R   groups per learner step                  (train.groups_per_step)
+    b   groups per actor batch, one rollout file (rollout.groups_per_batch)
+    G_i generation time of one batch on worker i
+    U   upload: from a batch's last token to its file committed (the actor waits for the put)
+        and seen by the learner; worker i's throughput is  mu_i = b / (G_i + U)  groups/s
+    D   dissemination: from the end of a step to actors generating with its version
+    S   staleness: a group of version v is usable at learner version t iff t - v <= S
+    k   publish period (train.publish_every): versions 0, k, 2k, ... reach the actors
+    Q   fleet-wide backlog bound (rollout.max_pending_batches)
+
+Derivation (the idealized pipeline: every actor identical in behaviour, D and U constant)
+
+1. Throughput. The learner consumes R groups per step and trains for T, so it never waits for
+   *volume* iff the fleet makes  sum_i mu_i >= R / T   (``required_throughput``). Below that the
+   step time is R / sum mu_i.
+2. Freshness. Step t+1 is collected at learner version t and needs R groups of version >= t - S.
+   The oldest version that qualifies and is published is v* = k * ceil((t - S) / k); it was
+   published (t - v*) steps ago and reached the actors D later. Actors that flow control held back
+   (they never start a batch that would be stale, ``rollout/actor.py``) start at once, so the R
+   groups are visible  D + F_R  after v* was published, where F_R is the time the fleet needs to
+   make and upload R groups from a standing start (smallest F with
+   sum_i b * floor(F / (G_i + U)) >= R). Over a cycle of k steps, t - v* takes every value from
+   S - k + 1 to S, so the learner never waits for fresh rollouts iff  (S - k + 1) * T >= D + F_R:
+
+       S_min = k - 1 + ceil((D + F_R) / T)                                      (``min_staleness``)
+
+   DESIGN.md states  k + ceil((D + G + U) / T): one more, the worst phase of an actor that is
+   always busy (it may have just started a batch with the old version). With flow control the
+   actor is idle at that moment instead, and the benchmark (``echo2 bench overlap``) measures
+   the tighter form. The ECHO-2 paper (arXiv 2602.02192) states the overlap condition in words
+   (dissemination and generation hidden behind S training steps); its exact constants are not
+   given there, so the ones above are derived here and checked by the benchmark.
+   S < k - 1 can never be satisfied (the version it needs is never published): the config
+   refuses it.
+3. Step time when freshness binds (k = 1): the learner waits W = D + F_R - S * (T + W) per
+   step, so, with the throughput bound of 1, the steady step time is
+
+       T_step = max(T, R / sum mu_i, (T + D + F_R) / (1 + S))   and  utilization = T / T_step.
+
+   S = 0 is the synchronous loop: T_step = T + D + F_R.
+4. In general (k > 1, heterogeneous workers, both bounds close, the backlog Q shifting lag) the
+   closed forms are bounds; ``predict`` evaluates the same idealized pipeline exactly with a small
+   event simulation (learner, actors with flow control, backlog, whole-file oldest-first
+   collection) and reports its steady state: step time, utilization, which bound holds, and the
+   lag distribution of the groups the learner uses.
+
+Not modelled: contention between learner and actors for the same CPU or GPU (on one machine they
+slow each other; the benchmark uses a timing workload, so it does not), variance of G and D
+(use measured medians), reclaims (``plan.simulate_reclaims`` over-provisions for them).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the learner needs, and the time constants between it and the fleet."""
+
+    train_seconds: float
+    groups_per_step: int
+    groups_per_batch: int
+    staleness: int
+    dissemination_seconds: float = 0.0
+    upload_seconds: float = 0.0
+    publish_every: int = 1
+    max_pending_batches: int = 2
+
+    def __post_init__(self):
+        if self.train_seconds <= 0 or self.groups_per_step < 1 or self.groups_per_batch < 1:
+            raise ValueError("train_seconds must be > 0, groups_per_step and groups_per_batch >= 1")
+        if self.staleness < 0 or self.publish_every < 1 or self.max_pending_batches < 1:
+            raise ValueError("staleness must be >= 0, publish_every and max_pending_batches >= 1")
+        if self.dissemination_seconds < 0 or self.upload_seconds < 0:
+            raise ValueError("dissemination_seconds and upload_seconds must be >= 0")
+
+
+def _workers(batch_seconds: list[float]) -> list[float]:
+    return [g for g in batch_seconds if g > 0 and math.isfinite(g)]
+
+
+def throughput(w: Workload, batch_seconds: list[float]) -> float:
+    """Groups per second of a fleet whose workers take ``batch_seconds`` to generate a batch."""
+    return sum(w.groups_per_batch / (g + w.upload_seconds) for g in _workers(batch_seconds))
+
+
+def required_throughput(w: Workload) -> float:
+    """Groups per second that keep the learner from waiting for volume: R / T."""
+    return w.groups_per_step / w.train_seconds
+
+
+def fill_seconds(w: Workload, batch_seconds: list[float]) -> float:
+    """F_R: time for the fleet, all starting together, to commit R groups (inf without workers)."""
+    cycles = [g + w.upload_seconds for g in _workers(batch_seconds)]
+    if not cycles:
+        return math.inf
+    # the answer is a multiple of some worker's cycle: walk those in order
+    rounds = math.ceil(w.groups_per_step / w.groups_per_batch)
+    for t in sorted({c * n for c in cycles for n in range(1, rounds + 1)}):
+        if sum(w.groups_per_batch * math.floor(t / c + 1e-9) for c in cycles) >= w.groups_per_step:
+            return t
+    raise AssertionError("unreachable: the slowest worker alone finishes in `rounds` cycles")
+
+
+def min_staleness(w: Workload, batch_seconds: list[float]) -> int | None:
+    """The smallest S at which the learner never waits for fresh rollouts; None if no S suffices
+    because the fleet is too slow for the learner at any staleness."""
+    if throughput(w, batch_seconds) < required_throughput(w) * (1 - 1e-9):
+        return None
+    hidden = w.dissemination_seconds + fill_seconds(w, batch_seconds)
+    return w.publish_every - 1 + math.ceil(hidden / w.train_seconds - 1e-9)
+
+
+def closed_form_step_seconds(w: Workload, batch_seconds: list[float]) -> float:
+    """T_step from the closed forms (publish every step): the larger of the three bounds."""
+    lam = throughput(w, batch_seconds)
+    if lam <= 0:
+        return math.inf
+    hidden = w.dissemination_seconds + fill_seconds(w, batch_seconds)
+    return max(w.train_seconds, w.groups_per_step / lam, (w.train_seconds + hidden) / (1 + w.staleness))
+
+
+@dataclass
+class Prediction:
+    step_seconds: float
+    """Steady-state seconds per learner step."""
+    utilization: float
+    """Share of wall time the learner trains (T / step_seconds)."""
+    bound: str
+    """What sets the pace: "learner" (never waits), "throughput" or "staleness"."""
+    lag: dict[int, float] = field(default_factory=dict)
+    """Share of used groups by lag (learner version minus policy version)."""
+    wasted_groups: float = 0.0
+    """Share of generated groups dropped as stale (0 with flow control, unless actors overshoot)."""
+
+    @property
+    def steps_per_minute(self) -> float:
+        return 60.0 / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"step_seconds": self.step_seconds, "utilization": self.utilization, "bound": self.bound,
+                "steps_per_minute": self.steps_per_minute, "lag": {str(k): v for k, v in sorted(self.lag.items())},
+                "wasted_groups": self.wasted_groups}
+
+
+def predict(w: Workload, batch_seconds: list[float], *, steps: int = 400) -> Prediction:
+    """Steady state of the idealized pipeline for a fleet with the given per-worker batch times."""
+    if throughput(w, batch_seconds) <= 0:
+        return Prediction(math.inf, 0.0, "throughput")
+    if w.staleness < w.publish_every - 1:
+        return Prediction(math.inf, 0.0, "staleness")
+    sim = _Pipeline(w, _workers(batch_seconds))
+    sim.run(steps)
+    half = steps // 2  # the first half warms up (version 0 reaching everyone, the backlog filling)
+    elapsed = sim.collected_at[steps] - sim.collected_at[half]
+    step_seconds = elapsed / (steps - half)
+    utilization = min(1.0, w.train_seconds / step_seconds)
+    lag = Counter()
+    for step, groups, lag_of in sim.used[half:]:
+        lag[lag_of] += groups
+    total = sum(lag.values())
+    if utilization > 0.999:
+        bound = "learner"
+    elif step_seconds <= w.groups_per_step / throughput(w, batch_seconds) * 1.02:
+        bound = "throughput"
+    else:
+        bound = "staleness"
+    generated = sim.generated_groups or 1
+    return Prediction(step_seconds, utilization, bound, {k: v / total for k, v in lag.items()},
+                      sim.dropped_groups / generated)
+
+
+class _Pipeline:
+    """Event simulation of the idealized pipeline (learner, flow-controlled actors, backlog)."""
+
+    def __init__(self, w: Workload, batch_seconds: list[float]):
+        self.w = w
+        self.batch_seconds = batch_seconds
+        self.events: list = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.learner_version = 0          # version the learner has (steps completed)
+        self.chosen = 0                    # newest step whose files were chosen (actors' "next use")
+        self.training = False
+        self.actor_version = [0] * len(batch_seconds)
+        self.arrived = 0                   # newest version that has reached the actors
+        self.busy = [False] * len(batch_seconds)
+        self.backlog: list[tuple[int, int, float]] = []  # (version, groups, visible_at) not yet used
+        self.collected_at: list[float] = []
+        self.used: list[tuple[int, int, int]] = []  # (step, groups, lag)
+        self.generated_groups = 0
+        self.dropped_groups = 0
+
+    def _at(self, t: float, kind: str, *data) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, data))
+
+    def run(self, steps: int) -> None:
+        self._at(self.w.dissemination_seconds, "arrive", 0)
+        self._try_collect()
+        while len(self.collected_at) <= steps and self.events:
+            self.now, _, kind, data = heapq.heappop(self.events)
+            if kind == "arrive":
+                self.arrived = max(self.arrived, data[0])
+            elif kind == "visible":  # the actor's put returns: it is free for its next batch
+                actor, version = data
+                self.busy[actor] = False
+                self.backlog.append((version, self.w.groups_per_batch, self.now))
+            elif kind == "trained":
+                self.training = False
+                self.learner_version += 1
+                if self.learner_version % self.w.publish_every == 0:
+                    self._at(self.now + self.w.dissemination_seconds, "arrive", self.learner_version)
+            self._try_collect()
+            self._start_actors()
+
+    def _start_actors(self) -> None:
+        oldest_usable = self.chosen - self.w.staleness
+        for i, g in enumerate(self.batch_seconds):
+            if self.busy[i]:
+                continue
+            self.actor_version[i] = self.arrived
+            if self.arrived < oldest_usable:
+                continue
+            # like the real actor, it counts committed files only: actors deciding at the same
+            # moment may all start, and the backlog can overshoot Q by the fleet's size
+            if sum(1 for v, _, _ in self.backlog if v >= oldest_usable) >= self.w.max_pending_batches:
+                return
+            self.busy[i] = True
+            self.generated_groups += self.w.groups_per_batch
+            self._at(self.now + g + self.w.upload_seconds, "visible", i, self.arrived)
+
+    def _try_collect(self) -> None:
+        if self.training:
+            return
+        t = self.learner_version
+        fresh = sorted(b for b in self.backlog if t - b[0] <= self.w.staleness)
+        self.dropped_groups += sum(b[1] for b in self.backlog if t - b[0] > self.w.staleness)
+        self.backlog = fresh
+        if sum(b[1] for b in fresh) < self.w.groups_per_step:
+            return
+        taken = 0
+        while taken < self.w.groups_per_step:  # whole files, oldest version first
+            version, groups, _ = self.backlog.pop(0)
+            taken += groups
+            self.used.append((t + 1, groups, t - version))
+        self.collected_at.append(self.now)
+        self.chosen = t + 1
+        self.training = True
+        self._at(self.now + self.w.train_seconds, "trained")
