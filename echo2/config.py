@@ -8,7 +8,7 @@ never silently falls back to a default. ``load_config`` turns any problem into a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -64,7 +64,8 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the behavior logprobs are those of this tempered distribution."""
     max_pending_batches: int = Field(2, ge=1)
-    """Flow control: actors pause while this many fresh, unconsumed batches wait in the store."""
+    """Flow control: actors pause while this many usable, unconsumed batches wait in the store (never
+    fewer than one learner step needs: ceil(train.groups_per_step / groups_per_batch))."""
     poll_seconds: float = Field(0.5, gt=0)
     """How often an idle actor looks for a new policy version or free capacity."""
     num_threads: int | None = Field(1, ge=1)
@@ -169,8 +170,17 @@ class BroadcastConfig(_Section):
 class FleetConfig(_Section):
     backend: Literal["local"] = "local"
     """Where actors run: ``local`` = OS processes on this machine."""
-    actors: int = Field(1, ge=1)
-    """Number of actor processes."""
+    actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
+    batch time over the first steps, and grow to the smallest fleet the capacity model
+    (``echo2/fleet/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
+    within ``max_actors`` and ``max_usd_per_hour``."""
+    min_actors: int = Field(1, ge=1)
+    """With ``actors: auto``: the fleet the run starts with, before anything is measured."""
+    max_actors: int = Field(4, ge=1)
+    """With ``actors: auto``: never more actors than this (on one machine, actors share its cores)."""
+    target_utilization: float = Field(0.95, gt=0, le=1)
+    """With ``actors: auto``: the learner utilization the fleet is sized for."""
     max_restarts: int = Field(3, ge=0)
     """A crashed actor is restarted up to this many times per run."""
     max_usd_per_hour: float | None = Field(None, gt=0)
@@ -206,6 +216,14 @@ class Config(_Section):
                 f"rollout.groups_per_batch ({self.rollout.groups_per_batch}) must not exceed "
                 f"train.groups_per_step ({self.train.groups_per_step})"
             )
+        if self.train.staleness < self.train.publish_every - 1:
+            raise ValueError(
+                f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
+                f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
+            )
+        if self.fleet.min_actors > self.fleet.max_actors:
+            raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
+                             f"({self.fleet.max_actors})")
         return self
 
 

@@ -62,3 +62,20 @@ def test_dump_round_trips():
     cfg = load_config(QUICKSTART, ["train.max_steps=3"])
     again = Config.model_validate(__import__("yaml").safe_load(dump_config(cfg)))
     assert again == cfg
+
+
+def test_staleness_below_the_publish_period_is_refused():
+    # with train.publish_every=2 and staleness 0, step 2 needs rollouts of version 1, which is never
+    # published: the learner would wait until rollout_timeout_s and fail
+    with pytest.raises(ConfigError, match="train.staleness"):
+        load_config(None, ["train.publish_every=2", "train.staleness=0"])
+    assert load_config(None, ["train.publish_every=2", "train.staleness=1"]).train.staleness == 1
+
+
+def test_fleet_size_is_a_number_or_auto():
+    assert load_config(None, ["fleet.actors=auto"]).fleet.actors == "auto"
+    assert load_config(None, ["fleet.actors=3"]).fleet.actors == 3
+    with pytest.raises(ConfigError, match="fleet.actors"):
+        load_config(None, ["fleet.actors=0"])
+    with pytest.raises(ConfigError, match="fleet.actors"):
+        load_config(None, ["fleet.actors=many"])

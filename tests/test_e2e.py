@@ -297,3 +297,13 @@ def test_synchronous_run_generates_nothing_that_is_thrown_away(tiny_model, tmp_p
     assert not stale, stale
     final = json.loads((run / "ledger" / "consumed" / "final.json").read_text())
     assert len(final["dropped"]) <= 1  # at most the batch of the last version, started as the run ended
+
+
+def test_a_step_larger_than_the_backlog_bound_still_fills(tiny_model, tmp_path):
+    # one actor, one group per file, two groups per step, at most one file waiting: the backlog bound
+    # must never stop the fleet short of what one step needs, or the learner waits forever
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=small", *TINY,
+                                    "rollout.groups_per_batch=1", "rollout.max_pending_batches=1",
+                                    "train.max_steps=2", "train.rollout_timeout_s=30", "eval.before=false",
+                                    "eval.after=false"), timeout=240)
+    assert (tmp_path / "runs" / "small" / "reports" / "summary.json").exists()

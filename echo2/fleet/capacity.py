@@ -13,7 +13,7 @@ Inputs (every time in seconds; a *group* is one prompt with its G completions)
     D   dissemination: from the end of a step to actors generating with its version
     S   staleness: a group of version v is usable at learner version t iff t - v <= S
     k   publish period (train.publish_every): versions 0, k, 2k, ... reach the actors
-    Q   fleet-wide backlog bound (rollout.max_pending_batches)
+    Q   fleet-wide backlog bound in batches: max(rollout.max_pending_batches, ceil(R / b))
 
 Derivation (the idealized pipeline: every actor identical in behaviour, D and U constant)
 
@@ -182,12 +182,24 @@ def predict(w: Workload, batch_seconds: list[float], *, steps: int = 400) -> Pre
                       sim.dropped_groups / generated)
 
 
+def workers_needed(w: Workload, batch_seconds: float, target_utilization: float, max_workers: int) -> int:
+    """The smallest number of identical workers (``batch_seconds`` per batch) whose predicted
+    utilization reaches ``target_utilization``; ``max_workers`` when none up to it does."""
+    lam = w.groups_per_batch / (batch_seconds + w.upload_seconds)
+    start = max(1, min(max_workers, math.ceil(required_throughput(w) * target_utilization / lam)))
+    for n in range(start, max_workers + 1):  # below `start` even the throughput bound misses the target
+        if predict(w, [batch_seconds] * n, steps=120).utilization >= target_utilization:
+            return n
+    return max_workers
+
+
 class _Pipeline:
     """Event simulation of the idealized pipeline (learner, flow-controlled actors, backlog)."""
 
     def __init__(self, w: Workload, batch_seconds: list[float]):
         self.w = w
         self.batch_seconds = batch_seconds
+        self.backlog_bound = max(w.max_pending_batches, math.ceil(w.groups_per_step / w.groups_per_batch))
         self.events: list = []
         self.seq = itertools.count()
         self.now = 0.0
@@ -235,7 +247,7 @@ class _Pipeline:
                 continue
             # like the real actor, it counts committed files only: actors deciding at the same
             # moment may all start, and the backlog can overshoot Q by the fleet's size
-            if sum(1 for v, _, _ in self.backlog if v >= oldest_usable) >= self.w.max_pending_batches:
+            if sum(1 for v, _, _ in self.backlog if v >= oldest_usable) >= self.backlog_bound:
                 return
             self.busy[i] = True
             self.generated_groups += self.w.groups_per_batch

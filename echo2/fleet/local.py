@@ -56,6 +56,8 @@ class LocalFleet(FleetBackend):
         self.store_options = store_options
         self.log_dir = log_dir
         self.slots: list[_Slot] = []
+        self.desired = config.actors if isinstance(config.actors, int) else config.min_actors
+        """Actors wanted now: ``fleet.actors``, or with ``auto`` what the capacity model last asked for."""
         self._log_offsets: dict[Path, int] = {}
         self._stopped = False
         atexit.register(self.stop)
@@ -76,7 +78,19 @@ class LocalFleet(FleetBackend):
         return _Slot(index, actor_id, proc, log_path, restarts)
 
     def start(self) -> None:
-        self.slots = [self._launch(i) for i in range(self.config.actors)]
+        self.slots = [self._launch(i) for i in range(self.desired)]
+
+    def resize(self, n: int, reason: str) -> None:
+        """Grow to ``n`` actors, or retire the newest ones (SIGTERM: a commit under way finishes)."""
+        if n == len(self.slots):
+            return
+        log.info("fleet: %d -> %d actors (%s)", len(self.slots), n, reason)
+        write_event(self.store, "resize", "fleet", actors_from=len(self.slots), actors_to=n, reason=reason)
+        while len(self.slots) < n:
+            self.slots.append(self._launch(max((s.index for s in self.slots), default=-1) + 1))
+        while len(self.slots) > n:
+            self._terminate(self.slots.pop(), grace_s=10.0)
+        self.desired = n
 
     def reconcile(self) -> dict:
         alive = 0
@@ -94,7 +108,7 @@ class LocalFleet(FleetBackend):
             log.warning("actor %s exited with code %s; restarting", slot.actor_id, code)
             self.slots[n] = self._launch(slot.index, slot.restarts + 1)
             alive += 1
-        return {"actors_alive": alive, "actors_desired": self.config.actors}
+        return {"actors_alive": alive, "actors_desired": self.desired}
 
     def stop(self, grace_s: float = 10.0) -> None:
         if self._stopped:
@@ -105,16 +119,21 @@ class LocalFleet(FleetBackend):
                 slot.proc.send_signal(signal.SIGTERM)
         deadline = time.time() + grace_s
         for slot in self.slots:
-            try:
-                slot.proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                slot.proc.kill()
-                slot.proc.wait()
-            try:
-                write_event(self.store, "terminated", slot.actor_id, code=slot.proc.returncode)
-            except Exception as exc:  # the store may be the reason we are stopping
-                log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
+            self._terminate(slot, grace_s=max(0.1, deadline - time.time()))
         atexit.unregister(self.stop)
+
+    def _terminate(self, slot: _Slot, grace_s: float) -> None:
+        if slot.proc.poll() is None:
+            slot.proc.send_signal(signal.SIGTERM)
+        try:
+            slot.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            slot.proc.kill()
+            slot.proc.wait()
+        try:
+            write_event(self.store, "terminated", slot.actor_id, code=slot.proc.returncode)
+        except Exception as exc:  # the store may be the reason we are stopping
+            log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
 
     def cost_so_far(self) -> float:
         """Dollars the fleet has spent in this run so far (local processes are free, but counted)."""

@@ -46,6 +46,14 @@ from echo2.tasks import make_task, prompt_token_ids
 log = logging.getLogger("echo2.actor")
 
 
+def backlog_bound(config: Config) -> int:
+    """Batches the fleet may have waiting unconsumed: ``rollout.max_pending_batches``, but never
+    fewer than one step needs (``ceil(groups_per_step / groups_per_batch)``), or the learner would
+    wait forever for a step the fleet stopped short of."""
+    per_step = -(-config.train.groups_per_step // config.rollout.groups_per_batch)
+    return max(config.rollout.max_pending_batches, per_step)
+
+
 class _Stop(Exception):
     pass
 
@@ -175,7 +183,8 @@ class Actor:
         version v is usable there only if c - v <= S, so an older policy waits for the next version
         instead of generating a batch the learner could only drop (with S = 0 it would otherwise
         generate one doomed batch per step). The fleet's backlog of batches still usable at c must
-        also be short (``rollout.max_pending_batches``), which bounds the lag a queue adds.
+        also be short (``rollout.max_pending_batches``, never less than one step's worth), which
+        bounds the lag a queue adds.
         """
         assert self.version is not None
         settled = self.consumed.refresh()
@@ -183,7 +192,7 @@ class Actor:
         if self.version < oldest_usable:
             return False
         pending = pending_rollouts(self.store, settled, oldest_usable)
-        return len(pending) < self.config.rollout.max_pending_batches
+        return len(pending) < backlog_bound(self.config)
 
     def _generate_batch(self) -> None:
         cfg = self.config.rollout

@@ -1,0 +1,47 @@
+"""``fleet.actors: auto``: size the fleet from the capacity model, fitted to the run as it goes.
+
+The fleet starts with ``fleet.min_actors``. Once a few steps are in, the learner's busy time per
+step, the actors' batch time and the dissemination and upload times are measured from the run
+itself (``fit.py``), and the fleet becomes the smallest one the model predicts keeps the learner
+busy ``fleet.target_utilization`` of the time (``capacity.workers_needed``), never more than
+``fleet.max_actors``. It is measured again every ``RESIZE_EVERY`` steps, since a model's speed and
+the learner's step time change as completions grow or shrink during training.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+from echo2.config import Config
+from echo2.data.store import ObjectStore
+from echo2.errors import Echo2InputError
+from echo2.fleet.capacity import workers_needed
+from echo2.fleet.fit import fit_run
+
+log = logging.getLogger("echo2.fleet")
+
+FIRST_RESIZE_STEP = 4
+"""Steps measured before the first sizing: the first one includes the actors' start-up."""
+RESIZE_EVERY = 10
+
+
+def due(step: int) -> bool:
+    return step == FIRST_RESIZE_STEP or (step > FIRST_RESIZE_STEP and (step - FIRST_RESIZE_STEP) % RESIZE_EVERY == 0)
+
+
+def auto_fleet_size(config: Config, store: ObjectStore, history: list[dict]) -> tuple[int, str] | None:
+    """The number of actors the model asks for now, with the reason; None when it cannot tell yet."""
+    fleet = config.fleet
+    try:
+        fit = fit_run(store, skip_steps=1, history=history)
+    except Echo2InputError as exc:  # too few steps or files yet: keep the fleet as it is
+        log.info("fleet sizing: %s", exc)
+        return None
+    per_batch = statistics.median(fit.batch_seconds)
+    n = workers_needed(fit.workload, per_batch, fleet.target_utilization, fleet.max_actors)
+    n = max(fleet.min_actors, n)
+    w = fit.workload
+    reason = (f"capacity model: T_train {w.train_seconds:.2f}s, {per_batch:.2f}s per batch, D {w.dissemination_seconds:.2f}s, "
+              f"S={w.staleness}: {n} actors for {fleet.target_utilization:.0%} utilization (max {fleet.max_actors})")
+    return n, reason

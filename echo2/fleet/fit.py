@@ -1,0 +1,163 @@
+"""Fitting the capacity model's inputs from a finished (or running) run folder.
+
+Every input is read from what the run recorded, none is guessed:
+
+    T    mean learner busy time per step: ``seconds - wait_seconds`` in ``reports/metrics.json``
+         (loss, backward, optimizer, publish, checkpoint: everything but waiting for rollouts)
+    R, b, S, k, Q   the run's own config (``run.json``)
+    G_i  median ``generation_seconds`` of each actor's rollout files
+    D    median ``echo2.measured.dissemination_seconds`` the actors wrote into their files' schema
+         metadata (from the learner's publish, manifest ``created_at``, to generating with it)
+    U    10th percentile of (ledger entry written, file's ``created_at``) over used files: the
+         files that did not queue behind others show the upload plus the learner's poll delay
+
+Measured against predicted: utilization = sum of busy time / wall time between the first and last
+measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-up steps (version 0
+reaching every actor, the backlog filling).
+
+Actors are untrusted: their numbers only feed this estimate, are parsed as finite non-negative
+floats or ignored, and never reach training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from echo2.config import config_from_dict
+from echo2.data import layout
+from echo2.data.ledger import consumed_keys
+from echo2.data.rollouts import MEASURED_PREFIX, InvalidRollouts, decode_rollouts
+from echo2.data.store import NotFound, ObjectStore, open_store
+from echo2.errors import Echo2InputError
+from echo2.fleet.capacity import Workload
+
+MAX_FILES_READ = 400
+"""Rollout files read for G and D (the newest ones): enough for medians, bounded for long runs."""
+
+
+@dataclass
+class RunFit:
+    workload: Workload
+    batch_seconds: list[float]
+    """One entry per actor of the configured fleet: its median seconds per batch."""
+    measured_utilization: float
+    measured_step_seconds: float
+    measured_lag: dict[int, float]
+    """Share of used groups by lag over the measured steps."""
+    steps: int
+    """Steps measured (after the warm-up)."""
+
+    def as_dict(self) -> dict:
+        w = self.workload
+        return {"train_seconds": w.train_seconds, "groups_per_step": w.groups_per_step,
+                "groups_per_batch": w.groups_per_batch, "staleness": w.staleness,
+                "dissemination_seconds": w.dissemination_seconds, "upload_seconds": w.upload_seconds,
+                "publish_every": w.publish_every, "max_pending_batches": w.max_pending_batches,
+                "batch_seconds": self.batch_seconds, "measured_utilization": self.measured_utilization,
+                "measured_step_seconds": self.measured_step_seconds, "steps": self.steps,
+                "measured_lag": {str(k): v for k, v in sorted(self.measured_lag.items())}}
+
+
+def open_run(run: str) -> ObjectStore:
+    """A run folder from its URL or path (``runs/<id>``, ``s3://bucket/echo2/runs/<id>``)."""
+    store = open_store(run, {})
+    if not store.exists(layout.RUN_JSON):
+        raise Echo2InputError(f"{run} is not a run folder (no {layout.RUN_JSON})")
+    return store
+
+
+def _finite(value) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x >= 0 else None
+
+
+def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | None = None) -> RunFit:
+    """The capacity model's inputs and the measured outcome of the run in ``store``; ``history``
+    (the learner's per-step metrics) fits a run still in progress."""
+    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    if history is None:
+        try:
+            history = json.loads(store.get(layout.report_key("metrics.json")))
+        except NotFound:
+            raise Echo2InputError(f"{store.url} has no reports/metrics.json yet: fit a run that has finished") from None
+    steps = [m for m in history if _finite(m.get("time")) is not None][skip_steps:]
+    if len(steps) < 3:
+        raise Echo2InputError(f"{store.url} has {len(steps)} steps after {skip_steps} warm-up steps; need 3 or more")
+    busy = [max(0.0, m["seconds"] - m.get("wait_seconds", 0.0)) for m in steps]
+    wall = steps[-1]["time"] - steps[0]["time"]
+    measured = steps[1:]  # the wall time between the first and last timestamps covers these steps
+    step_seconds = wall / len(measured)
+    utilization = min(1.0, sum(busy[1:]) / wall) if wall > 0 else 1.0
+    first_measured_step = skip_steps + 2  # history[i] is step i + 1; the first kept step only starts the clock
+
+    generation, dissemination, created = _read_rollouts(store)
+    used_at, lag = _read_ledger(store, first_measured_step)
+    uploads = sorted(used_at[k] - created[k] for k in used_at if k in created and used_at[k] >= created[k])
+    upload = uploads[len(uploads) // 10] if uploads else 0.0
+
+    r, t = config.rollout, config.train
+    per_actor = [statistics.median(v) for v in generation.values() if v]
+    if not per_actor:
+        raise Echo2InputError(f"{store.url} has no readable rollout files to measure generation time")
+    n = config.fleet.actors if isinstance(config.fleet.actors, int) else len(per_actor)
+    if len(per_actor) != n:  # replaced (or, with auto, added) actors have new ids: n workers of the typical speed
+        per_actor = [statistics.median(per_actor)] * n
+    workload = Workload(train_seconds=max(statistics.mean(busy), 1e-3), groups_per_step=t.groups_per_step,
+                        groups_per_batch=r.groups_per_batch, staleness=t.staleness,
+                        dissemination_seconds=statistics.median(dissemination) if dissemination else 0.0,
+                        upload_seconds=upload, publish_every=t.publish_every,
+                        max_pending_batches=r.max_pending_batches)
+    total = sum(lag.values()) or 1
+    return RunFit(workload, per_actor, utilization, step_seconds, {k: v / total for k, v in lag.items()},
+                  len(measured))
+
+
+def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], list[float], dict[str, float]]:
+    """Per actor: batch generation seconds; all: dissemination seconds; per file: created_at."""
+    generation: dict[str, list[float]] = defaultdict(list)
+    dissemination: list[float] = []
+    created: dict[str, float] = {}
+    keys = sorted(store.list(layout.ROLLOUTS), key=lambda k: (layout.version_of_rollout_key(k) or -1, k))
+    for key in keys[-MAX_FILES_READ:]:
+        try:
+            table = decode_rollouts(store.get(key))
+        except (InvalidRollouts, NotFound):
+            continue
+        if table.num_rows == 0 or "generation_seconds" not in table.schema.names:
+            continue
+        actor = key.rsplit("/", 1)[-1].rsplit("-", 1)[0]
+        seconds = _finite(table.column("generation_seconds")[0].as_py())
+        if seconds is not None:
+            generation[actor].append(seconds)
+        meta = table.schema.metadata or {}
+        d = _finite(meta.get(f"{MEASURED_PREFIX}dissemination_seconds".encode(), b"").decode(errors="replace") or None)
+        if d is not None:
+            dissemination.append(d)
+        if "created_at" in table.schema.names:
+            stamp = table.column("created_at")[0].as_py()
+            if stamp is not None and hasattr(stamp, "timestamp"):
+                created[key] = stamp.timestamp()
+    return generation, dissemination, created
+
+
+def _read_ledger(store: ObjectStore, first_step: int) -> tuple[dict[str, float], Counter]:
+    """When each used file was chosen, and the lag histogram (groups) of steps >= ``first_step``."""
+    used_at: dict[str, float] = {}
+    lag: Counter = Counter()
+    for key in consumed_keys(store):
+        step = layout.step_of_consumed_key(key)
+        if step is None:
+            continue
+        record = store.get_json(key)
+        for item in record.get("used", []):
+            used_at[item["key"]] = record.get("written_at", 0.0)
+            if step >= first_step:
+                lag[int(item.get("lag", 0))] += int(item.get("groups", 1))
+    return used_at, lag
