@@ -6,7 +6,8 @@
     evaluate before training
     until max_steps: collect fresh rollouts (retried on store hiccups)
                      update the policy (GRPO step, publish, checkpoint)
-                     reconcile the fleet, forward actor logs, update the artifacts
+                     reconcile the fleet (fleet.actors: auto: sized by the capacity model),
+                     forward actor logs, update the artifacts
     on cancel or Ctrl-C: checkpoint so `resume: true` continues from here
     always: stop the fleet
     evaluate after training, write the reports and the cost report artifact
@@ -20,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.store import StoreError, open_store
+from echo2.fleet import autosize
 from echo2.fleet.local import LocalFleet
 from echo2.launch import resolve_launch
 from echo2.learner.collector import NoRollouts, Selection
@@ -65,7 +67,12 @@ def update_policy(run: LearnerRun, selection: Selection, step: int) -> dict:
 
 
 @task(cache_policy=NO_CACHE)
-def reconcile_fleet(fleet: LocalFleet) -> dict:
+def reconcile_fleet(fleet: LocalFleet, run: LearnerRun) -> dict:
+    """Replace dead actors; with ``fleet.actors: auto``, resize to what the capacity model asks for."""
+    if run.config.fleet.actors == "auto" and autosize.due(run.step):
+        sized = autosize.auto_fleet_size(run.config, run.store, run.history)
+        if sized is not None:
+            fleet.resize(*sized)
     return fleet.reconcile()
 
 
@@ -98,7 +105,7 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
         while run.step < cfg.train.max_steps:
             selection = collect_rollouts(run, fleet, step=run.step + 1)
             metrics = update_policy(run, selection, step=run.step + 1)
-            watch.step(metrics, reconcile_fleet(fleet), fleet.new_log_lines(), fleet.cost_so_far())
+            watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
     except BaseException:
         run.interrupted()
         watch.stopped()

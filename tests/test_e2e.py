@@ -307,3 +307,17 @@ def test_a_step_larger_than_the_backlog_bound_still_fills(tiny_model, tmp_path):
                                     "train.max_steps=2", "train.rollout_timeout_s=30", "eval.before=false",
                                     "eval.after=false"), timeout=240)
     assert (tmp_path / "runs" / "small" / "reports" / "summary.json").exists()
+
+
+def test_auto_fleet_is_sized_by_the_capacity_model(tiny_model, tmp_path):
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=auto", *TINY,
+                                    "fleet.actors=auto", "fleet.max_actors=2", "train.max_steps=6",
+                                    "eval.before=false", "eval.after=false"), timeout=300)
+    run = tmp_path / "runs" / "auto"
+    events = [json.loads(p.read_text()) for p in (run / "ledger" / "events").glob("*.json")]
+    resizes = [e for e in events if e["kind"] == "resize"]
+    # the tiny model trains in milliseconds while a version takes a poll interval to arrive: the model
+    # says more actors are needed than the first one, and the fleet grows within its cap
+    assert len(resizes) == 1 and resizes[0]["actors_from"] == 1 and resizes[0]["actors_to"] == 2, resizes
+    assert "capacity model" in resizes[0]["reason"]
+    assert len([e for e in events if e["kind"] == "launch"]) == 2
