@@ -229,6 +229,144 @@ def bench_broadcast(
         typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
 
 
+@app.command("plan")
+def plan_fleet(
+    model_params: Optional[float] = typer.Option(None, "--model-params", help="Model size in billions of parameters (e.g. 0.5); speeds interpolated between profiled sizes."),
+    profile_size: Optional[float] = typer.Option(None, "--profile-size", help="Use the figures of this profiled size exactly (e.g. 7)."),
+    train_seconds: Optional[float] = typer.Option(None, "--train-seconds", help="T: learner busy seconds per step [60]."),
+    groups_per_step: Optional[int] = typer.Option(None, "--groups-per-step", help="R: groups per learner step [64]."),
+    groups_per_batch: Optional[int] = typer.Option(None, "--groups-per-batch", help="b: groups per actor batch (rollout file) [8]."),
+    group_size: int = typer.Option(8, "--group-size", help="G: completions per prompt."),
+    completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per completion."),
+    staleness: Optional[int] = typer.Option(None, "--staleness", help="S [2]."),
+    publish_every: Optional[int] = typer.Option(None, "--publish-every", help="k: publish a version every k steps [1]."),
+    max_pending_batches: Optional[int] = typer.Option(None, "--max-pending-batches", help="Q: flow control [ceil(R / b)]."),
+    dissemination_seconds: Optional[float] = typer.Option(None, "--dissemination-seconds", help="D [bf16 weights over --bandwidth-gbit]."),
+    bandwidth_gbit: float = typer.Option(1.0, "--bandwidth-gbit", help="Link speed for the default D."),
+    upload_seconds: Optional[float] = typer.Option(None, "--upload-seconds", help="U: batch upload until the learner sees it [1]."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Price catalog CSV [infra/prices/gpu-offers-2026-11.csv]."),
+    profiles: Optional[Path] = typer.Option(None, "--profiles", help="Worker profiles [infra/profiles/rollout-throughput.yaml]."),
+    spot: bool = typer.Option(True, "--spot/--on-demand", help="Spot (default) or on-demand prices."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="Only these GPUs (repeatable), e.g. --gpu L4 --gpu 'RTX 4090'."),
+    target_utilization: float = typer.Option(0.95, "--target-utilization", help="Share of time the learner must train."),
+    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for the whole fleet."),
+    max_per_type: Optional[int] = typer.Option(None, "--max-per-type", help="At most this many workers of one type."),
+    hours: Optional[float] = typer.Option(None, "--hours", help="Simulate spot reclaims over this many hours."),
+    reclaim_rate: float = typer.Option(0.1, "--reclaim-rate", help="Reclaims per worker-hour (with --hours)."),
+    replacement_seconds: float = typer.Option(300.0, "--replacement-seconds", help="Reclaim to replacement producing."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="Fit the workload from a finished run; compare predicted with measured."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Cheapest fleet of catalog offers that keeps the learner busy (capacity model), with neighbouring S."""
+    import math
+
+    from echo2.fleet.capacity import Workload
+    from echo2.fleet.plan import fit_summary, plan, tokens_per_batch, worker_types
+    from echo2.fleet.prices import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
+
+    out: dict = {}
+    try:
+        fitted = None
+        if from_run:
+            out["fit"], fitted = fit_summary(from_run)
+        size = model_params if model_params is not None else profile_size
+        if size is None and fitted is None:
+            _fail("give the model size: --model-params BILLIONS or --profile-size SIZE")
+        if size is not None:
+            if size <= 0:
+                _fail(f"model size {size:g} must be > 0 (billions of parameters)")
+            # options given on the command line win over the fitted run, which wins over the defaults
+            base = {"train_seconds": 60.0, "groups_per_step": 64, "groups_per_batch": 8, "staleness": 2,
+                    "publish_every": 1, "upload_seconds": 1.0,
+                    "dissemination_seconds": size * 1e9 * 2 * 8 / (bandwidth_gbit * 1e9)}
+            if fitted is not None:
+                base.update({k: getattr(fitted, k) for k in base} | {"max_pending_batches": fitted.max_pending_batches})
+            given = {"train_seconds": train_seconds, "groups_per_step": groups_per_step, "staleness": staleness,
+                     "groups_per_batch": groups_per_batch, "publish_every": publish_every, "upload_seconds": upload_seconds,
+                     "dissemination_seconds": dissemination_seconds, "max_pending_batches": max_pending_batches}
+            base.update({k: v for k, v in given.items() if v is not None})
+            base.setdefault("max_pending_batches", math.ceil(base["groups_per_step"] / base["groups_per_batch"]))
+            workload = Workload(**base)
+            offers = load_catalog(catalog or DEFAULT_CATALOG, spot=spot)
+            types = worker_types(offers, load_profiles(profiles or DEFAULT_PROFILES), model_params_b=size,
+                                 batch_tokens=tokens_per_batch(workload.groups_per_batch, group_size, completion_tokens),
+                                 spot=spot, gpus=gpu, profile_size=profile_size)
+            out.update(plan(workload, types, target_utilization=target_utilization, budget_usd_per_hour=max_usd_per_hour,
+                            max_per_type=max_per_type, reclaim_hours=hours, reclaim_rate_per_hour=reclaim_rate,
+                            replacement_seconds=replacement_seconds))
+            out["required_tokens_per_second"] = out["required_throughput"] * group_size * completion_tokens
+            out["prices"] = "spot" if spot else "on-demand"
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # Workload's own checks
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        _print_plan(out)
+    if "fleet" in out and not out["feasible"]:
+        typer.echo(f"no plan: {out['reason']}; see the neighbouring S", err=True)
+        raise typer.Exit(1)
+
+
+def _print_plan(out: dict) -> None:
+    """The plan as rich tables (``echo2 plan`` without --json)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if "fit" in out:
+        f = out["fit"]
+        table = Table(title=f"run {f['run'].rstrip('/').rsplit('/', 1)[-1]}: capacity model vs measured "
+                            f"({f['steps']} steps)")
+        for col in ("", "predicted", "measured"):
+            table.add_column(col, justify="right")
+        table.add_row("utilization", f"{f['predicted_utilization']:.3f}", f"{f['measured_utilization']:.3f}")
+        table.add_row("step seconds", f"{f['predicted_step_seconds']:.2f}", f"{f['measured_step_seconds']:.2f}")
+        table.add_row("lag shares", json.dumps({k: round(v, 2) for k, v in f["predicted_lag"].items()}),
+                      json.dumps({k: round(v, 2) for k, v in f["measured_lag"].items()}))
+        console.print(table)
+    if "fleet" not in out:
+        return
+    w = out["workload"]
+    table = Table(title=f"cheapest fleet ({out['prices']}) at S={w['staleness']} for "
+                        f"{out['target_utilization']:.0%} learner utilization")
+    for col in ("count", "offer", "GPUs", "$/h each", "$/h", "s/batch", "groups/s"):
+        table.add_column(col, justify="left" if col == "offer" else "right")
+    for row in out["fleet"]:
+        o = row["offer"]
+        table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", f"{row['usd_per_hour_each']:.4f}",
+                      f"{row['usd_per_hour']:.4f}", f"{row['batch_seconds']:.1f}", f"{row['groups_per_second']:.2f}")
+    console.print(table)
+    console.print(f"required {out['required_throughput']:.3f} groups/s ({out['required_tokens_per_second']:.0f} tok/s): "
+                  f"T={w['train_seconds']:g}s R={w['groups_per_step']} b={w['groups_per_batch']} "
+                  f"D={w['dissemination_seconds']:.1f}s U={w['upload_seconds']:g}s k={w['publish_every']} "
+                  f"Q={w['max_pending_batches']}")
+    if out["feasible"]:
+        console.print(f"fleet ${out['usd_per_hour']:.4f}/h, predicted utilization {out['predicted_utilization']:.3f} "
+                      f"({out['bound']}-bound), step {out['step_seconds']:.1f}s, S_min {out['min_staleness']} "
+                      f"(the learner never waits){'' if out['proven_optimal'] else '; search cut: maybe not optimal'}")
+    table = Table(title="neighbouring S")
+    for col in ("S", "workers", "$/h", "utilization", "step s", "$/step", "fleet"):
+        table.add_column(col, justify="left" if col == "fleet" else "right")
+    for n in sorted([out, *out["neighbours"]], key=lambda r: r["staleness"]):
+        if not n["feasible"]:
+            table.add_row(str(n["staleness"]), "-", "-", "-", "-", "-", n["reason"])
+            continue
+        fleet = ", ".join(f"{r['count']}x {r['offer']['gpu']}x{r['offer']['gpu_count']}" for r in n["fleet"])
+        table.add_row(f"{n['staleness']}{' *' if n is out else ''}", str(n["workers"]), f"{n['usd_per_hour']:.4f}",
+                      f"{n['predicted_utilization']:.3f}", f"{n['step_seconds']:.1f}", f"{n['usd_per_step']:.5f}", fleet)
+    console.print(table)
+    if "reclaims" in out:
+        r = out["reclaims"]
+        extra = ("not held even with the extras tried" if r["extra_workers"] is None else "no extra worker needed"
+                 if r["extra_workers"] == 0 else f"+{r['extra_workers']} x {r['extra_offer']} -> "
+                 f"${r['usd_per_hour_with_extra']:.4f}/h, {r['share_with_extra']:.1%} of the time at target")
+        console.print(f"reclaims over {r['hours']:g}h at {r['reclaim_rate_per_hour']:g}/worker-h, replacement "
+                      f"{r['replacement_seconds']:g}s: {r['expected_reclaims']:.1f} expected, planned throughput held "
+                      f"{r['share_of_time_at_target']:.1%} of the time; to hold it {r['hold']:.0%}: {extra}")
+
+
 def main() -> None:
     app()
 

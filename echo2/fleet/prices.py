@@ -1,0 +1,180 @@
+"""The price catalog (``infra/prices/*.csv``) and the worker profiles
+(``infra/profiles/rollout-throughput.yaml``) that the fleet planner reads.
+
+A catalog row is one launchable offer: an instance type of a provider in a region, with its GPUs
+and its on-demand and spot USD per instance-hour. A profile gives a worker's rollout generation
+speed (output tokens per second per GPU, batched sampling) by model size. Both are user input:
+a missing or malformed file, or a GPU nobody profiled, is an ``Echo2InputError`` (one line).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from echo2.errors import Echo2InputError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CATALOG = REPO / "infra" / "prices" / "gpu-offers-2026-11.csv"
+DEFAULT_PROFILES = REPO / "infra" / "profiles" / "rollout-throughput.yaml"
+
+COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "gpu_memory_gib", "region",
+           "on_demand_usd_per_hour", "spot_usd_per_hour")
+
+WEIGHT_MEMORY_SHARE = 0.7
+"""A model is planned on a GPU only if its bf16 weights take at most this share of the GPU's
+memory: batched sampling needs the rest for the KV cache (tensor parallelism is not modelled)."""
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One catalog row: what a launch of ``instance_type`` in ``region`` costs and carries."""
+
+    provider: str
+    instance_type: str
+    gpu: str
+    gpu_count: int
+    gpu_memory_gib: float | None
+    region: str
+    on_demand_usd_per_hour: float | None
+    spot_usd_per_hour: float | None
+
+    def price(self, spot: bool) -> float | None:
+        """USD per instance-hour at the spot or the on-demand price (None where the catalog has none)."""
+        return self.spot_usd_per_hour if spot else self.on_demand_usd_per_hour
+
+    @property
+    def name(self) -> str:
+        """provider/instance_type@region: unique within a catalog."""
+        return f"{self.provider}/{self.instance_type}@{self.region}"
+
+    def as_dict(self) -> dict:
+        """Plain fields plus ``name``, for JSON."""
+        return {**asdict(self), "name": self.name}
+
+
+def gpu_key(name: str) -> str:
+    """The spelling-insensitive key of a GPU name: "RTX 4090", "rtx4090" and "RTX4090" match."""
+    return "".join(name.split()).upper()
+
+
+def _price(text: str, where: str) -> float | None:
+    if text.strip() == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise Echo2InputError(f"{where}: price {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise Echo2InputError(f"{where}: price {text!r} must be a finite number >= 0")
+    return value if value > 0 else None  # a zero price is "none quoted" (vast writes 0.00 for no spot)
+
+
+def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool = True) -> list[Offer]:
+    """Every offer of the catalog CSV at ``path`` that has the needed price (spot or on-demand).
+
+    GCP ``gpu-only:`` rows are skipped: they price the accelerator without its host machine, so a
+    launch would cost more than the row says."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise Echo2InputError(f"price catalog {path}: {exc.strerror or exc}") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise Echo2InputError(f"price catalog {path} lacks the column(s) {', '.join(missing)}")
+    offers = []
+    for line, row in enumerate(reader, start=2):
+        where = f"price catalog {path} line {line}"
+        if any(row.get(c) is None for c in COLUMNS):
+            raise Echo2InputError(f"{where}: too few fields")
+        if row["instance_type"].startswith("gpu-only:"):
+            continue
+        try:
+            count = float(row["gpu_count"])
+            memory = float(row["gpu_memory_gib"]) if row["gpu_memory_gib"].strip() else None
+        except ValueError:
+            raise Echo2InputError(f"{where}: gpu_count/gpu_memory_gib must be numbers") from None
+        if count < 1 or count != int(count):
+            raise Echo2InputError(f"{where}: gpu_count {row['gpu_count']!r} must be a whole number >= 1")
+        offer = Offer(row["provider"], row["instance_type"], row["gpu"], int(count), memory, row["region"],
+                      _price(row["on_demand_usd_per_hour"], where), _price(row["spot_usd_per_hour"], where))
+        if offer.price(spot) is not None:
+            offers.append(offer)
+    if not offers:
+        raise Echo2InputError(f"price catalog {path} has no offer with a{' spot' if spot else 'n on-demand'} price")
+    return offers
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A worker's rollout speed: output tokens per second per GPU by model size (billions)."""
+
+    name: str
+    tokens_per_second: dict[float, float]
+    source: str
+    aliases: tuple[str, ...] = ()
+
+    def speed(self, model_params_b: float) -> float:
+        """Tokens/s per GPU for a model of ``model_params_b`` billion parameters: a listed size
+        as is; between two listed sizes log-log interpolated; above the largest scaled by 1/params
+        (decode reads every weight per token); below the smallest, the smallest's figure (small
+        models are overhead-bound, not faster without limit)."""
+        sizes = sorted(self.tokens_per_second)
+        tps = self.tokens_per_second
+        if model_params_b <= sizes[0]:
+            return tps[sizes[0]]
+        if model_params_b >= sizes[-1]:
+            return tps[sizes[-1]] * sizes[-1] / model_params_b
+        hi = next(s for s in sizes if s >= model_params_b)
+        lo = max(s for s in sizes if s <= model_params_b)
+        if hi == lo:
+            return tps[lo]
+        x = (math.log(model_params_b) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        return math.exp(math.log(tps[lo]) + x * (math.log(tps[hi]) - math.log(tps[lo])))
+
+
+def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
+    """The worker profiles in the YAML at ``path``, keyed by ``gpu_key`` of every name and alias."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise Echo2InputError(f"profiles {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise Echo2InputError(f"profiles {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    workers = data.get("workers") if isinstance(data, dict) else None
+    if not isinstance(workers, dict) or not workers:
+        raise Echo2InputError(f"profiles {path} has no `workers:` mapping")
+    profiles: dict[str, Profile] = {}
+    for name, entry in workers.items():
+        tps = entry.get("tokens_per_second") if isinstance(entry, dict) else None
+        try:
+            table = {float(k): float(v) for k, v in (tps or {}).items()}
+        except (TypeError, ValueError):
+            table = {}
+        if not table or any(k <= 0 or v <= 0 or not math.isfinite(v) for k, v in table.items()):
+            raise Echo2InputError(f"profiles {path}: workers.{name}.tokens_per_second must map sizes > 0 to tokens/s > 0")
+        profile = Profile(str(name), table, str(entry.get("source", "")), tuple(entry.get("aliases") or ()))
+        for key in (profile.name, *profile.aliases):
+            profiles[gpu_key(str(key))] = profile
+    return profiles
+
+
+def profile_for(profiles: dict[str, Profile], gpu: str) -> Profile | None:
+    """The profile of a catalog GPU name, or None when nobody profiled it."""
+    return profiles.get(gpu_key(gpu))
+
+
+def fits(model_params_b: float, gpu_memory_gib: float | None) -> bool:
+    """Whether one replica of the model in bf16 fits one GPU with room for its KV cache; an
+    unknown memory size is given the benefit of the doubt."""
+    if gpu_memory_gib is None:
+        return True
+    weights_gib = 2 * model_params_b * 1e9 / 2**30
+    return weights_gib <= WEIGHT_MEMORY_SHARE * gpu_memory_gib
