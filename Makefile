@@ -18,6 +18,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 # every benchmark, `echo2 bench NAME`: `make bench` runs them all, one after the other, and each
 # has its own `make bench-NAME`. Adding one is one line: BENCHMARKS += NAME
 BENCHMARKS := broadcast
+BENCHMARKS += overlap
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
 .PHONY: setup run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser

@@ -229,6 +229,24 @@ def bench_broadcast(
         typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
 
 
+@bench_app.command("overlap")
+def bench_overlap(
+    quick: bool = typer.Option(False, "--quick", help="Two or three points with a short step (under a minute)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: a list of grid points."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the run folders and actor logs in this directory."),
+) -> None:
+    """Capacity model vs the real learner and actors on a timing workload: utilization, predicted and measured."""
+    from echo2.bench.overlap import print_table, run_overlap_bench, summary_line
+
+    _quiet_transformers()
+    results = run_overlap_bench(quick=quick, keep=keep, progress=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(results, indent=1))
+    else:
+        print_table(results)
+    typer.echo(summary_line(results), err=as_json)
+
+
 @app.command("plan")
 def plan_fleet(
     model_params: Optional[float] = typer.Option(None, "--model-params", help="Model size in billions of parameters (e.g. 0.5); speeds interpolated between profiled sizes."),
