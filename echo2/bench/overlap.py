@@ -188,7 +188,7 @@ def plan_fleet(calibration: dict, s: Settings) -> tuple[int, int, float]:
 
 def grid(quick: bool) -> list[Point]:
     if quick:
-        return [Point(0, 2, "T")]  # the calibration run; the planned point follows
+        return [Point(0, 3, "T")]  # the calibration run; the planned point follows (often with 3 actors too)
     return [Point(st, n, d) for d in ("small", "T", "2T") for n in (1, 2, 4) for st in (0, 1, 2, 4)]
 
 

@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> None:
         return TimingEngine(tokenizer, args.batch_seconds, seed=zlib.crc32(args.actor_id.encode()))
 
     run_actor(args.run, args.actor_id, options, parent_pid=args.parent_pid, store=store, engine_factory=engine_factory)
+    # the actor has closed its receiver and removed its folder; what is left is the interpreter's
+    # teardown with torch loaded (1.5-2.5 s here), which the fleet's stop would wait for at every point
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
