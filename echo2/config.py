@@ -107,6 +107,8 @@ class TrainConfig(_Section):
     """torch threads of the learner (None = torch's default)."""
     rollout_timeout_s: float = Field(900.0, gt=0)
     """Fail the run when no usable rollout arrives for this long."""
+    poll_seconds: float = Field(0.25, gt=0)
+    """How often a learner waiting for rollouts lists the store again (each list is a store request)."""
     keep_versions: int = Field(1, ge=1)
     """Newest published versions always kept; older ones are deleted once no rollout of them can be used (v < t - S)."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import Future
 
 from echo2.broadcast import topology
@@ -48,6 +49,8 @@ class PolicyReceiver:
                              pipeline_wait_s=config.pipeline_wait_s, window=config.window)
         self.node = RelayNode(relay_token(key), self._store_read, host=config.host, port=config.port, policy=policy)
         self.current: int | None = None
+        self.last_fetch_seconds: float | None = None
+        """Seconds the newest completed fetch took, from its start to the last chunk verified."""
         self.rejected: set[int] = set()
         self._pending: tuple[int, Future] | None = None
         self._bad_latest: bytes | None = None  # the malformed LATEST already logged
@@ -159,7 +162,11 @@ class PolicyReceiver:
         if self._pending is not None:
             log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()
-        self._pending = (version, self.node.start_fetch(manifest, peers))
+        started = time.time()
+        future = self.node.start_fetch(manifest, peers)
+        # how long the transfer itself took (not the wait for the actor to swap): the capacity fit's D
+        future.add_done_callback(lambda f: setattr(self, "last_fetch_seconds", time.time() - started))
+        self._pending = (version, future)
 
     def close(self) -> None:
         self._stop.set()

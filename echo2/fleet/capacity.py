@@ -37,6 +37,8 @@ Derivation (the idealized pipeline: every actor identical in behaviour, D and U 
    the tighter form. The ECHO-2 paper (arXiv 2602.02192) states the overlap condition in words
    (dissemination and generation hidden behind S training steps); its exact constants are not
    given there, so the ones above are derived here and checked by the benchmark.
+   An actor's receiver transfers one version at a time. When D > k * T it is never idle, and a
+   new version waits up to D for the transfer under way, so then S_min counts D twice.
    S < k - 1 can never be satisfied (the version it needs is never published): the config
    refuses it.
 3. Step time when freshness binds (k = 1): the learner waits W = D + F_R - S * (T + W) per
@@ -44,7 +46,8 @@ Derivation (the idealized pipeline: every actor identical in behaviour, D and U 
 
        T_step = max(T, R / sum mu_i, (T + D + F_R) / (1 + S))   and  utilization = T / T_step.
 
-   S = 0 is the synchronous loop: T_step = T + D + F_R.
+   S = 0 is the synchronous loop: T_step = T + D + F_R. (A lower bound when D > T: it lets
+   transfers of successive versions overlap, which one receiver does not.)
 4. In general (k > 1, heterogeneous workers, both bounds close, the backlog Q shifting lag) the
    closed forms are bounds; ``predict`` evaluates the same idealized pipeline exactly with a small
    event simulation (learner, actors with flow control, backlog, whole-file oldest-first
@@ -77,14 +80,31 @@ class Workload:
     upload_seconds: float = 0.0
     publish_every: int = 1
     max_pending_batches: int = 2
+    learner_poll_seconds: float = 0.0
+    """A learner waiting for rollouts sees new files only when it lists the store again (train.poll_seconds)."""
+    swap_seconds: float = 0.0
+    """An actor's pause to load a new version into its engine (between two batches)."""
+    put_seconds: float | None = None
+    """The part of ``upload_seconds`` the actor waits for (its commit; the rest is the learner's
+    poll delay). None: the actor waits for all of it."""
 
     def __post_init__(self):
         if self.train_seconds <= 0 or self.groups_per_step < 1 or self.groups_per_batch < 1:
             raise ValueError("train_seconds must be > 0, groups_per_step and groups_per_batch >= 1")
         if self.staleness < 0 or self.publish_every < 1 or self.max_pending_batches < 1:
             raise ValueError("staleness must be >= 0, publish_every and max_pending_batches >= 1")
-        if self.dissemination_seconds < 0 or self.upload_seconds < 0:
-            raise ValueError("dissemination_seconds and upload_seconds must be >= 0")
+        if self.dissemination_seconds < 0 or self.upload_seconds < 0 or (self.put_seconds or 0) < 0:
+            raise ValueError("dissemination_seconds, upload_seconds and put_seconds must be >= 0")
+
+    @property
+    def actor_wait(self) -> float:
+        """Seconds an actor waits per batch after its last token (its commit)."""
+        return self.upload_seconds if self.put_seconds is None else self.put_seconds
+
+    @property
+    def visible_after(self) -> float:
+        """Seconds from a batch's last token to the learner seeing its file."""
+        return max(self.upload_seconds, self.actor_wait)
 
 
 def _workers(batch_seconds: list[float]) -> list[float]:
@@ -93,7 +113,7 @@ def _workers(batch_seconds: list[float]) -> list[float]:
 
 def throughput(w: Workload, batch_seconds: list[float]) -> float:
     """Groups per second of a fleet whose workers take ``batch_seconds`` to generate a batch."""
-    return sum(w.groups_per_batch / (g + w.upload_seconds) for g in _workers(batch_seconds))
+    return sum(w.groups_per_batch / (g + w.actor_wait) for g in _workers(batch_seconds))
 
 
 def required_throughput(w: Workload) -> float:
@@ -103,14 +123,14 @@ def required_throughput(w: Workload) -> float:
 
 def fill_seconds(w: Workload, batch_seconds: list[float]) -> float:
     """F_R: time for the fleet, all starting together, to commit R groups (inf without workers)."""
-    cycles = [g + w.upload_seconds for g in _workers(batch_seconds)]
+    cycles = [g + w.actor_wait for g in _workers(batch_seconds)]
     if not cycles:
         return math.inf
     # the answer is a multiple of some worker's cycle: walk those in order
     rounds = math.ceil(w.groups_per_step / w.groups_per_batch)
     for t in sorted({c * n for c in cycles for n in range(1, rounds + 1)}):
         if sum(w.groups_per_batch * math.floor(t / c + 1e-9) for c in cycles) >= w.groups_per_step:
-            return t
+            return t + w.visible_after - w.actor_wait  # the learner sees the last file after its poll
     raise AssertionError("unreachable: the slowest worker alone finishes in `rounds` cycles")
 
 
@@ -120,6 +140,10 @@ def min_staleness(w: Workload, batch_seconds: list[float]) -> int | None:
     if throughput(w, batch_seconds) < required_throughput(w) * (1 - 1e-9):
         return None
     hidden = w.dissemination_seconds + fill_seconds(w, batch_seconds)
+    if w.dissemination_seconds > w.publish_every * w.train_seconds:
+        # a receiver transfers one version at a time: slower than versions appear, it is always busy,
+        # and a new version also waits for the transfer under way (up to D)
+        hidden += w.dissemination_seconds
     return w.publish_every - 1 + math.ceil(hidden / w.train_seconds - 1e-9)
 
 
@@ -168,12 +192,13 @@ def predict(w: Workload, batch_seconds: list[float], *, steps: int = 400) -> Pre
     step_seconds = elapsed / (steps - half)
     utilization = min(1.0, w.train_seconds / step_seconds)
     lag = Counter()
-    for step, groups, lag_of in sim.used[half:]:
-        lag[lag_of] += groups
+    for step, groups, lag_of in sim.used:
+        if step > half:
+            lag[lag_of] += groups
     total = sum(lag.values())
     if utilization > 0.999:
         bound = "learner"
-    elif step_seconds <= w.groups_per_step / throughput(w, batch_seconds) * 1.02:
+    elif step_seconds <= w.groups_per_step / throughput(w, batch_seconds) * 1.02 + w.learner_poll_seconds:
         bound = "throughput"
     else:
         bound = "staleness"
@@ -185,7 +210,7 @@ def predict(w: Workload, batch_seconds: list[float], *, steps: int = 400) -> Pre
 def workers_needed(w: Workload, batch_seconds: float, target_utilization: float, max_workers: int) -> int:
     """The smallest number of identical workers (``batch_seconds`` per batch) whose predicted
     utilization reaches ``target_utilization``; ``max_workers`` when none up to it does."""
-    lam = w.groups_per_batch / (batch_seconds + w.upload_seconds)
+    lam = w.groups_per_batch / (batch_seconds + w.actor_wait)
     start = max(1, min(max_workers, math.ceil(required_throughput(w) * target_utilization / lam)))
     for n in range(start, max_workers + 1):  # below `start` even the throughput bound misses the target
         if predict(w, [batch_seconds] * n, steps=120).utilization >= target_utilization:
@@ -193,23 +218,40 @@ def workers_needed(w: Workload, batch_seconds: float, target_utilization: float,
     return max_workers
 
 
+class _Actor:
+    def __init__(self, batch_seconds: float):
+        self.batch_seconds = batch_seconds
+        self.busy = False
+        self.version: int | None = None      # the policy it generates with
+        self.fetching: int | None = None     # the version its receiver is transferring
+        self.fetched: int | None = None      # transferred and verified, swapped in at the next loop turn
+
+
 class _Pipeline:
-    """Event simulation of the idealized pipeline (learner, flow-controlled actors, backlog)."""
+    """Event simulation of the idealized pipeline, turn by turn as the real processes act.
+
+    Learner (``learner/run.py``): collect R usable groups, whole files, oldest version first (stale
+    ones dropped; while short, it lists the store again every ``learner_poll_seconds``), train T,
+    publish every k steps. Actor (``rollout/actor.py``), at each turn of its
+    loop (when a batch is committed, or at once while idle): swap in a version its receiver has
+    finished (a pause of ``swap_seconds``); start receiving the newest published version if the receiver's rule wants it (one
+    transfer at a time, D seconds; a transfer in progress is kept while it will still be fresh,
+    ``broadcast/receiver.py``); then, flow control permitting, generate a batch: busy G + put, the
+    file visible to the learner U after the last token.
+    """
 
     def __init__(self, w: Workload, batch_seconds: list[float]):
         self.w = w
-        self.batch_seconds = batch_seconds
+        self.actors = [_Actor(g) for g in batch_seconds]
         self.backlog_bound = max(w.max_pending_batches, math.ceil(w.groups_per_step / w.groups_per_batch))
         self.events: list = []
         self.seq = itertools.count()
         self.now = 0.0
         self.learner_version = 0          # version the learner has (steps completed)
-        self.chosen = 0                    # newest step whose files were chosen (actors' "next use")
+        self.published = 0                # what LATEST points at
+        self.chosen = 0                   # newest step whose files were chosen (actors' "next use")
         self.training = False
-        self.actor_version = [0] * len(batch_seconds)
-        self.arrived = 0                   # newest version that has reached the actors
-        self.busy = [False] * len(batch_seconds)
-        self.backlog: list[tuple[int, int, float]] = []  # (version, groups, visible_at) not yet used
+        self.backlog: list[tuple[int, int]] = []  # (version, groups) visible, not yet used
         self.collected_at: list[float] = []
         self.used: list[tuple[int, int, int]] = []  # (step, groups, lag)
         self.generated_groups = 0
@@ -219,41 +261,61 @@ class _Pipeline:
         heapq.heappush(self.events, (t, next(self.seq), kind, data))
 
     def run(self, steps: int) -> None:
-        self._at(self.w.dissemination_seconds, "arrive", 0)
-        self._try_collect()
+        self._collect()
+        self._turns()
         while len(self.collected_at) <= steps and self.events:
             self.now, _, kind, data = heapq.heappop(self.events)
-            if kind == "arrive":
-                self.arrived = max(self.arrived, data[0])
-            elif kind == "visible":  # the actor's put returns: it is free for its next batch
-                actor, version = data
-                self.busy[actor] = False
-                self.backlog.append((version, self.w.groups_per_batch, self.now))
+            if kind == "fetched":
+                actor, version = self.actors[data[0]], data[1]
+                if actor.fetching == version:  # not a transfer the receiver abandoned since
+                    actor.fetching, actor.fetched = None, version
+            elif kind == "free":  # a batch committed, or a swap done
+                self.actors[data[0]].busy = False
+                self._turn(self.actors[data[0]])
+            elif kind == "visible":
+                self.backlog.append((data[0], self.w.groups_per_batch))
             elif kind == "trained":
                 self.training = False
                 self.learner_version += 1
                 if self.learner_version % self.w.publish_every == 0:
-                    self._at(self.now + self.w.dissemination_seconds, "arrive", self.learner_version)
-            self._try_collect()
-            self._start_actors()
+                    self.published = self.learner_version
+            if kind in ("trained", "poll") or (kind == "visible" and self.w.learner_poll_seconds == 0):
+                self._collect()
+            self._turns()
 
-    def _start_actors(self) -> None:
-        oldest_usable = self.chosen - self.w.staleness
-        for i, g in enumerate(self.batch_seconds):
-            if self.busy[i]:
-                continue
-            self.actor_version[i] = self.arrived
-            if self.arrived < oldest_usable:
-                continue
-            # like the real actor, it counts committed files only: actors deciding at the same
-            # moment may all start, and the backlog can overshoot Q by the fleet's size
-            if sum(1 for v, _, _ in self.backlog if v >= oldest_usable) >= self.backlog_bound:
+    def _turns(self) -> None:
+        for actor in self.actors:
+            if not actor.busy:
+                self._turn(actor)
+
+    def _turn(self, actor: _Actor) -> None:
+        w = self.w
+        index = self.actors.index(actor)
+        if actor.fetched is not None:
+            actor.version, actor.fetched = actor.fetched, None
+            if w.swap_seconds > 0:
+                actor.busy = True
+                self._at(self.now + w.swap_seconds, "free", index)
                 return
-            self.busy[i] = True
-            self.generated_groups += self.w.groups_per_batch
-            self._at(self.now + g + self.w.upload_seconds, "visible", i, self.arrived)
+        latest = self.published
+        pending = actor.fetching
+        if latest != actor.version and latest != pending and (pending is None or not pending < latest < pending + w.staleness):
+            actor.fetching = latest
+            self._at(self.now + w.dissemination_seconds, "fetched", index, latest)
+        oldest_usable = self.chosen - w.staleness
+        if actor.version is None or actor.version < oldest_usable:
+            return
+        # like the real actor it counts committed files only: actors deciding at the same moment
+        # may all start, and the backlog can overshoot its bound by the fleet's size
+        if sum(1 for v, _ in self.backlog if v >= oldest_usable) >= self.backlog_bound:
+            return
+        actor.busy = True
+        self.generated_groups += w.groups_per_batch
+        # the file is visible no later than the actor's next turn: scheduled first, it is popped first at a tie
+        self._at(self.now + actor.batch_seconds + w.visible_after, "visible", actor.version)
+        self._at(self.now + actor.batch_seconds + w.actor_wait, "free", index)
 
-    def _try_collect(self) -> None:
+    def _collect(self) -> None:
         if self.training:
             return
         t = self.learner_version
@@ -261,10 +323,12 @@ class _Pipeline:
         self.dropped_groups += sum(b[1] for b in self.backlog if t - b[0] > self.w.staleness)
         self.backlog = fresh
         if sum(b[1] for b in fresh) < self.w.groups_per_step:
+            if self.w.learner_poll_seconds > 0:  # list the store again after a poll interval
+                self._at(self.now + self.w.learner_poll_seconds, "poll")
             return
         taken = 0
         while taken < self.w.groups_per_step:  # whole files, oldest version first
-            version, groups, _ = self.backlog.pop(0)
+            version, groups = self.backlog.pop(0)
             taken += groups
             self.used.append((t + 1, groups, t - version))
         self.collected_at.append(self.now)

@@ -5,11 +5,21 @@ Every input is read from what the run recorded, none is guessed:
     T    mean learner busy time per step: ``seconds - wait_seconds`` in ``reports/metrics.json``
          (loss, backward, optimizer, publish, checkpoint: everything but waiting for rollouts)
     R, b, S, k, Q   the run's own config (``run.json``)
-    G_i  median ``generation_seconds`` of each actor's rollout files
-    D    median ``echo2.measured.dissemination_seconds`` the actors wrote into their files' schema
-         metadata (from the learner's publish, manifest ``created_at``, to generating with it)
-    U    10th percentile of (ledger entry written, file's ``created_at``) over used files: the
-         files that did not queue behind others show the upload plus the learner's poll delay
+    G_i  each actor's median whole turn per batch, less its commit (``echo2.measured.
+         previous_batch_seconds`` - ``put_seconds``: swap, flow control, sampling, scoring,
+         encoding); ``generation_seconds`` (sampling alone) where an actor did not record it
+    D    median ``echo2.measured.fetch_seconds`` the actors wrote into their files' schema metadata:
+         how long one version's transfer took (the model adds the waits around it: a receiver that
+         is busy, a batch to finish before the swap). The end-to-end time, from the learner's
+         publish (manifest ``created_at``) to generating with it, is reported beside it
+         (``echo2.measured.dissemination_seconds``).
+    put  median ``echo2.measured.put_seconds``: the commit an actor waits for after each batch
+    swap median ``echo2.measured.swap_seconds``: loading a new version into the engine
+    U    the commit (``put``): a file is in the store when the actor's put returns; the learner
+         then sees it at its next listing, every ``train.poll_seconds`` while it waits, which the
+         model simulates. Without recorded puts: the 10th percentile of (ledger entry written -
+         file's ``created_at``) over used files (upload plus the poll delay)
+    Actor figures of version 0 are left out: they include the actor process starting.
 
 Measured against predicted: utilization = sum of busy time / wall time between the first and last
 measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-up steps (version 0
@@ -50,6 +60,8 @@ class RunFit:
     """Share of used groups by lag over the measured steps."""
     steps: int
     """Steps measured (after the warm-up)."""
+    end_to_end_dissemination_seconds: float | None = None
+    """Median time from a version's publish to an actor generating with it (waits included)."""
 
     def as_dict(self) -> dict:
         w = self.workload
@@ -58,7 +70,8 @@ class RunFit:
                 "dissemination_seconds": w.dissemination_seconds, "upload_seconds": w.upload_seconds,
                 "publish_every": w.publish_every, "max_pending_batches": w.max_pending_batches,
                 "batch_seconds": self.batch_seconds, "measured_utilization": self.measured_utilization,
-                "measured_step_seconds": self.measured_step_seconds, "steps": self.steps,
+                "measured_step_seconds": self.measured_step_seconds, "steps": self.steps, "put_seconds": w.put_seconds, "swap_seconds": w.swap_seconds,
+                "end_to_end_dissemination_seconds": self.end_to_end_dissemination_seconds,
                 "measured_lag": {str(k): v for k, v in sorted(self.measured_lag.items())}}
 
 
@@ -97,7 +110,7 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     utilization = min(1.0, sum(busy[1:]) / wall) if wall > 0 else 1.0
     first_measured_step = skip_steps + 2  # history[i] is step i + 1; the first kept step only starts the clock
 
-    generation, dissemination, created = _read_rollouts(store)
+    generation, measured_by_actors, created = _read_rollouts(store)
     used_at, lag = _read_ledger(store, first_measured_step)
     uploads = sorted(used_at[k] - created[k] for k in used_at if k in created and used_at[k] >= created[k])
     upload = uploads[len(uploads) // 10] if uploads else 0.0
@@ -109,20 +122,26 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     n = config.fleet.actors if isinstance(config.fleet.actors, int) else len(per_actor)
     if len(per_actor) != n:  # replaced (or, with auto, added) actors have new ids: n workers of the typical speed
         per_actor = [statistics.median(per_actor)] * n
+    median = {name: statistics.median(values) for name, values in measured_by_actors.items() if values}
     workload = Workload(train_seconds=max(statistics.mean(busy), 1e-3), groups_per_step=t.groups_per_step,
                         groups_per_batch=r.groups_per_batch, staleness=t.staleness,
-                        dissemination_seconds=statistics.median(dissemination) if dissemination else 0.0,
-                        upload_seconds=upload, publish_every=t.publish_every,
-                        max_pending_batches=r.max_pending_batches)
+                        dissemination_seconds=median.get("fetch_seconds", median.get("dissemination_seconds", 0.0)),
+                        upload_seconds=median.get("put_seconds", upload), publish_every=t.publish_every,
+                        learner_poll_seconds=t.poll_seconds,
+                        max_pending_batches=r.max_pending_batches, put_seconds=median.get("put_seconds"),
+                        swap_seconds=median.get("swap_seconds", 0.0))
     total = sum(lag.values()) or 1
     return RunFit(workload, per_actor, utilization, step_seconds, {k: v / total for k, v in lag.items()},
-                  len(measured))
+                  len(measured), median.get("dissemination_seconds"))
 
 
-def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], list[float], dict[str, float]]:
-    """Per actor: batch generation seconds; all: dissemination seconds; per file: created_at."""
+MEASURED = ("dissemination_seconds", "fetch_seconds", "put_seconds", "swap_seconds", "previous_batch_seconds")
+
+
+def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """Per actor: batch generation seconds; per name in MEASURED: the actors' values; per file: created_at."""
     generation: dict[str, list[float]] = defaultdict(list)
-    dissemination: list[float] = []
+    measured: dict[str, list[float]] = defaultdict(list)
     created: dict[str, float] = {}
     keys = sorted(store.list(layout.ROLLOUTS), key=lambda k: (layout.version_of_rollout_key(k) or -1, k))
     for key in keys[-MAX_FILES_READ:]:
@@ -133,18 +152,24 @@ def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], list[flo
         if table.num_rows == 0 or "generation_seconds" not in table.schema.names:
             continue
         actor = key.rsplit("/", 1)[-1].rsplit("-", 1)[0]
-        seconds = _finite(table.column("generation_seconds")[0].as_py())
+        meta = table.schema.metadata or {}
+        if layout.version_of_rollout_key(key) == 0:  # generated right after the actor started: not typical
+            continue
+        values = {name: _finite(meta.get(f"{MEASURED_PREFIX}{name}".encode(), b"").decode(errors="replace") or None)
+                  for name in MEASURED}
+        for name, value in values.items():
+            if value is not None:
+                measured[name].append(value)
+        turn, put = values["previous_batch_seconds"], values["put_seconds"]
+        seconds = turn - put if turn is not None and put is not None and turn >= put else \
+            _finite(table.column("generation_seconds")[0].as_py())
         if seconds is not None:
             generation[actor].append(seconds)
-        meta = table.schema.metadata or {}
-        d = _finite(meta.get(f"{MEASURED_PREFIX}dissemination_seconds".encode(), b"").decode(errors="replace") or None)
-        if d is not None:
-            dissemination.append(d)
         if "created_at" in table.schema.names:
             stamp = table.column("created_at")[0].as_py()
             if stamp is not None and hasattr(stamp, "timestamp"):
                 created[key] = stamp.timestamp()
-    return generation, dissemination, created
+    return generation, measured, created
 
 
 def _read_ledger(store: ObjectStore, first_step: int) -> tuple[dict[str, float], Counter]:

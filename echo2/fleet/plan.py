@@ -265,9 +265,6 @@ def plan(workload: Workload, worker_types: list[WorkerType], *, target_utilizati
     w = workload
     if not 0 < target_utilization <= 1:
         raise Echo2InputError(f"target utilization {target_utilization} must be in (0, 1]")
-    if w.max_pending_batches * w.groups_per_batch < w.groups_per_step:
-        raise Echo2InputError(f"max_pending_batches {w.max_pending_batches} x groups_per_batch {w.groups_per_batch} "
-                              f"< groups_per_step {w.groups_per_step}: flow control would stall the learner")
 
     def one(wl: Workload) -> tuple[dict, Mix | None]:
         mix = cheapest_mix(wl, worker_types, target_utilization, max_per_type, budget_usd_per_hour)

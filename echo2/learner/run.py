@@ -141,7 +141,7 @@ class LearnerRun:
     def collect(self, should_abort=lambda: None) -> Selection:
         """Wait for enough fresh, valid rollouts for the next step; write its ledger entry."""
         return self.collector.collect(self.step + 1, self.step, timeout_s=self.config.train.rollout_timeout_s,
-                                      should_abort=should_abort)
+                                      poll_s=self.config.train.poll_seconds, should_abort=should_abort)
 
     def update(self, selection: Selection) -> dict:
         """One optimizer step on ``selection``; publish and checkpoint on schedule; returns metrics."""

@@ -82,6 +82,14 @@ class Actor:
         self.version: int | None = None
         self.dissemination_seconds: float | None = None
         """From the learner's publish (manifest ``created_at``) to this actor generating with it."""
+        self.fetch_seconds: float | None = None
+        """How long the transfer of the version in use took (its part of ``dissemination_seconds``)."""
+        self.put_seconds: float | None = None
+        """How long the previous batch's commit took (the actor waits for it)."""
+        self.swap_seconds: float | None = None
+        """How long loading the version in use into the engine took."""
+        self.previous_batch_seconds: float | None = None
+        """The previous batch's whole turn: swap, flow control, sampling, scoring, encoding, commit."""
         self._base: tuple[int, dict[str, torch.Tensor]] | None = None
         self.seq = 0
         self._stopping = False
@@ -115,11 +123,14 @@ class Actor:
         cfg = self.config.rollout
         try:
             while not self._should_stop():
-                self._follow_policy()
+                turn_started = time.time()
+                if self._follow_policy():
+                    turn_started = time.time()  # a swap is measured on its own (swap_seconds)
                 if self.engine is None or not self._has_capacity():
                     time.sleep(cfg.poll_seconds)
                     continue
                 self._generate_batch()
+                self.previous_batch_seconds = time.time() - turn_started
         except _Stop:
             pass
         finally:
@@ -129,11 +140,12 @@ class Actor:
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
 
     # -- steps -----------------------------------------------------------------------------
-    def _follow_policy(self) -> None:
-        """Swap to a newer version once the receiver has all of it, verified (generation goes on meanwhile)."""
+    def _follow_policy(self) -> bool:
+        """Swap to a newer version once the receiver has all of it, verified (generation goes on
+        meanwhile); whether it swapped."""
         buffer = self.receiver.poll()
         if buffer is None:
-            return
+            return False
         t0 = time.time()
         files = buffer.files()
         if self.engine is None:
@@ -148,7 +160,10 @@ class Actor:
         self.version = buffer.version
         created = buffer.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
-        log.info("now generating with policy v%d (loaded in %.1fs)", self.version, time.time() - t0)
+        self.fetch_seconds = self.receiver.last_fetch_seconds
+        self.swap_seconds = time.time() - t0
+        log.info("now generating with policy v%d (loaded in %.1fs)", self.version, self.swap_seconds)
+        return True
 
     def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
         """Full weights of a received version; a LoRA version is merged into its base version."""
@@ -214,14 +229,20 @@ class Actor:
                     completion_token_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=reward,
                     reward_detail=detail, finish_reason=c.finish_reason, generation_seconds=seconds,
                 ))
-        measured = {"dissemination_seconds": self.dissemination_seconds} if self.dissemination_seconds else {}
+        measured = {k: v for k, v in (("dissemination_seconds", self.dissemination_seconds),
+                                      ("fetch_seconds", self.fetch_seconds), ("put_seconds", self.put_seconds),
+                                      ("swap_seconds", self.swap_seconds),
+                                      ("previous_batch_seconds", self.previous_batch_seconds))
+                    if v is not None}
         data = encode_rollouts(rollouts, run_id=self.run_id, actor_id=self.actor_id, policy_version=version,
                                task=self.task.name, measured=measured)
         self._committing = True
+        put_started = time.time()
         try:
             self.store.put(layout.rollout_key(version, self.actor_id, self.seq), data)
         finally:
             self._committing = False
+        self.put_seconds = time.time() - put_started
         tokens = sum(len(r.completion_token_ids) for r in rollouts)
         mean_reward = sum(r.reward for r in rollouts) / len(rollouts)
         log.info("batch %d: v%d, %d completions, %d tokens in %.1fs (%.0f tok/s), reward %.3f",
