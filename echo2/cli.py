@@ -3,6 +3,8 @@
     echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
     echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)
     echo2 export RUN [--step N] DIR
+    echo2 report RUN                                        (cost report from the run's ledger)
+    echo2 audit RUN [--json]                                (every rollout file accounted for)
 
 Bad input (config, model, store) prints one line and exits 2. This module imports Prefect only
 inside ``run``, so actors never load it.
@@ -383,6 +385,57 @@ def _print_plan(out: dict) -> None:
         console.print(f"reclaims over {r['hours']:g}h at {r['reclaim_rate_per_hour']:g}/worker-h, replacement "
                       f"{r['replacement_seconds']:g}s: {r['expected_reclaims']:.1f} expected, planned throughput held "
                       f"{r['share_of_time_at_target']:.1%} of the time; to hold it {r['hold']:.0%}: {extra}")
+
+
+def _open_run(run: str):
+    """The store of a run folder (path or URL), or one line and exit 2 when there is no run there."""
+    from echo2.data import layout
+    from echo2.data.store import StoreError, open_store
+
+    try:
+        store = open_store(run, _store_options_from_env())
+        if not store.exists(layout.RUN_JSON):
+            _fail(f"{run} is not a run folder (no {layout.RUN_JSON})")
+    except StoreError as exc:
+        _fail(str(exc))
+    return store
+
+
+@app.command("report")
+def report_costs(
+    run: str = typer.Argument(..., help="Run folder (path or URL of STORE/runs/ID), finished or crashed."),
+) -> None:
+    """Recompute the cost report from the run's ledger: reports/cost.json, cost.md, cost.png."""
+    from echo2.fleet.costs import cost_markdown, write_cost_reports
+
+    report = write_cost_reports(_open_run(run))
+    typer.echo(cost_markdown(report), nl=False)
+    typer.echo(f"wrote reports/cost.json, reports/cost.md, reports/cost.png under {run}", err=True)
+
+
+@app.command("audit")
+def audit(
+    run: str = typer.Argument(..., help="Run folder (path or URL of STORE/runs/ID)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Account for every committed rollout file from the ledger; exit 1 if one is lost or used twice."""
+    from echo2.data.audit import audit_failed, audit_run
+
+    result = audit_run(_open_run(run))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in result["dropped"].items()) or "none"
+        typer.echo(f"{result['committed']} committed rollout files ({'finished' if result['finished'] else 'unfinished'}"
+                   f" run): {result['used']} used, dropped {dropped}, {result['quarantined']} quarantined, "
+                   f"{result['pending']} pending, {result['lost']} lost, {result['used_twice']} used twice")
+        typer.echo(f"fleet: {result['reclaims']} reclaims, {result['crashes']} crashes, "
+                   f"{result['replacements']} replaced" + (f"; not replaced: {', '.join(result['unreplaced'])}"
+                                                           if result["unreplaced"] else ""))
+        for problem in result["problems"]:
+            typer.echo(f"problem: {problem}")
+    if audit_failed(result):
+        raise typer.Exit(1)
 
 
 def main() -> None:

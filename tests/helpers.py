@@ -28,31 +28,20 @@ def commit_rollouts(store, version, seq, *, actor="a", run_id="run", data=None, 
 
 
 def ledger_audit(store):
-    """Every committed rollout file of a run, and how the ledger accounts for it.
+    """Every committed rollout file of a run, and how the ledger accounts for it: the rules of
+    ``echo2 audit`` (echo2/data/audit.py), plus a file not settled yet counting as a problem.
 
     Returns (problems, counts): a problem is a file the ledger shows zero or several times (an
     amendment that quarantines a used file does not count twice), or an orphaned file it shows at all.
     """
-    import collections
+    from echo2.data.audit import audit_run
 
-    from echo2.data.ledger import SECTIONS, consumed_keys
-
-    live = [k for k in store.list(layout.ROLLOUTS) if k.endswith(".arrow")]
-    quarantined = [k[len(layout.QUARANTINE):] for k in store.list(layout.QUARANTINE) if k.endswith(".arrow")]
-    orphaned = {k.split("/", 2)[2] for k in store.list(layout.ORPHANED) if k.endswith(".arrow")}
-    seen = collections.Counter()
-    kinds = collections.Counter()
-    for key in consumed_keys(store):
-        record = store.get_json(key)
-        for section in SECTIONS:
-            if record.get("amendment"):
-                continue
-            for item in record.get(section, []):
-                seen[item["key"]] += 1
-                kinds[section] += 1
-    problems = [f"{k}: shown {seen[k]} times" for k in live + quarantined if seen[k] != 1]
-    problems += [f"{k}: orphaned but in the ledger" for k in orphaned if seen[k] and k not in live + quarantined]
-    return problems, {"files": len(live) + len(quarantined), "orphaned": len(orphaned), **kinds}
+    result = audit_run(store)
+    problems = list(result["problems"])
+    problems += [f"{result['pending']} committed files not settled by the ledger"] if result["pending"] else []
+    dropped = {k: v for k, v in result["dropped"].items() if k != "orphaned"}
+    return problems, {"files": result["committed"] - result["orphaned"], "orphaned": result["orphaned"],
+                      "used": result["used"], "dropped": sum(dropped.values()), "quarantined": result["quarantined"]}
 
 
 def reap_session(proc) -> None:

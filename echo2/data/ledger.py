@@ -89,18 +89,3 @@ class ConsumedIndex:
             self._read.add(key)
         return self.settled
 
-
-def actor_costs(events: list[dict[str, Any]], now: float | None = None) -> list[dict[str, Any]]:
-    """Per actor: launch and end time, hours, price and dollars, from the fleet events (still running = until now)."""
-    now = time.time() if now is None else now
-    rows: dict[str, dict[str, Any]] = {}
-    for e in sorted(events, key=lambda e: e["ts"]):
-        if e["kind"] == "launch":
-            rows[e["actor_id"]] = {"actor_id": e["actor_id"], "backend": e.get("backend", "?"),
-                                   "price_usd_per_hour": e.get("price_usd_per_hour", 0.0), "start": e["ts"], "end": None}
-        elif e["kind"] in ("exited", "terminated") and e["actor_id"] in rows and rows[e["actor_id"]]["end"] is None:
-            rows[e["actor_id"]]["end"] = e["ts"]
-    for row in rows.values():
-        row["hours"] = ((row["end"] or now) - row["start"]) / 3600
-        row["usd"] = row["hours"] * row["price_usd_per_hour"]
-    return list(rows.values())

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from echo2.config import FleetConfig
-from echo2.data.ledger import actor_costs, read_events, write_event
+from echo2.data.ledger import write_event
 from echo2.data.store import ObjectStore
 from echo2.fleet.backend import FleetBackend
+from echo2.fleet.costs import fleet_usd
 
 log = logging.getLogger("echo2.fleet")
 
@@ -137,7 +138,7 @@ class LocalFleet(FleetBackend):
 
     def cost_so_far(self) -> float:
         """Dollars the fleet has spent in this run so far (local processes are free, but counted)."""
-        return sum(row["usd"] for row in actor_costs(read_events(self.store)))
+        return fleet_usd(self.store)  # fleet/costs.py owns every cost figure
 
     def new_log_lines(self) -> list[str]:
         """Lines the actors logged since the last call, prefixed with the actor id (for the flow's log)."""

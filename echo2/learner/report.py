@@ -1,7 +1,8 @@
 """End-of-run reports: ``reports/summary.json`` (what scripts read), metrics and a reward curve.
 
 Counts come from the ledger, the record of what each step used, dropped or quarantined, so the
-summary can never disagree with it.
+summary can never disagree with it. The cost report (cost.json, cost.md, cost.png) is
+``echo2/fleet/costs.py``'s, the one owner of every cost figure.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from echo2.data import layout
-from echo2.data.ledger import actor_costs, consumed_keys, read_events
+from echo2.data.ledger import consumed_keys
+from echo2.fleet.costs import write_cost_reports
 
 if TYPE_CHECKING:
     from echo2.learner.run import LearnerRun
@@ -68,18 +70,8 @@ def _curves_png(history: list[dict]) -> bytes:
     return buf.getvalue()
 
 
-def cost_markdown(rows: list[dict]) -> str:
-    total = sum(r["usd"] for r in rows)
-    lines = [f"## Cost: ${total:.4f}", "", "| actor | backend | $/h | hours | $ |", "| --- | --- | ---: | ---: | ---: |"]
-    lines += [f"| {r['actor_id']} | {r['backend']} | {r['price_usd_per_hour']:.4f} | {r['hours']:.4f} | {r['usd']:.4f} |"
-              for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def write_reports(run: "LearnerRun") -> dict:
     store = run.store
-    rows = actor_costs(read_events(store))
-    cost = sum(r["usd"] for r in rows)
     summary = {
         "run_id": run.run_id,
         "steps": run.step,
@@ -90,13 +82,13 @@ def write_reports(run: "LearnerRun") -> dict:
         "staleness_bound": run.config.train.staleness,
         **ledger_totals(store),
         "final_version": run.step,
-        "cost_usd": cost,
+        "cost_usd": None,
         "finished_at": time.time(),
     }
     store.put(layout.report_key("metrics.json"), json.dumps(run.history, indent=1).encode(), if_absent=False)
     if run.history:
         store.put(layout.report_key("curves.png"), _curves_png(run.history), if_absent=False)
-    store.put_json(layout.report_key("cost.json"), {"total_usd": cost, "actors": rows}, if_absent=False)
-    store.put(layout.report_key("cost.md"), cost_markdown(rows).encode(), if_absent=False)
+    # cost.json, cost.md (the Prefect cost artifact) and cost.png: every figure from fleet/costs.py
+    summary["cost_usd"] = write_cost_reports(store, summary=summary)["total_usd"]
     store.put_json(layout.SUMMARY, summary)
     return summary

@@ -1,0 +1,317 @@
+"""Every cost figure of a run, from its ledger: one owner, so the live ``usd_so_far``, the end-of-run
+report and ``echo2 report`` can never disagree.
+
+The only input is what the learner and the fleet (trusted) wrote to ``ledger/events`` -- one
+billing row per worker, from its start (``launch`` or ``requested``; a ``running``/``ready`` of a
+worker never seen before also starts one) to its end (``exited``, ``terminated``, ``reclaimed``,
+``crashed``; a worker with no end is billed until ``now``). Any event of the row may carry its offer:
+``backend``, ``provider``, ``gpu``, ``region``, ``spot``, ``price_usd_per_hour``,
+``on_demand_usd_per_hour``, ``simulated_price``, ``role``; the latest value wins (a ``running`` event
+knows which of a launch's candidate offers was bought). Missing or malformed fields fall back to
+defaults (price 0, on-demand price = price), so a report is always written.
+
+The learner is a worker too. When no event describes it, its row is made from ``run.json`` (start)
+and ``reports/summary.json`` (``wall_seconds``; for a crashed run, the last ledger activity), priced
+at ``fleet.learner_usd_per_hour`` of the run's config when that field exists, otherwise at $0 and
+labelled unpriced -- a bill that guesses is worse than one that says what it does not know.
+
+Prices marked ``simulated_price`` (a local actor priced as a catalog offer) make the whole report
+say "simulated prices" in its title: the dollars are what the hours would have cost, not a bill.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from typing import Any
+
+from echo2.data import layout
+from echo2.data.audit import failure_kind
+from echo2.data.ledger import consumed_keys, read_events
+from echo2.data.store import NotFound, ObjectStore
+
+STARTS = ("launch", "requested")
+STATUS = ("running", "ready")
+ENDS = ("exited", "terminated", "reclaimed", "crashed")
+LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
+"""Where the learner's price would live in the run's config; nothing sets it yet."""
+
+
+def _num(value: Any, default: float | None = None) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return default
+    return out if math.isfinite(out) else default
+
+
+def _price(value: Any) -> float | None:
+    out = _num(value)
+    return out if out is not None and out >= 0 else None
+
+
+def _new_row(e: dict, ts: float) -> dict:
+    actor_id = str(e.get("actor_id", "?"))
+    return {"actor_id": actor_id, "role": "learner" if actor_id == "learner" else "actor", "backend": "?",
+            "provider": None, "gpu": "none", "region": "-", "spot": False, "price_usd_per_hour": 0.0,
+            "on_demand_usd_per_hour": None, "simulated_price": False, "priced": True, "start": ts, "end": None,
+            "ended_by": None}
+
+
+def _update(row: dict, e: dict) -> None:
+    for field in ("backend", "provider", "gpu", "region", "role"):
+        if isinstance(e.get(field), (str, int, float)) and not isinstance(e.get(field), bool) and str(e[field]):
+            row[field] = str(e[field])
+    if isinstance(e.get("spot"), bool):
+        row["spot"] = e["spot"]
+    if _price(e.get("price_usd_per_hour")) is not None:
+        row["price_usd_per_hour"] = _price(e["price_usd_per_hour"])
+    if _price(e.get("on_demand_usd_per_hour")) is not None:
+        row["on_demand_usd_per_hour"] = _price(e["on_demand_usd_per_hour"])
+    if e.get("simulated_price") is True:
+        row["simulated_price"] = True
+
+
+def _finish(row: dict, now: float) -> dict:
+    end = row["end"] if row["end"] is not None else max(now, row["start"])
+    row["hours"] = (end - row["start"]) / 3600
+    row["provider"] = row["provider"] or row["backend"]
+    row["market"] = "spot" if row["spot"] else "on-demand"
+    if row["on_demand_usd_per_hour"] is None:
+        row["on_demand_usd_per_hour"] = row["price_usd_per_hour"]
+    row["usd"] = row["hours"] * row["price_usd_per_hour"]
+    row["on_demand_usd"] = row["hours"] * row["on_demand_usd_per_hour"]
+    return row
+
+
+def _timeline(events: list[dict]) -> list[dict]:
+    valid = [e for e in events if isinstance(e, dict) and _num(e.get("ts")) is not None]
+    return sorted(valid, key=lambda e: float(e["ts"]))
+
+
+def worker_rows(events: list[dict], now: float | None = None) -> list[dict]:
+    """One billing row per worker life, from the fleet events (see the module docstring)."""
+    now = time.time() if now is None else now
+    rows: list[dict] = []
+    open_rows: dict[str, dict] = {}
+    seen: set[str] = set()
+    for e in _timeline(events):
+        ts, kind, actor_id = float(e["ts"]), e.get("kind"), str(e.get("actor_id", "?"))
+        row = open_rows.get(actor_id)
+        if row is None and (kind in STARTS or (kind in STATUS and actor_id not in seen)):
+            row = open_rows[actor_id] = _new_row(e, ts)
+            rows.append(row)
+            seen.add(actor_id)
+        if row is None:
+            continue
+        _update(row, e)
+        if kind in ENDS:
+            row["end"], row["ended_by"] = ts, kind
+            del open_rows[actor_id]
+    return [_finish(r, now) for r in rows]
+
+
+def actor_costs(events: list[dict], now: float | None = None) -> list[dict]:
+    """The actors' rows only (what ``LocalFleet.cost_so_far`` sums while a run is under way)."""
+    return [r for r in worker_rows(events, now) if r["role"] != "learner"]
+
+
+def _ledger_facts(store: ObjectStore) -> dict:
+    """Steps, completions used (an amendment's quarantine takes them back) and the last activity."""
+    steps, completions, last = 0, 0, None
+    used: dict[str, int] = {}
+    amended: set[str] = set()
+    for key in consumed_keys(store):
+        try:
+            record = store.get_json(key)
+        except (NotFound, ValueError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        last = max(last or 0.0, _num(record.get("written_at"), 0.0))
+        if record.get("amendment"):
+            amended.update(str(i.get("key")) for i in record.get("quarantined", []) if isinstance(i, dict))
+            continue
+        steps = max(steps, layout.step_of_consumed_key(key) or 0)
+        for item in record.get("used", []) or []:
+            if isinstance(item, dict) and "key" in item:
+                used[str(item["key"])] = used.get(str(item["key"]), 0) + int(_num(item.get("rows"), 0))
+    completions = sum(n for k, n in used.items() if k not in amended)
+    return {"steps": steps, "completions_used": completions, "last_activity": last}
+
+
+def _get(store: ObjectStore, key: str) -> dict:
+    try:
+        value = store.get_json(key)
+    except (NotFound, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _learner_row(run_record: dict, summary: dict, last_activity: float | None, now: float) -> dict | None:
+    start = _num(run_record.get("created_at"))
+    if start is None:
+        return None
+    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
+    section = config.get(LEARNER_PRICE_FIELD[0]) if isinstance(config.get(LEARNER_PRICE_FIELD[0]), dict) else {}
+    price = _price(section.get(LEARNER_PRICE_FIELD[1]))
+    wall = _num(summary.get("wall_seconds"))
+    end = start + wall if wall is not None else max(start, last_activity or now)
+    row = _new_row({"actor_id": "learner"}, start)
+    row.update(backend="learner", provider="unknown", gpu="unknown", end=end, price_usd_per_hour=price or 0.0,
+               ended_by="finished" if wall is not None else "last activity", priced=price is not None)
+    return _finish(row, now)
+
+
+def _group(rows: list[dict], field: str) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in rows:
+        g = out.setdefault(str(r[field]), {"hours": 0.0, "usd": 0.0})
+        g["hours"] += r["hours"]
+        g["usd"] += r["usd"]
+    return dict(sorted(out.items()))
+
+
+def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float | None = None) -> dict:
+    """Every cost figure of the run at ``store`` (JSON-ready). ``summary`` (steps, eval_before,
+    eval_after, wall_seconds) defaults to ``reports/summary.json`` when the run has one."""
+    now = time.time() if now is None else now
+    summary = summary if summary is not None else _get(store, layout.SUMMARY)
+    events = read_events(store)
+    facts = _ledger_facts(store)
+    rows = worker_rows(events, now)
+    if not any(r["role"] == "learner" for r in rows):
+        last = max([facts["last_activity"] or 0.0, *(float(e["ts"]) for e in _timeline(events))]) or None
+        learner = _learner_row(_get(store, layout.RUN_JSON), summary, last, now)
+        rows += [learner] if learner else []
+    total = sum(r["usd"] for r in rows)
+    steps = int(_num(summary.get("steps"), facts["steps"]))
+    completions = facts["completions_used"]
+    before, after = _num(summary.get("eval_before")), _num(summary.get("eval_after"))
+    gain = (after - before) * 100 if before is not None and after is not None else None
+    marks = [{"ts": float(e["ts"]), "what": failure_kind(e), "actor_id": str(e.get("actor_id", "?"))}
+             for e in _timeline(events) if failure_kind(e)]
+    return {
+        "run_id": str(summary.get("run_id") or store.url.rstrip("/").rsplit("/", 1)[-1]),
+        "total_usd": total,
+        "hours": sum(r["hours"] for r in rows),
+        "by_role": _group(rows, "role"),
+        "by_gpu": _group(rows, "gpu"),
+        "by_provider": _group(rows, "provider"),
+        "by_market": _group(rows, "market"),
+        "steps": steps,
+        "completions_used": completions,
+        "usd_per_step": total / steps if steps else None,
+        "usd_per_1k_rollouts": 1000 * total / completions if completions else None,
+        "eval_before": before,
+        "eval_after": after,
+        "accuracy_points_gained": gain,
+        "usd_per_accuracy_point": total / gain if gain and gain > 0 else None,
+        "on_demand_equivalent_usd": sum(r["on_demand_usd"] for r in rows),
+        "simulated_prices": any(r["simulated_price"] for r in rows),
+        "learner_priced": all(r["priced"] for r in rows if r["role"] == "learner"),
+        "still_running": sum(r["end"] is None for r in rows),
+        "reclaims": sum(m["what"] == "reclaim" for m in marks),
+        "crashes": sum(m["what"] == "crash" for m in marks),
+        "failures": marks,
+        "computed_at": now,
+        "workers": rows,
+    }
+
+
+def _usd(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"${x:,.{digits}f}"
+
+
+def cost_markdown(report: dict) -> str:
+    """The Markdown report (``reports/cost.md``, and the Prefect cost artifact)."""
+    sim = " (simulated prices)" if report["simulated_prices"] else ""
+    lines = [f"## Cost of {report['run_id']}: {_usd(report['total_usd'])}{sim}", ""]
+    if sim:
+        lines += ["Some workers were priced as catalog offers they are not (simulated_price): the dollars are "
+                  "what their hours would have cost, not a bill.", ""]
+    saved = report["on_demand_equivalent_usd"] - report["total_usd"]
+    gain = report["accuracy_points_gained"]
+    lines += [f"- {report['hours']:.4f} worker-hours; {report['steps']} steps, "
+              f"{report['completions_used']} completions used",
+              f"- per step: {_usd(report['usd_per_step'], 6)}; per 1k rollouts: {_usd(report['usd_per_1k_rollouts'], 6)}",
+              f"- per accuracy point: {_usd(report['usd_per_accuracy_point'], 6)}"
+              + (f" ({report['eval_before']:.3f} -> {report['eval_after']:.3f}, {gain:+.1f} points)" if gain is not None
+                 else " (no eval before and after)"),
+              f"- all on-demand the same hours would have cost {_usd(report['on_demand_equivalent_usd'])}"
+              + (f" ({saved / report['on_demand_equivalent_usd']:.0%} saved)" if report["on_demand_equivalent_usd"] > 0
+                 else ""),
+              f"- reclaims: {report['reclaims']}, crashes: {report['crashes']}"]
+    if not report["learner_priced"]:
+        lines.append("- the learner is unpriced ($0): the run's config has no learner price "
+                     f"(`{'.'.join(LEARNER_PRICE_FIELD)}`)")
+    if report["still_running"]:
+        lines.append(f"- {report['still_running']} worker(s) have no end event: billed until the report was made")
+    lines += ["", "| by | name | hours | $ |", "| --- | --- | ---: | ---: |"]
+    for label, field in (("provider", "by_provider"), ("GPU", "by_gpu"), ("role", "by_role"), ("market", "by_market")):
+        lines += [f"| {label} | {name} | {g['hours']:.4f} | {g['usd']:.4f} |" for name, g in report[field].items()]
+    lines += ["", "| worker | role | provider | GPU | region | market | $/h | on-demand $/h | hours | $ | end |",
+              "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in report["workers"]:
+        role = r["role"] if r["priced"] else f"{r['role']} (unpriced)"
+        lines.append(f"| {r['actor_id']} | {role} | {r['provider']} | {r['gpu']} | {r['region']} | {r['market']} | "
+                     f"{r['price_usd_per_hour']:.4f} | {r['on_demand_usd_per_hour']:.4f} | {r['hours']:.4f} | "
+                     f"{r['usd']:.4f} | {r['ended_by'] or 'running'} |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_png(report: dict) -> bytes:
+    """Cumulative cost and workers alive over time, reclaims and crashes marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows, now = report["workers"], report["computed_at"]
+    spans = [(r["start"], r["end"] if r["end"] is not None else now, r) for r in rows]
+    t0 = min((s for s, _, _ in spans), default=now)
+    t1 = max([e for _, e, _ in spans] + [m["ts"] for m in report["failures"]] + [t0 + 1])
+    points = sorted({t0, t1, *(s for s, _, _ in spans), *(e for _, e, _ in spans),
+                     *(t0 + (t1 - t0) * i / 200 for i in range(201))})
+    cum = [sum(r["price_usd_per_hour"] * max(0.0, min(e, t) - s) / 3600 for s, e, r in spans) for t in points]
+    alive = [sum(1 for s, e, r in spans if r["role"] != "learner" and s <= t < e) for t in points]
+    minutes = [(t - t0) / 60 for t in points]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
+    ax1.plot(minutes, cum)
+    ax1.set_ylabel("cumulative $")
+    ax1.set_title(f"{report['run_id']}: {_usd(report['total_usd'])}"
+                  + (" (simulated prices)" if report["simulated_prices"] else ""))
+    ax2.step(minutes, alive, where="post")
+    ax2.set_ylabel("actors alive")
+    ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.set_xlabel("minutes since the run started")
+    for what, color, plural in (("reclaim", "red", "reclaims"), ("crash", "orange", "crashes")):
+        xs = [(m["ts"] - t0) / 60 for m in report["failures"] if m["what"] == what]
+        for i, x in enumerate(xs):
+            for ax in (ax1, ax2):
+                label = plural if i == 0 and ax is ax2 else None
+                ax.axvline(x, color=color, linestyle="--", linewidth=1, label=label)
+    if report["failures"]:
+        ax2.legend(loc="best")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def write_cost_reports(store: ObjectStore, *, summary: dict | None = None, now: float | None = None) -> dict:
+    """Compute the report and write ``reports/cost.json``, ``cost.md`` and ``cost.png`` (overwriting:
+    ``echo2 report`` recomputes a finished or crashed run's report from its ledger)."""
+    report = cost_report(store, summary=summary, now=now)
+    store.put_json(layout.report_key("cost.json"), report, if_absent=False)
+    store.put(layout.report_key("cost.md"), cost_markdown(report).encode(), if_absent=False)
+    store.put(layout.report_key("cost.png"), cost_png(report), if_absent=False)
+    return report
+
+
+def fleet_usd(store: ObjectStore, now: float | None = None) -> float:
+    """Dollars the actors have cost so far (the flow's live ``usd_so_far``)."""
+    return sum(r["usd"] for r in actor_costs(read_events(store), now))
