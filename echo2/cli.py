@@ -159,10 +159,11 @@ def export(
 ) -> None:
     """Export a published version or checkpoint as a from_pretrained-loadable directory."""
     from echo2.data import layout
+    from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
     from echo2.data.weights import download, iter_tensors, latest_version
 
-    try:
+    try:  # every manifest read names plain files of its folder only, or is refused (ManifestRejected)
         store = open_store(run, _store_options_from_env())
         if step is None:
             step = latest_version(store)
@@ -175,14 +176,14 @@ def export(
                 break
         else:
             _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
-    except (StoreError, NotFound) as exc:
-        _fail(str(exc))
-    if manifest.get("weights") == "lora":  # an adapter version: fold it into its base
-        from echo2.data.weights import merge_into_folder
+        if manifest.get("weights") == "lora":  # an adapter version: fold it into its base
+            from echo2.data.weights import merge_into_folder
 
-        adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
-        download(store, layout.policy_dir(manifest["base_version"]), dest)
-        merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
+            adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
+            download(store, layout.policy_dir(manifest["base_version"]), dest)
+            merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
+    except (StoreError, NotFound, ManifestRejected) as exc:
+        _fail(str(exc))
     for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
     typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")

@@ -8,12 +8,16 @@ import threading
 import time
 
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from echo2.broadcast.relay import FetchPolicy, RelayNode
 from echo2.data.manifest import chunk_hashes, sign
-from echo2.data.run_key import relay_token
+from echo2.data.run_key import relay_secret, relay_token
 
-KEY = b"k" * 32
-TOKEN = relay_token(KEY)
+KEY = Ed25519PrivateKey.from_private_bytes(b"k" * 32)  # the learner's signing key
+PUBLIC = KEY.public_key()  # what actors verify with (run.json)
+RELAY_SECRET = relay_secret(KEY)  # what actors hold to talk to each other
+TOKEN = relay_token(RELAY_SECRET)
 CHUNK = 64 * 1024
 
 

@@ -15,7 +15,7 @@ from echo2.config import BroadcastConfig
 from echo2.data.manifest import ManifestRejected, sign, verify_signature
 from echo2.data.store import open_store
 
-from relay_helpers import KEY, TOKEN, make_version, nodes, raw_peer, slow_store_reader
+from relay_helpers import KEY, PUBLIC, RELAY_SECRET, TOKEN, make_version, nodes, raw_peer, slow_store_reader
 
 
 @pytest.fixture
@@ -139,24 +139,38 @@ def test_requests_without_the_run_token_get_401(store):
 
 
 def test_forged_and_re_signed_manifests_are_rejected(store):
+    import hashlib
+    import hmac
+    import json
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     manifest, _ = make_version(store)
-    assert verify_signature(manifest, KEY) == manifest
+    assert verify_signature(manifest, PUBLIC) == manifest
     forged = {**manifest, "files": manifest["files"][:1]}
     with pytest.raises(ManifestRejected):
-        verify_signature(forged, KEY)
+        verify_signature(forged, PUBLIC)
     with pytest.raises(ManifestRejected):
-        verify_signature(sign(forged, b"another key"), KEY)
+        verify_signature(sign(forged, Ed25519PrivateKey.generate()), PUBLIC)
+    body = json.dumps({k: v for k, v in forged.items() if k != "signature"}, sort_keys=True, separators=(",", ":"))
+    with pytest.raises(ManifestRejected):  # what the old HMAC scheme would sign, under the actors' relay secret
+        mac = hmac.new(RELAY_SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()
+        verify_signature({**forged, "signature": mac}, PUBLIC)
+    for bad in (None, 7, "zz", manifest["signature"][:-2], ["x"]):
+        with pytest.raises(ManifestRejected):
+            verify_signature({**manifest, "signature": bad}, PUBLIC)
     with pytest.raises(ManifestRejected):
-        verify_signature({k: v for k, v in manifest.items() if k != "signature"}, KEY)
+        verify_signature({k: v for k, v in manifest.items() if k != "signature"}, PUBLIC)
 
 
 def test_receiver_refuses_a_manifest_signed_with_another_key(store, tmp_path):
     import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from echo2.data.weights import publish_version
 
-    publish_version(store, 0, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=b"not the run key")
-    receiver = PolicyReceiver(store, "a0", KEY, BroadcastConfig(mode="store"), staleness=2)
+    publish_version(store, 0, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=Ed25519PrivateKey.generate())
+    receiver = PolicyReceiver(store, "a0", PUBLIC, RELAY_SECRET, BroadcastConfig(mode="store"), staleness=2)
     try:
         assert receiver.poll() is None and 0 in receiver.rejected
         publish_version(store, 1, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=KEY)

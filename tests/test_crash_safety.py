@@ -132,4 +132,17 @@ def test_resume_refuses_a_missing_or_different_key_and_actor_visible_overrides(t
     key_file.write_text("not the run's key")
     with pytest.raises(Echo2InputError, match="restore the secrets file"):
         resume_config(runs, "r1", [])
-    assert json.loads(runs.child("r1").get("run.json"))["key_fingerprint"]
+    key_file.write_text("ab" * 32)  # a well-formed Ed25519 seed, but another key
+    with pytest.raises(Echo2InputError, match="restore the secrets file") as err:
+        resume_config(runs, "r1", [])
+    assert str(key_file) in str(err.value) and "\n" not in str(err.value)
+    (tmp_path / "elsewhere.key").rename(key_file)
+    assert resume_config(runs, "r1", []).run.id == "r1"
+    record = json.loads(runs.child("r1").get("run.json"))
+    assert record["key_fingerprint"] and record["public_key"].startswith("ed25519:")
+    assert key_file.read_text() not in json.dumps(record)  # run.json carries the public key only
+    # a run from before Ed25519-signed versions: its actors could not check what a resumed learner signs
+    from echo2.data.run_folder import check_run_key
+
+    with pytest.raises(Echo2InputError, match="HMAC key.*start a new run"):
+        check_run_key({k: v for k, v in record.items() if k != "public_key"}, run_key("r1"))

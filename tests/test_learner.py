@@ -120,6 +120,7 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     import subprocess
     import sys
 
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from transformers import AutoModelForCausalLM
 
     from echo2.config import BroadcastConfig
@@ -130,7 +131,8 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     cfg = TrainConfig(lr=5e-2, lora_rank=4, lora_alpha=8.0)
     learner = Learner(tiny_model, cfg, temperature=1.0)
     store = open_store(str(tmp_path / "run"))
-    publish_args = dict(extra_files=learner.extra_files, train=cfg, broadcast=BroadcastConfig(mode="store"), key=b"k")
+    publish_args = dict(extra_files=learner.extra_files, train=cfg, broadcast=BroadcastConfig(mode="store"),
+                        key=Ed25519PrivateKey.generate())
     publish(store, 0, *learner.policy_version_tensors(), **publish_args)
     for _ in range(2):
         learner.train_step([decode_rollouts(rollout_bytes(0, reward=lambda g, s: float(s == 0)))])

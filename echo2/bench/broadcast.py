@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -24,8 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from echo2.data.manifest import chunk_hashes, sign
-from echo2.data.run_key import relay_token
+from echo2.data.run_key import relay_secret, relay_token
 from echo2.broadcast.topology import parent_index
 from echo2.data.weights import sha256
 
@@ -159,7 +160,7 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         (workdir / "store").mkdir()
         (workdir / "store" / "shard-0000.safetensors").write_bytes(payload)
         chunk = int(chunk_mb * 2**20)
-        key = secrets.token_bytes(32)
+        key = Ed25519PrivateKey.generate()
         manifest = sign({"version": 1, "chunk_size": chunk, "files": [
             {"name": "shard-0000.safetensors", "kind": "shard", "size": len(payload), "sha256": sha256(payload),
              "chunks": chunk_hashes(payload, chunk)}]}, key)
@@ -167,7 +168,7 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         manifest_path = workdir / "manifest.json"
         manifest_path.write_text(json.dumps(manifest))
         token_file = workdir / "token"
-        token_file.write_text(relay_token(key))
+        token_file.write_text(relay_token(relay_secret(key)))
         network = shaped_network if shaped else loopback_network
         with network(receivers + 1, link_mbit) as hosts:
             origin = Node(hosts[0], ["origin", "--host", hosts[0].address, "--port", str(hosts[0].port),

@@ -2,7 +2,10 @@
 the relay (parent peer first, store as fallback) in the background, hand over verified files.
 
 A version is handed over only when every chunk matched the signed manifest; a manifest whose
-signature fails is rejected and never fetched.
+signature fails under the run's public key (``run.json``), or that names anything but plain
+files of its own folder, is rejected: never fetched, never loaded, never relayed (a relay node
+only serves versions this receiver started). The receiver holds no key that signs: the public
+key verifies, the relay secret only authenticates relay requests.
 
 Which version to receive, with S the run's staleness bound (``train.staleness``): while version
 p is being fetched and LATEST says L > p, the fetch goes on if L - p < S (a rollout generated
@@ -14,8 +17,8 @@ newer. A LATEST that moved back (a resumed learner) replaces the fetch in flight
 
 Everything read from the store is input from outside the actor: a LATEST that is not
 ``{"version": <int >= 0>}`` is logged and skipped until it changes; a manifest that is not a
-JSON object, fails its signature, or is signed for another version is logged and rejected for
-good (a manifest is written once). Neither ever stops the actor.
+JSON object, names a file outside its folder, fails its signature, or is signed for another
+version is logged and rejected for good (a manifest is written once). Neither ever stops the actor.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import topology
 from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
@@ -39,15 +44,19 @@ log = logging.getLogger("echo2.broadcast")
 
 
 class PolicyReceiver:
-    def __init__(self, store: ObjectStore, actor_id: str, key: bytes, config: BroadcastConfig, *, staleness: int):
+    def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_secret: str,
+                 config: BroadcastConfig, *, staleness: int):
+        """``public_key``: the run's, from ``run.json`` (verifies manifests); ``relay_secret``: what
+        peers authenticate relay requests with (it cannot sign a version)."""
         self.store = store
         self.actor_id = actor_id
-        self.key = key
+        self.public_key = public_key
         self.config = config
         self.staleness = staleness
         policy = FetchPolicy(expected_mbit=config.expected_mbit, min_rate_fraction=config.min_rate_fraction,
                              pipeline_wait_s=config.pipeline_wait_s, window=config.window)
-        self.node = RelayNode(relay_token(key), self._store_read, host=config.host, port=config.port, policy=policy)
+        self.node = RelayNode(relay_token(relay_secret), self._store_read, host=config.host, port=config.port,
+                              policy=policy)
         self.current: int | None = None
         self.last_fetch_seconds: float | None = None
         """Seconds the newest completed fetch took, from its start to the last chunk verified."""
@@ -136,14 +145,13 @@ class PolicyReceiver:
         return None
 
     def _manifest(self, version: int) -> dict:
-        """The signed manifest of ``version``; ManifestRejected if malformed, forged, or for another version."""
+        """The signed manifest of ``version``; ManifestRejected if malformed, naming a file outside its
+        folder (``read_manifest`` checks names), forged, or for another version."""
         try:
             manifest = read_manifest(self.store, layout.policy_dir(version))
         except (ValueError, RecursionError) as exc:
             raise ManifestRejected(f"manifest of version {version} is not JSON: {exc}") from None
-        if not isinstance(manifest, dict):
-            raise ManifestRejected(f"manifest of version {version} is a JSON {type(manifest).__name__}, not an object")
-        verify_signature(manifest, self.key)
+        verify_signature(manifest, self.public_key)
         signed_for = manifest.get("version")
         if signed_for != version or isinstance(signed_for, bool):  # a genuine manifest replayed elsewhere
             raise ManifestRejected(f"manifest under {layout.policy_dir(version)} is signed for version {signed_for!r}")

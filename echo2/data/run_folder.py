@@ -15,7 +15,9 @@ import time
 from datetime import datetime, timezone
 
 from echo2.data import layout
-from echo2.data.run_key import MissingRunKey, fingerprint, key_path, KEY_ENV
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_text
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 from echo2.errors import Echo2InputError
 
@@ -50,10 +52,12 @@ def read_run_record(runs: ObjectStore, run_id: str) -> dict:
     return record
 
 
-def create_run(store: ObjectStore, run_id: str, config: dict, *, key: bytes, echo2_version: str) -> dict:
-    """Write ``run.json`` once: the resolved config and the fingerprint of the signing key."""
+def create_run(store: ObjectStore, run_id: str, config: dict, *, key: Ed25519PrivateKey,
+               echo2_version: str) -> dict:
+    """Write ``run.json`` once: the resolved config, and the public half of the signing key with its
+    fingerprint (actors verify versions with it; the private key stays with the learner)."""
     record = {"run_id": run_id, "created_at": time.time(), "echo2_version": echo2_version, "config": config,
-              "key_fingerprint": fingerprint(key)}
+              "public_key": public_key_text(key), "key_fingerprint": fingerprint(key)}
     try:
         store.put_json(layout.RUN_JSON, record)
     except AlreadyExists:
@@ -61,20 +65,23 @@ def create_run(store: ObjectStore, run_id: str, config: dict, *, key: bytes, ech
     return record
 
 
-def check_run_key(record: dict, key: bytes | None) -> None:
+def check_run_key(record: dict, key: Ed25519PrivateKey | None) -> None:
     """Refuse to resume with a key other than the one the run's versions were signed with.
 
-    Actors verify every manifest with the run's key: a learner that made itself a new key would
-    publish versions no actor accepts and wait for rollouts forever.
+    Actors verify every manifest with the public key in ``run.json``: a learner that made itself a
+    new key would publish versions no actor accepts and wait for rollouts forever.
     """
     expected = record.get("key_fingerprint")
     if expected is None:  # a run from before fingerprints were recorded
         return
+    if "public_key" not in record:
+        raise MissingRunKey(f"run {record['run_id']} was signed with an HMAC key (echo2 before Ed25519-signed "
+                            "versions): its actors cannot check versions signed now; start a new run")
     where = f"${KEY_ENV} or {key_path(record['run_id'])}"
     if key is None:
         raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but there is no key at {where}; "
                             "restore the secrets file the run was started with")
-    if fingerprint(key) != expected:
+    if public_key_text(key) != record["public_key"]:
         raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but the key at {where} is "
                             f"{fingerprint(key)}; restore the secrets file the run was started with")
 

@@ -1,8 +1,23 @@
-"""The run's secret key: it signs policy manifests and derives the relay token.
+"""The run's keys: the learner's signing key, the public key actors verify versions with, and
+the relay secret actors authenticate each other with.
 
-Only the learner (and the local actors it starts, through their environment) holds it. The key
-never enters the store or a log; ``run.json`` holds only its fingerprint, so a resumed learner
-can tell that it holds the key the run was started with.
+Actors run on machines we do not own (DESIGN.md, "Trust boundaries"), so the key that signs
+policy versions is one no actor holds: an Ed25519 private key only the learner has, from
+``$ECHO2_RUN_KEY`` (a resumed or remote learner; tests) or else a 0600 file in the secrets
+folder, created once by the learner. Both hold the 32-byte seed as 64 hex digits. The private
+key never enters the store, a log or an actor's environment. ``run.json`` carries the public
+key (it is public) and its fingerprint: actors read it once at start and need no secret to
+verify; a resumed learner checks that its private key is the run's (``run_folder.check_run_key``).
+
+Actors still share a secret among themselves: relay requests carry a bearer token, so that a
+stranger can neither pull nor probe chunks. That secret is derived one-way from the signing key
+(HMAC of its seed under a fixed context), so the learner keeps one file and a resumed learner
+hands out the same secret, while an actor holding it learns nothing of the signing key: it can
+talk to peers, never sign a version. It reaches local actors through ``$ECHO2_RELAY_SECRET``.
+Today every node accepts ``relay_token(secret)``. Per-actor revocable tokens are a later item;
+they slot in here: the learner issues each actor its own token (``HMAC(relay_secret,
+actor_id)``, or sounder, ``actor_id`` signed with the learner's key so that a node can check a
+token without being able to mint one) and nodes refuse ids the learner revoked.
 """
 
 from __future__ import annotations
@@ -10,23 +25,29 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import secrets
 from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from echo2.errors import Echo2InputError
 
 TOKEN_CONTEXT = b"echo2 relay token v1"
-FINGERPRINT_CONTEXT = b"echo2 key fingerprint v1"
+RELAY_CONTEXT = b"echo2 relay secret v1"
+FINGERPRINT_CONTEXT = b"echo2 ed25519 fingerprint v1"
+PUBLIC_PREFIX = "ed25519:"
 KEY_ENV = "ECHO2_RUN_KEY"
+"""The learner's private key (never set for an actor)."""
+RELAY_SECRET_ENV = "ECHO2_RELAY_SECRET"
+"""What an actor holds to authenticate relay requests (cannot sign versions)."""
 
 
 class MissingRunKey(Echo2InputError):
     """The run's key is not where it is expected, or is not the key the run was started with."""
 
 
-def relay_token(key: bytes) -> str:
-    """The bearer token relay requests carry, derived from the run key (so it never needs its own secret)."""
-    return hmac.new(key, TOKEN_CONTEXT, hashlib.sha256).hexdigest()
+class UnreadableRunKey(Echo2InputError):
+    """Something is where the run's key is expected, but it is not a key (a missing key is another case)."""
 
 
 def key_path(run_id: str) -> Path:
@@ -34,23 +55,81 @@ def key_path(run_id: str) -> Path:
     return base / f"{run_id}.key"
 
 
-def run_key(run_id: str, *, create: bool = False) -> bytes:
-    """The run's HMAC key: ``$ECHO2_RUN_KEY``, else the secrets file of the run (created by the learner)."""
+def _seed_text(key: Ed25519PrivateKey) -> str:
+    return key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()).hex()
+
+
+def _parse(text: str, where: str) -> Ed25519PrivateKey:
+    try:
+        seed = bytes.fromhex(text.strip())
+        if len(seed) != 32:
+            raise ValueError(f"{len(seed)} bytes")
+        return Ed25519PrivateKey.from_private_bytes(seed)
+    except ValueError:
+        raise UnreadableRunKey(f"the key at {where} is not an echo2 run key (64 hex digits of an Ed25519 seed); "
+                               "restore the secrets file the run was started with") from None
+
+
+def run_key(run_id: str, *, create: bool = False) -> Ed25519PrivateKey:
+    """The learner's signing key: ``$ECHO2_RUN_KEY``, else the secrets file of the run (made with ``create``).
+
+    Only the learner calls this; an actor never needs the private key (it verifies with
+    ``public_key_of(run.json)``).
+    """
     if os.environ.get(KEY_ENV):
-        return os.environ[KEY_ENV].encode()
+        return _parse(os.environ[KEY_ENV], f"${KEY_ENV}")
     path = key_path(run_id)
     if path.exists():
-        return path.read_bytes().strip()
+        return _parse(path.read_text(errors="replace"), str(path))
     if not create:
         raise MissingRunKey(f"no key for run {run_id}: set {KEY_ENV} or provide {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_hex(32).encode())
-    return path.read_bytes().strip()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # EXCL: two learners never race to two keys
+    with os.fdopen(fd, "w") as f:
+        f.write(_seed_text(Ed25519PrivateKey.generate()))
+    return _parse(path.read_text(), str(path))
 
 
+def public_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """The public key as ``run.json`` carries it: ``ed25519:<64 hex digits>``."""
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    return PUBLIC_PREFIX + public.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
 
-def fingerprint(key: bytes) -> str:
-    """A public name of the key (kept in run.json): HMAC of a fixed context, so it reveals nothing."""
-    return hmac.new(key, FINGERPRINT_CONTEXT, hashlib.sha256).hexdigest()[:16]
+
+def fingerprint(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    """A short name of the public key (kept in run.json, shown in errors)."""
+    raw = bytes.fromhex(public_key_text(key)[len(PUBLIC_PREFIX):])
+    return hashlib.sha256(FINGERPRINT_CONTEXT + raw).hexdigest()[:16]
+
+
+def public_key_of(record: dict) -> Ed25519PublicKey:
+    """The run's public key from its ``run.json`` record: what an actor verifies versions with."""
+    text = record.get("public_key")
+    try:
+        if not isinstance(text, str) or not text.startswith(PUBLIC_PREFIX):
+            raise ValueError(text)
+        return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text[len(PUBLIC_PREFIX):]))
+    except ValueError:
+        raise MissingRunKey(f"run.json of run {record.get('run_id')} carries no Ed25519 public key "
+                            "(a run of an older echo2?): actors cannot check its versions") from None
+
+
+def relay_secret(key: Ed25519PrivateKey) -> str:
+    """The secret actors share to authenticate relay requests; one-way from the signing key, so
+    holding it does not let anyone sign a version."""
+    seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    return hmac.new(seed, RELAY_CONTEXT, hashlib.sha256).hexdigest()
+
+
+def relay_secret_from_env() -> str:
+    """An actor's relay secret (``$ECHO2_RELAY_SECRET``, set by the fleet that started it)."""
+    secret = os.environ.get(RELAY_SECRET_ENV)
+    if not secret:
+        raise MissingRunKey(f"no relay secret: set {RELAY_SECRET_ENV} (the fleet that starts an actor sets it)")
+    return secret
+
+
+def relay_token(secret: str) -> str:
+    """The bearer token relay requests carry, derived from the relay secret (the secret itself never
+    travels over the wire)."""
+    return hmac.new(secret.encode(), TOKEN_CONTEXT, hashlib.sha256).hexdigest()

@@ -4,7 +4,9 @@ A weights folder (``policy/v000042/`` or ``checkpoints/step-000040/``) holds
 ``shard-0000.safetensors``..., ``model.safetensors.index.json``, the model's ``config.json`` and
 tokenizer files, and ``manifest.json`` with the size and sha256 of every file. The manifest is
 the commit point: a folder without one does not exist for readers, and every byte read back is
-checked against it, so a corrupted or truncated shard is never loaded.
+checked against it, so a corrupted or truncated shard is never loaded. Every manifest read is
+checked to name only plain files of its own folder (``manifest.check_manifest``) before any of
+its names becomes a store key or a path.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Iterable
 
 import torch
 from safetensors.torch import load as st_load
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import save as st_save
 
-from echo2.data.manifest import chunk_hashes, sign
+from echo2.data.manifest import check_file_name, check_manifest, chunk_hashes, sign
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
@@ -83,12 +86,14 @@ def write_weights(
     shard_mb: int,
     meta: dict,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-    key: bytes | None = None,
+    key: Ed25519PrivateKey | None = None,
 ) -> dict:
     """Write shards, index and ``extra_files`` under ``prefix``, then the manifest. Returns the manifest.
 
     Every file is also described chunk by chunk (sha256 per ``chunk_size`` bytes) for the relay;
-    with ``key`` the manifest is signed (HMAC-SHA256) so actors can reject forgeries.
+    with ``key`` (the learner's Ed25519 key) the manifest is signed so actors can reject forgeries.
+    Names of ``extra_files`` must be plain file names (``manifest.FILE_NAME``), checked before
+    anything is written: readers refuse a manifest naming anything else.
 
     The manifest is the commit point, created once; a committed folder raises ``AlreadyExists``.
     Until then the folder is nobody's: what a killed writer left there is cleared first and the
@@ -97,6 +102,8 @@ def write_weights(
     """
     if store.exists(layout.manifest_key(prefix)):
         raise AlreadyExists(layout.manifest_key(prefix))
+    for name in extra_files:
+        check_file_name(name)
     store.delete_prefix(prefix + "/")
     kind = "checkpoint" if prefix.startswith(layout.CHECKPOINTS) else "publish"
     files = []
@@ -126,7 +133,8 @@ def write_weights(
 
 
 def read_manifest(store: ObjectStore, prefix: str) -> dict:
-    return store.get_json(layout.manifest_key(prefix))
+    """The manifest of the folder ``prefix``, its file names checked (ManifestRejected); not its signature."""
+    return check_manifest(store.get_json(layout.manifest_key(prefix)), f"manifest of {prefix}")
 
 
 def read_verified(store: ObjectStore, prefix: str, entry: dict) -> bytes:
@@ -158,7 +166,8 @@ def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, .
 
 def publish_version(
     store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], *, extra_files: dict[str, bytes],
-    shard_mb: int, chunk_size: int = DEFAULT_CHUNK_SIZE, key: bytes | None = None, meta: dict | None = None,
+    shard_mb: int, chunk_size: int = DEFAULT_CHUNK_SIZE, key: Ed25519PrivateKey | None = None,
+    meta: dict | None = None,
 ) -> dict:
     """Commit policy version ``version`` (signed with ``key``) and point ``policy/LATEST`` at it."""
     manifest = write_weights(

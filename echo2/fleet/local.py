@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from echo2.config import FleetConfig
 from echo2.data.ledger import write_event
+from echo2.data.run_key import KEY_ENV, RELAY_SECRET_ENV, relay_secret
 from echo2.data.store import ObjectStore
 from echo2.fleet.backend import FleetBackend
 from echo2.fleet.costs import fleet_usd
@@ -47,7 +50,7 @@ class _Slot:
 
 class LocalFleet(FleetBackend):
     def __init__(self, config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
-                 run_key: bytes, actor_command: list[str] | None = None):
+                 run_key: Ed25519PrivateKey, actor_command: list[str] | None = None):
         """``actor_command`` replaces ``python -m echo2.cli actor`` (the overlap benchmark's actors);
         ``--run``, ``--actor-id`` and ``--parent-pid`` are appended to it."""
         self.config = config
@@ -67,8 +70,10 @@ class LocalFleet(FleetBackend):
         actor_id = f"actor{index}-{secrets.token_hex(3)}"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{actor_id}.log"
-        # secrets travel in the environment, never on the command line or through the store
-        env = dict(os.environ, ECHO2_STORE_OPTIONS=json.dumps(self.store_options), ECHO2_RUN_KEY=self.run_key.decode())
+        # secrets travel in the environment, never on the command line or through the store; an actor
+        # gets the relay secret, never the learner's signing key (not even one inherited from our env)
+        env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+        env.update(ECHO2_STORE_OPTIONS=json.dumps(self.store_options), **{RELAY_SECRET_ENV: relay_secret(self.run_key)})
         cmd = [*self.actor_command, "--run", self.store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

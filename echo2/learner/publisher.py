@@ -9,6 +9,7 @@ version 0 stays, since every adapter version applies to it.
 from __future__ import annotations
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.topology import live_peers, plan
 from echo2.config import BroadcastConfig, TrainConfig
@@ -18,8 +19,10 @@ from echo2.data.weights import delete_folder, publish_version, published_version
 
 
 def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], meta: dict, *,
-            extra_files: dict[str, bytes], train: TrainConfig, broadcast: BroadcastConfig, key: bytes) -> dict:
-    """Commit ``version`` (signed with ``key``), move LATEST to it, collect garbage; returns the manifest."""
+            extra_files: dict[str, bytes], train: TrainConfig, broadcast: BroadcastConfig,
+            key: Ed25519PrivateKey) -> dict:
+    """Commit ``version`` (signed with ``key``, the learner's Ed25519 key), move LATEST to it, collect
+    garbage; returns the manifest."""
     live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
     relay = plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
     manifest = publish_version(store, version, tensors, extra_files=extra_files, shard_mb=train.shard_mb,

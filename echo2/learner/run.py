@@ -2,8 +2,8 @@
 
 The Prefect flow (``flows/train.py``) drives this object; nothing here knows about Prefect.
 
-Resume: the learner restarts from its newest checkpoint c with the run's own key (its fingerprint
-is in ``run.json``). What the dead learner made after c is moved to ``orphaned/<time>/``
+Resume: the learner restarts from its newest checkpoint c with the run's own signing key (its
+public half is in ``run.json``). What the dead learner made after c is moved to ``orphaned/<time>/``
 (``data/run_folder.py``), and the run continues from version c. Rollout files a step had chosen
 but not trained on when it died are used again; every committed rollout file ends in the ledger
 exactly once: used, dropped (stale, duplicate, or unused when the run finished) or quarantined.
@@ -65,11 +65,11 @@ class LearnerRun:
         state: dict = {}
         if resume:
             record = read_run_record(runs, self.run_id)
-            self.key = run_key(self.run_id)  # never a new key: actors verify versions with the run's own
+            self.key = run_key(self.run_id)  # never a new key: actors verify versions with run.json's public key
             check_run_key(record, self.key)
             state = self._resume()
         else:
-            self.key = run_key(self.run_id, create=True)  # signs manifests; never written to the store
+            self.key = run_key(self.run_id, create=True)  # Ed25519, signs manifests; never in the store or a log
             create_run(self.store, self.run_id, config.model_dump(mode="json"), key=self.key,
                        echo2_version=__version__)
             self.publish()  # version 0: the initial policy

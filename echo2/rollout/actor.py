@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load as st_load
 from transformers import AutoTokenizer
 
-from echo2.data.run_key import run_key
+from echo2.data.run_key import public_key_of, relay_secret_from_env
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
@@ -75,8 +75,10 @@ class Actor:
         self.rng = random.Random(seed)
         torch.manual_seed(seed)
         self.consumed = ConsumedIndex(store)
-        self.receiver = PolicyReceiver(store, actor_id, run_key(self.run_id), self.config.broadcast,
-                                       staleness=self.config.train.staleness)
+        # what an actor holds: the run's public key (verifies versions) and the relay secret (talks to
+        # peers); neither signs a version, and the learner's private key is never read here
+        self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), relay_secret_from_env(),
+                                       self.config.broadcast, staleness=self.config.train.staleness)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -151,7 +153,7 @@ class Actor:
         if self.engine is None:
             model_dir = self._workdir / "model"
             model_dir.mkdir(parents=True, exist_ok=True)
-            for entry in buffer.manifest["files"]:
+            for entry in buffer.manifest["files"]:  # plain names only: the receiver checked them
                 if entry["kind"] == "aux":
                     (model_dir / entry["name"]).write_bytes(files[entry["name"]])
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
