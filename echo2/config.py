@@ -140,6 +140,33 @@ class EvalConfig(_Section):
     """Problems per greedy generation batch."""
 
 
+class SnapshotPricesConfig(_Section):
+    source: Literal["snapshot"] = "snapshot"
+    catalog: str | None = None
+    """Price catalog CSV (None = the shipped ``infra/prices/gpu-offers-2026-11.csv``)."""
+
+
+class AwsPricesConfig(_Section):
+    source: Literal["aws"]
+    regions: list[str] | None = None
+    """Regions to ask for spot prices (None = every AWS region of the snapshot catalog)."""
+    endpoint_url: str | None = None
+    """EC2 endpoint (None = AWS's own; tests point it at moto). Credentials come from the environment."""
+    catalog: str | None = None
+    """Snapshot that supplies each instance type's GPUs and on-demand price (None = the shipped one)."""
+
+
+class SkyPilotPricesConfig(_Section):
+    source: Literal["skypilot"]
+    clouds: list[str] | None = None
+    """SkyPilot clouds to list (None = every cloud of its catalog). Needs the ``cloud`` extra."""
+
+
+PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig, Field(discriminator="source")]
+"""Where offers and prices come from (``echo2/fleet/price_sources.py``): ``snapshot`` (the dated
+catalog under ``infra/prices/``), ``aws`` (live spot prices, boto3) or ``skypilot`` (its catalog)."""
+
+
 class BroadcastConfig(_Section):
     mode: Literal["relay", "store"] = "relay"
     """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the store."""
@@ -169,9 +196,23 @@ class BroadcastConfig(_Section):
     """A peer whose heartbeat is older than this is not given children."""
 
 
+class LocalFleetConfig(_Section):
+    reclaim_rate: float = Field(0.0, ge=0)
+    """Reclaim injector: expected reclaims per actor per minute (Poisson), as a spot market would
+    take machines away; 0 = never. Each reclaimed actor is replaced by the fleet manager."""
+    reclaim_burst: float = Field(0.0, ge=0, le=1)
+    """Probability that a reclaim takes every running actor at once (spot pools are reclaimed in bursts)."""
+    notice_s: float = Field(2.0, ge=0)
+    """Notice a reclaimed actor gets: SIGTERM, then SIGKILL this many seconds later if it is still there."""
+    seed: int = 0
+    """Seed of the reclaim injector, so a chaos run can be repeated."""
+
+
 class FleetConfig(_Section):
     backend: Literal["local"] = "local"
     """Where actors run: ``local`` = OS processes on this machine."""
+    local: LocalFleetConfig = Field(default_factory=LocalFleetConfig)
+    """The local backend: processes on this machine, and its reclaim injector."""
     actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
     batch time over the first steps, and grow to the smallest fleet the capacity model
@@ -184,9 +225,11 @@ class FleetConfig(_Section):
     target_utilization: float = Field(0.95, gt=0, le=1)
     """With ``actors: auto``: the learner utilization the fleet is sized for."""
     max_restarts: int = Field(3, ge=0)
-    """A crashed actor is restarted up to this many times per run."""
+    """A crashed actor is replaced up to this many times per slot (a reclaimed one always is)."""
     max_usd_per_hour: float | None = Field(None, gt=0)
     """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
+    prices: PriceSourceConfig = Field(default_factory=SnapshotPricesConfig)
+    """Price source for activation and cost figures: ``{source: snapshot|aws|skypilot, ...}``."""
 
 
 class Config(_Section):

@@ -22,7 +22,7 @@ from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.store import StoreError, open_store
 from echo2.fleet import autosize
-from echo2.fleet.local import LocalFleet
+from echo2.fleet.manager import FleetManager, make_fleet
 from echo2.launch import resolve_launch
 from echo2.learner.collector import NoRollouts, Selection
 from echo2.learner.run import LearnerRun
@@ -43,9 +43,9 @@ def prepare_run(config: Config, resume: bool) -> LearnerRun:
 
 
 @task(cache_policy=NO_CACHE)
-def start_fleet(run: LearnerRun) -> LocalFleet:
-    fleet = LocalFleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
-                       run_key=run.key)
+def start_fleet(run: LearnerRun) -> FleetManager:
+    fleet = make_fleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
+                       run_key=run.key, seed=run.config.run.seed)
     fleet.start()
     return fleet
 
@@ -57,7 +57,7 @@ def evaluate(run: LearnerRun, label: str) -> dict:
 
 @task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2, retry_condition_fn=_transient,
       task_run_name="collect-rollouts-{step}")
-def collect_rollouts(run: LearnerRun, fleet: LocalFleet, step: int) -> Selection:
+def collect_rollouts(run: LearnerRun, fleet: FleetManager, step: int) -> Selection:
     return run.collect(should_abort=fleet.reconcile)
 
 
@@ -67,7 +67,7 @@ def update_policy(run: LearnerRun, selection: Selection, step: int) -> dict:
 
 
 @task(cache_policy=NO_CACHE)
-def reconcile_fleet(fleet: LocalFleet, run: LearnerRun) -> dict:
+def reconcile_fleet(fleet: FleetManager, run: LearnerRun) -> dict:
     """Replace dead actors; with ``fleet.actors: auto``, resize to what the capacity model asks for."""
     if run.config.fleet.actors == "auto" and autosize.due(run.step):
         sized = autosize.auto_fleet_size(run.config, run.store, run.history)

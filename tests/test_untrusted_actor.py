@@ -132,21 +132,23 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
 
 
 def test_an_actor_is_started_with_the_relay_secret_and_never_the_signing_key(run, tmp_path, monkeypatch):
-    from echo2.fleet.local import LocalFleet
+    from echo2.fleet.manager import make_fleet
 
     store, key = run
     monkeypatch.setenv(KEY_ENV, _seed(key))  # a learner that got its key from the environment
     show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in ({KEY_ENV!r}, {RELAY_SECRET_ENV!r})}}))"
-    fleet = LocalFleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
+    fleet = make_fleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
                        actor_command=[sys.executable, "-c", show])
     try:
         fleet.start()
-        fleet.slots[0].proc.wait(timeout=60)
-        env = json.loads(fleet.slots[0].log_path.read_text().splitlines()[-1])
+        actor_id = fleet.slots[0].actor_id
+        fleet.backend.procs[actor_id].wait(timeout=60)
+        log_path = fleet.backend.logs[actor_id]
+        env = json.loads(log_path.read_text().splitlines()[-1])
     finally:
         fleet.stop()
     assert env == {KEY_ENV: None, RELAY_SECRET_ENV: relay_secret(key)}
-    assert _seed(key) not in fleet.slots[0].log_path.read_text()
+    assert _seed(key) not in log_path.read_text()
 
 
 # -- Task B: what a manifest may name --------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Each grid point is a fresh run with the REAL learner loop (``LearnerRun``: collect, update,
 publish, checkpoint; driven directly, as ``flows/train.py`` does through Prefect), REAL actor
-processes (the ``Actor`` loop with its flow control, started by ``LocalFleet``), the real object
+processes (the ``Actor`` loop with its flow control, started by the fleet manager), the real object
 store (local files) and real dissemination (store mode, signed manifests, chunk hashes). Only the
 compute is replaced, by the *timing workload* (``timing_learner.py``, ``overlap_actor.py``):
 
@@ -41,7 +41,7 @@ from echo2.data.store import open_store
 from echo2.data.weights import read_manifest
 from echo2.fleet.capacity import Workload, min_staleness, predict
 from echo2.fleet.fit import fit_run
-from echo2.fleet.local import LocalFleet
+from echo2.fleet.manager import make_fleet
 
 TOLERANCE = 0.10
 """Largest |predicted - measured| utilization the benchmark calls agreement."""
@@ -131,7 +131,7 @@ def run_point(s: Settings, p: Point, workdir: Path, model_dir: Path) -> dict:
     read_mbps = version_bytes / 2**20 / target if target > 0 else 0.0
     command = [sys.executable, "-m", "echo2.bench.overlap_actor", "--batch-seconds", str(s.batch_seconds),
                "--read-mbps", f"{read_mbps:.6f}"]
-    fleet = LocalFleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
+    fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
                        actor_command=command)
     fleet.start()
     try:

@@ -2,7 +2,7 @@
 
     python -m echo2.bench.overlap_actor --batch-seconds G [--read-mbps B] --run URL --actor-id ID --parent-pid PID
 
-``LocalFleet`` starts it through its ``actor_command`` seam and appends ``--run``, ``--actor-id``
+The fleet (``make_fleet``) starts it through its ``actor_command`` seam and appends ``--run``, ``--actor-id``
 and ``--parent-pid``. Everything but the compute is the real actor: it follows LATEST and
 receives each version in store mode (signed manifest, chunks checked against their sha256),
 keeps its own flow control (``Actor._has_capacity``), and commits real rollout files that the

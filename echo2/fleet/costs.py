@@ -4,7 +4,7 @@ report and ``echo2 report`` can never disagree.
 The only input is what the learner and the fleet (trusted) wrote to ``ledger/events`` -- one
 billing row per worker, from its start (``launch`` or ``requested``; a ``running``/``ready`` of a
 worker never seen before also starts one) to its end (``exited``, ``terminated``, ``reclaimed``,
-``crashed``; a worker with no end is billed until ``now``). Any event of the row may carry its offer:
+``crashed``, or ``unavailable``: the provider had no capacity for a request; a worker with no end is billed until ``now``). Any event of the row may carry its offer:
 ``backend``, ``provider``, ``gpu``, ``region``, ``spot``, ``price_usd_per_hour``,
 ``on_demand_usd_per_hour``, ``simulated_price``, ``role``; the latest value wins (a ``running`` event
 knows which of a launch's candidate offers was bought). Missing or malformed fields fall back to
@@ -33,7 +33,7 @@ from echo2.data.store import NotFound, ObjectStore
 
 STARTS = ("launch", "requested")
 STATUS = ("running", "ready")
-ENDS = ("exited", "terminated", "reclaimed", "crashed")
+ENDS = ("exited", "terminated", "reclaimed", "crashed", "unavailable")  # unavailable: the offer had no capacity
 LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
 """Where the learner's price would live in the run's config; nothing sets it yet."""
 

@@ -1,0 +1,125 @@
+"""The fleet manager (desired against actual, offers, budget, events) and the local backend's
+reclaim injector, with real processes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from echo2.config import FleetConfig, LocalFleetConfig
+from echo2.data.fsspec_store import FsspecStore
+from echo2.data.ledger import read_events
+from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
+from echo2.fleet.costs import fleet_usd
+from echo2.fleet.manager import FleetFailed, FleetManager, make_fleet
+from echo2.data.run_key import run_key
+
+SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
+
+
+class FakeCloud(FleetBackend):
+    """Test double at the provisioning boundary (a cloud's launch API, unreachable from here):
+    offers listed in ``no_capacity`` raise CapacityError; the test sets actors' states by hand."""
+
+    name = "fake-cloud"
+
+    def __init__(self, no_capacity=()):
+        self.no_capacity = set(no_capacity)
+        self.states: dict[str, ActorStatus] = {}
+        self.launched: list[ActorLaunch] = []
+        self.terminated: list[str] = []
+
+    def launch(self, spec):
+        if spec.offer.instance_type in self.no_capacity:
+            raise CapacityError(f"InsufficientInstanceCapacity for {spec.offer.instance_type}")
+        self.launched.append(spec)
+        self.states[spec.actor_id] = ActorStatus(ActorState.RUNNING)
+        return {"cluster": f"echo2-{spec.actor_id}"}
+
+    def poll(self, actor_id):
+        return self.states[actor_id]
+
+    def terminate(self, actor_id, grace_s=10.0):
+        self.terminated.append(actor_id)
+
+
+OFFERS = [Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
+                usd_per_hour=0.30, on_demand_usd_per_hour=0.80),
+          Offer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_count=1, region="us-central1", spot=True,
+                usd_per_hour=0.22, on_demand_usd_per_hour=0.71)]
+
+
+def manager(tmp_path, backend, **fleet):
+    store = FsspecStore(str(tmp_path / "run"), {})
+    spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
+    return FleetManager(backend, FleetConfig(**fleet), store, launch_spec=spec, offers=OFFERS), store
+
+
+def kinds(store):
+    return [e["kind"] for e in sorted(read_events(store), key=lambda e: e["ts"])]
+
+
+def test_cheapest_offer_first_and_the_next_one_when_it_has_no_capacity(tmp_path):
+    cloud = FakeCloud(no_capacity={"g2-standard-4"})
+    fleet, store = manager(tmp_path, cloud, actors=2)
+    fleet.start()
+    # the GCP offer is cheaper but has no capacity: both actors run on the AWS one
+    assert [s.offer.instance_type for s in fleet.slots] == ["g6.xlarge", "g6.xlarge"]
+    events = read_events(store)
+    assert sum(e["kind"] == "unavailable" for e in events) == 2
+    launches = [e for e in events if e["kind"] == "launch"]
+    assert {e["price_usd_per_hour"] for e in launches} == {0.30} and all(e["cluster"] for e in launches)
+    assert fleet.usd_per_hour() == pytest.approx(0.60)
+
+
+def test_a_reclaimed_actor_is_replaced_and_never_counts_as_a_crash(tmp_path):
+    cloud = FakeCloud()
+    fleet, store = manager(tmp_path, cloud, actors=1, max_restarts=0)
+    fleet.start()
+    for _ in range(3):
+        cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.RECLAIMED, "Server.SpotInstanceTermination")
+        status = fleet.reconcile()
+        assert status["actors_alive"] == 1
+    assert kinds(store).count("reclaimed") == 3 and kinds(store).count("launch") == 4
+    cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.CRASHED, "exit code 1")
+    with pytest.raises(FleetFailed, match="crashed"):
+        fleet.reconcile()
+
+
+def test_the_budget_is_never_exceeded(tmp_path):
+    cloud = FakeCloud()
+    fleet, store = manager(tmp_path, cloud, actors=3, max_usd_per_hour=0.5)
+    fleet.start()
+    assert len(fleet.slots) == 2 and fleet.usd_per_hour() <= 0.5  # a third at $0.22/h would exceed it
+    assert "budget" in kinds(store)
+    fleet.resize(1, "test")
+    assert len(fleet.slots) == 1 and len(cloud.terminated) == 1
+    fleet.stop()
+    assert len(cloud.terminated) == 2 and kinds(store).count("terminated") == 2
+
+
+def test_reclaim_injector_takes_real_processes_and_the_manager_replaces_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    store = FsspecStore(str(tmp_path / "run"), {})
+    config = FleetConfig(actors=2, local=LocalFleetConfig(reclaim_rate=60.0, notice_s=0.5, seed=1))  # ~1/s each
+    fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True),
+                       actor_command=SLEEPER)
+    fleet.start()
+    try:
+        deadline = time.time() + 60
+        while kinds(store).count("reclaimed") < 3 and time.time() < deadline:
+            fleet.reconcile()
+            time.sleep(0.2)
+    finally:
+        fleet.stop()
+    events = sorted(read_events(store), key=lambda e: e["ts"])
+    reclaimed = [e for e in events if e["kind"] == "reclaimed"]
+    assert len(reclaimed) >= 3
+    # every reclaim is followed by a launch that replaces it
+    for r in reclaimed:
+        assert any(e["kind"] == "launch" and e["ts"] >= r["ts"] for e in events)
+    # a sleeper ignores nothing: SIGTERM ends it, or SIGKILL after the notice; nothing is left running
+    assert all(p.poll() is not None for p in fleet.backend.procs.values())
+    assert fleet_usd(store) == 0.0  # local processes are free
