@@ -110,3 +110,26 @@ def test_bad_workloads_are_refused():
         workload(train_seconds=0)
     with pytest.raises(ValueError):
         workload(staleness=-1)
+
+
+def test_a_waiting_learner_sees_files_at_its_poll_ticks():
+    # one actor, 4 batches of 0.4 s per step of 1 s: throughput-bound at 1.6 s; the learner lists
+    # the store every 0.25 s while it waits, so it starts a step up to one poll later
+    w = workload(train_seconds=1.0, groups_per_batch=2, upload_seconds=0.0, dissemination_seconds=0.0, staleness=2)
+    polled = Workload(**{**w.__dict__, "learner_poll_seconds": 0.25})
+    base, late = predict(w, [0.4]).step_seconds, predict(polled, [0.4]).step_seconds
+    assert base == pytest.approx(1.6, rel=0.01)
+    assert base < late <= base + 0.25 + 1e-9
+
+
+def test_a_swap_costs_the_actor_its_time_once_per_version():
+    w = workload(train_seconds=1.0, groups_per_batch=2, upload_seconds=0.0, dissemination_seconds=0.0, staleness=2)
+    swapping = Workload(**{**w.__dict__, "swap_seconds": 0.2})
+    assert predict(swapping, [0.4]).step_seconds == pytest.approx(predict(w, [0.4]).step_seconds + 0.2, rel=0.02)
+
+
+def test_only_the_commit_holds_an_actor_back():
+    # U = 0.5 s until the learner sees a file, of which the actor waits 0.05 s for its put
+    w = workload(groups_per_batch=2, upload_seconds=0.5)
+    assert throughput(Workload(**{**w.__dict__, "put_seconds": 0.05}), [1.0]) == pytest.approx(2 / 1.05)
+    assert throughput(w, [1.0]) == pytest.approx(2 / 1.5)  # by default the actor waits for all of U

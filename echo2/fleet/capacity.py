@@ -7,10 +7,12 @@ Inputs (every time in seconds; a *group* is one prompt with its G completions)
         (everything but waiting for rollouts; measured as step seconds minus wait seconds)
     R   groups per learner step                  (train.groups_per_step)
     b   groups per actor batch, one rollout file (rollout.groups_per_batch)
-    G_i generation time of one batch on worker i
-    U   upload: from a batch's last token to its file committed (the actor waits for the put)
-        and seen by the learner; worker i's throughput is  mu_i = b / (G_i + U)  groups/s
-    D   dissemination: from the end of a step to actors generating with its version
+    G_i one batch on worker i: sampling, scoring, encoding (its whole turn but the commit)
+    U   upload: from a batch's last token to its file seen by the learner; the actor waits for
+        the commit (``put_seconds``, default all of U), so worker i makes mu_i = b / (G_i + put)
+        groups/s; a waiting learner lists the store every ``learner_poll_seconds``
+    D   dissemination: one version's transfer to an actor (plus, in the simulation, the waits
+        around it: for the receiver to be free, for the batch under way to end, the swap)
     S   staleness: a group of version v is usable at learner version t iff t - v <= S
     k   publish period (train.publish_every): versions 0, k, 2k, ... reach the actors
     Q   fleet-wide backlog bound in batches: max(rollout.max_pending_batches, ceil(R / b))
@@ -48,11 +50,13 @@ Derivation (the idealized pipeline: every actor identical in behaviour, D and U 
 
    S = 0 is the synchronous loop: T_step = T + D + F_R. (A lower bound when D > T: it lets
    transfers of successive versions overlap, which one receiver does not.)
-4. In general (k > 1, heterogeneous workers, both bounds close, the backlog Q shifting lag) the
-   closed forms are bounds; ``predict`` evaluates the same idealized pipeline exactly with a small
-   event simulation (learner, actors with flow control, backlog, whole-file oldest-first
-   collection) and reports its steady state: step time, utilization, which bound holds, and the
-   lag distribution of the groups the learner uses.
+4. In general (k > 1, heterogeneous workers, both bounds close, the backlog Q shifting lag, one
+   transfer at a time, the learner's poll) the closed forms are bounds; ``predict`` evaluates the
+   pipeline turn by turn as the processes act (``_Pipeline``) and reports its steady state: step
+   time, utilization, which bound holds, and the lag distribution of the groups the learner uses.
+   Checked against the real system by ``echo2 bench overlap``: the first version of this module
+   (D as a pure delay, U charged to every batch) was off by up to 0.51 utilization where D >= T;
+   following the processes turn by turn brought every grid point within about 0.1.
 
 Not modelled: contention between learner and actors for the same CPU or GPU (on one machine they
 slow each other; the benchmark uses a timing workload, so it does not), variance of G and D
