@@ -19,6 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 # has its own `make bench-NAME`. Adding one is one line: BENCHMARKS += NAME
 BENCHMARKS := broadcast
 BENCHMARKS += overlap
+BENCHMARKS += cost
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
 .PHONY: setup run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser

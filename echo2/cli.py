@@ -439,6 +439,58 @@ def audit(
         raise typer.Exit(1)
 
 
+@app.command("prices")
+def prices_table(
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="Only these GPUs (repeatable), e.g. --gpu H100 --gpu L4."),
+    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Only offers with a spot (or an on-demand) price; both by default."),
+    source: str = typer.Option("snapshot", "--source", help="Price source: snapshot, aws (live spot prices), skypilot."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Snapshot CSV (snapshot, aws) [infra/prices/gpu-offers-2026-11.csv]."),
+    region: Optional[List[str]] = typer.Option(None, "--region", help="aws: regions to ask (repeatable) [the snapshot's]."),
+    limit: int = typer.Option(40, "--limit", help="Rows in the table (0 = all); --json prints all."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of offers, cheapest first."),
+) -> None:
+    """GPU offers and their prices, cheapest first, from the snapshot catalog, AWS or SkyPilot."""
+    from echo2.fleet.price_sources import cheapest_first, make_price_source, print_offers
+
+    try:
+        src = make_price_source(source, catalog=catalog, regions=region)
+        offers = cheapest_first(src.offers(gpu, spot), spot)
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    if not offers:
+        _fail(f"no offer{' of ' + ', '.join(gpu) if gpu else ''} in the {source} price source", code=1)
+    typer.echo(json.dumps([o.as_dict() for o in offers])) if as_json else print_offers(offers, src.describe(), spot, limit)
+
+
+@bench_app.command("cost")
+def bench_cost(
+    rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second", help="R: rollouts (completions) per second the fleet must make."),
+    model_params: float = typer.Option(4.0, "--model-params", help="Model size in billions (speeds interpolated between profiled sizes)."),
+    completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per rollout."),
+    source: str = typer.Option("snapshot", "--source", help="Price source: snapshot, aws, skypilot."),
+    reclaim_rate: Optional[List[str]] = typer.Option(None, "--reclaim-rate", help="Reclaims per instance-hour: KEY=RATE, KEY = spot, on-demand, provider, provider:market or offer (repeatable)."),
+    cap: Optional[List[str]] = typer.Option(None, "--cap", help="Instances per offer at most: KEY=N, same keys (repeatable)."),
+    recovery_seconds: float = typer.Option(600.0, "--recovery-seconds", help="Work lost per reclaim: until a replacement produces."),
+    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for activation's fleet."),
+    measured_run: Optional[List[str]] = typer.Option(None, "--measured-run", help="Earlier run whose measured speeds replace the profiles' (repeatable)."),
+    sweep: bool = typer.Option(True, "--sweep/--no-sweep", help="Also both figures at 8, 32, 128, 512, 1024 rollouts/s."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput."""
+    from echo2.bench.cost import SWEEP, print_cost, run_cost_bench
+
+    try:
+        result = run_cost_bench(rollouts_per_second=rollouts_per_second, model_params_b=model_params, source=source,
+                                completion_tokens=completion_tokens, reclaim=reclaim_rate, caps=cap,
+                                recovery_seconds=recovery_seconds, budget_usd_per_hour=max_usd_per_hour,
+                                measured_runs=measured_run, sweep=SWEEP if sweep else None)
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result, indent=1)) if as_json else print_cost(result)
+    if result["activation_usd_per_hour"] is None:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

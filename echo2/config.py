@@ -142,12 +142,14 @@ class EvalConfig(_Section):
 
 class SnapshotPricesConfig(_Section):
     source: Literal["snapshot"] = "snapshot"
+    """The dated catalog shipped under ``infra/prices/`` (offline, reproducible)."""
     catalog: str | None = None
     """Price catalog CSV (None = the shipped ``infra/prices/gpu-offers-2026-11.csv``)."""
 
 
 class AwsPricesConfig(_Section):
     source: Literal["aws"]
+    """Live spot prices from EC2 (``describe_spot_price_history``, boto3), joined with the snapshot."""
     regions: list[str] | None = None
     """Regions to ask for spot prices (None = every AWS region of the snapshot catalog)."""
     endpoint_url: str | None = None
@@ -158,6 +160,7 @@ class AwsPricesConfig(_Section):
 
 class SkyPilotPricesConfig(_Section):
     source: Literal["skypilot"]
+    """SkyPilot's catalog (``sky.catalog.list_accelerators``); needs the ``cloud`` extra."""
     clouds: list[str] | None = None
     """SkyPilot clouds to list (None = every cloud of its catalog). Needs the ``cloud`` extra."""
 

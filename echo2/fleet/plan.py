@@ -32,7 +32,9 @@ exhaustively. Counts are tried from the greedy cover downwards first, so the fir
 the greedy one and prunes most of the tree. The result is optimal over the counts allowed unless
 the search hits ``max_evaluations`` predict calls or ``MAX_NODES`` nodes; then
 ``Mix.proven_optimal`` is False. Brute force over all counts agrees on small instances
-(tests/test_plan.py), also against predict's criterion alone.
+(tests/test_plan.py), also against predict's criterion alone. The search itself is
+``cover_search`` (covers, caps, budget and an ``accept`` check as parameters), which cost-aware
+activation (``activation.py``) reuses with one cover and convex per-type costs.
 
 Reclaims: ``simulate_reclaims`` (its docstring has the model) tells how many extra workers hold
 the planned throughput when spot workers are reclaimed. Nothing here prints: the CLI
@@ -170,66 +172,108 @@ def cheapest_mix(workload: Workload, worker_types: list[WorkerType], target_util
     bats = [0.0 if f_max == math.inf else max(0, math.floor(f_max / (t.batch_seconds + w.upload_seconds) + 1e-9))
             for t in types]
     need_bats = 0 if f_max == math.inf else fill
-    by_fill = sorted((i for i in range(len(types)) if bats[i] > 0), key=lambda i: prices[i] / bats[i])
-    n = len(types)
-    state = {"cost": budget_usd_per_hour * (1 + 1e-12) if budget_usd_per_hour is not None else math.inf,
-             "best": None, "evaluations": 0, "nodes": 0, "cut": False}
+    evaluations = {"n": 0, "cut": False}
     memo: dict[tuple[int, ...], Prediction | None] = {}
 
     def passes(counts: list[int]) -> Prediction | None:
         key = tuple(counts)
         if key not in memo:
-            if state["evaluations"] >= max_evaluations:
-                state["cut"] = True
+            if evaluations["n"] >= max_evaluations:
+                evaluations["cut"] = True
                 return None
             batch = [types[i].batch_seconds for i, c in enumerate(counts) for _ in range(c)]
-            memo[key] = meets(w, batch, u, state)
+            stats: dict = {}
+            memo[key] = meets(w, batch, u, stats)
+            evaluations["n"] += stats.get("evaluations", 0)
         return memo[key]
+
+    found = cover_search(prices, [(mus, need), (bats, need_bats)], caps, budget=budget_usd_per_hour, accept=passes)
+    if found is None:
+        return None
+    best, _, prediction, cut = found
+    return Mix([(types[i], c) for i, c in enumerate(best) if c], prediction,
+               proven_optimal=not (cut or evaluations["cut"]))
+
+
+def cover_search(prices: list, covers: list[tuple[list[float], float]], caps: list[int], *,
+                 budget: float | None = None, accept=None, max_nodes: int = MAX_NODES):
+    """Branch and bound for integer covering: the counts 0 <= c_j <= caps[j] of least total
+    price sum c_j prices[j] (within ``budget``) such that every cover (gains, need) holds,
+    sum c_j gains[j] >= need, and ``accept(counts)`` (when given) returns something not None.
+
+    A price is a number, or a list of (unit price, units) segments: type j's units then cost
+    the cheapest first (a convex cost), which is how offers of equal throughput and different
+    prices collapse into one type (activation); the fractional bound takes the segments apart.
+
+    The search of the module docstring, shared by ``cheapest_mix`` (two covers and predict as
+    ``accept``) and ``activation.activate`` (one cover, nothing to verify). Types are branched in
+    the order given (put the cheapest per unit of the first cover first: the greedy fleet found
+    first then prunes most of the tree); each cover's fractional bound takes its types cheapest
+    per unit of that cover first. Returns (counts, cost, what accept returned, cut) or None;
+    ``cut`` says the search stopped at ``max_nodes`` nodes, so the result may not be optimal."""
+    n = len(prices)
+    segments = [[(p, caps[i])] if isinstance(p, (int, float)) else sorted(p) for i, p in enumerate(prices)]
+    cum = []  # cum[j][c]: the price of c units of type j
+    for j, p in enumerate(prices):
+        if isinstance(p, (int, float)):
+            cum.append([c * p for c in range(caps[j] + 1)])
+            continue
+        row = [0.0]
+        for unit, units in segments[j]:
+            for _ in range(units):
+                row.append(row[-1] + unit)
+        cum.append(row[:caps[j] + 1])
+    orders = [sorted(((i, unit, units) for i in range(n) if gains[i] > 0 for unit, units in segments[i]),
+                     key=lambda t, g=gains: t[1] / g[t[0]]) for gains, _ in covers]
+    # a fleet costing exactly the budget is within it (costs are compared with a 1e-9 margin below)
+    state = {"cost": budget * (1 + 1e-12) + 1e-9 if budget is not None else math.inf,
+             "best": None, "nodes": 0, "cut": False}
 
     def cover_bound(order, gain: list[float], rem: float) -> float:
         cost = 0.0
-        for i in order:  # fractional cover, cheapest per unit first
+        for i, unit, units in order:  # fractional cover, cheapest per unit first
             if rem <= 1e-12:
                 break
-            take = min(caps[i] * gain[i], rem)
-            cost += take * prices[i] / gain[i]
+            take = min(units * gain[i], rem)
+            cost += take * unit / gain[i]
             rem -= take
         return cost if rem <= 1e-12 else math.inf
 
     counts = [0] * n
 
-    def dfs(j: int, cost: float, thr: float, bat: float) -> None:
+    def dfs(j: int, cost: float, got: list[float]) -> None:
         state["nodes"] += 1
-        if cost >= state["cost"] - 1e-9 or state["nodes"] > MAX_NODES:
-            state["cut"] |= state["nodes"] > MAX_NODES
+        if cost >= state["cost"] - 1e-9 or state["nodes"] > max_nodes:
+            state["cut"] |= state["nodes"] > max_nodes
             return
-        if thr >= need and bat >= need_bats:
-            p = passes(counts)
-            if p is not None:  # any fleet below this node costs more
-                state["cost"], state["best"] = cost, (list(counts), p)
+        if all(g >= need for g, (_, need) in zip(got, covers)):
+            verdict = accept(counts) if accept is not None else True
+            if verdict is not None:  # any fleet below this node costs more
+                state["cost"], state["best"] = cost, (list(counts), cost, verdict)
                 return
         if j == n:
             return
-        bound = max(cover_bound(range(j, n), mus, need - thr),
-                    cover_bound([i for i in by_fill if i >= j], bats, need_bats - bat))
+        bound = max(cover_bound([t for t in order if t[0] >= j], gains, need - g)
+                    for order, g, (gains, need) in zip(orders, got, covers))
         if cost + bound >= state["cost"] - 1e-9:
             return
-        greedy = math.ceil(max(0.0, need - thr) / mus[j] - 1e-12)
-        if bats[j] > 0:
-            greedy = max(greedy, math.ceil(max(0.0, need_bats - bat) / bats[j] - 1e-12))
+        greedy = 0
+        for g, (gains, need) in zip(got, covers):
+            if gains[j] > 0:
+                greedy = max(greedy, math.ceil(max(0.0, need - g) / gains[j] - 1e-12))
         greedy = min(caps[j], greedy)
         for c in [*range(greedy, -1, -1), *range(greedy + 1, caps[j] + 1)]:
-            if c > greedy and cost + c * prices[j] >= state["cost"] - 1e-9:
+            if c > greedy and cost + cum[j][c] >= state["cost"] - 1e-9:
                 break
             counts[j] = c
-            dfs(j + 1, cost + c * prices[j], thr + c * mus[j], bat + c * bats[j])
+            dfs(j + 1, cost + cum[j][c], [g + c * gains[j] for g, (gains, _) in zip(got, covers)])
         counts[j] = 0
 
-    dfs(0, 0.0, 0.0, 0.0)
+    dfs(0, 0.0, [0.0] * len(covers))
     if state["best"] is None:
         return None
-    best, prediction = state["best"]
-    return Mix([(types[i], c) for i, c in enumerate(best) if c], prediction, proven_optimal=not state["cut"])
+    best, cost, verdict = state["best"]
+    return best, cost, verdict, state["cut"]
 
 
 def _fleet_rows(mix: Mix, w: Workload) -> list[dict]:

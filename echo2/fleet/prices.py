@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -74,8 +75,9 @@ def _price(text: str, where: str) -> float | None:
     return value if value > 0 else None  # a zero price is "none quoted" (vast writes 0.00 for no spot)
 
 
-def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool = True) -> list[Offer]:
-    """Every offer of the catalog CSV at ``path`` that has the needed price (spot or on-demand).
+def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool | None = True) -> list[Offer]:
+    """Every offer of the catalog CSV at ``path`` that has the needed price (spot or on-demand;
+    ``spot=None``: either, for tools that show or weigh both markets).
 
     GCP ``gpu-only:`` rows are skipped: they price the accelerator without its host machine, so a
     launch would cost more than the row says."""
@@ -104,11 +106,28 @@ def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool = True) -> li
             raise Echo2InputError(f"{where}: gpu_count {row['gpu_count']!r} must be a whole number >= 1")
         offer = Offer(row["provider"], row["instance_type"], row["gpu"], int(count), memory, row["region"],
                       _price(row["on_demand_usd_per_hour"], where), _price(row["spot_usd_per_hour"], where))
-        if offer.price(spot) is not None:
+        if (offer.price(spot) if spot is not None else offer.price(True) or offer.price(False)) is not None:
             offers.append(offer)
     if not offers:
-        raise Echo2InputError(f"price catalog {path} has no offer with a{' spot' if spot else 'n on-demand'} price")
+        raise Echo2InputError(f"price catalog {path} has no offer with a{'' if spot is None else ' spot' if spot else 'n on-demand'}"
+                              " price")
     return offers
+
+
+def snapshot_info(path: str | Path = DEFAULT_CATALOG) -> dict:
+    """Where a catalog snapshot's prices come from and when they were read: the date and the source
+    repository named by the README beside it (``infra/prices/README.md``: "# GPU price snapshot --
+    DATE", "Repository `owner/name`"), else the month in the file name. Shown in every price table
+    so that nobody takes a snapshot for live prices."""
+    path = Path(path)
+    readme = path.parent / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    if path.name not in text:
+        text = ""  # the README describes other files: it says nothing about this one
+    date = re.search(r"^#[^\n]*?(\d{4}-\d{2}-\d{2})", text, re.M) or re.search(r"(\d{4}-\d{2}(?:-\d{2})?)", path.name)
+    source = re.search(r"Repository `([^`]+)`", text)
+    return {"path": str(path), "date": date.group(1) if date else None,
+            "source": source.group(1) if source else None}
 
 
 @dataclass(frozen=True)
