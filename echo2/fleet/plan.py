@@ -158,6 +158,10 @@ def cheapest_mix(workload: Workload, worker_types: list[WorkerType], target_util
     type (default: enough for each type alone, plus one batch's worth for the fill time) and
     ``budget_usd_per_hour`` reaches it."""
     w, u = workload, target_utilization
+    # some S is out of reach for any fleet (a version that takes longer to reach an actor than S
+    # steps allow): ask the model once with workers as fast as can be, before searching
+    if predict(w, [1e-6] * math.ceil(w.groups_per_step / w.groups_per_batch)).utilization < u - 1e-9:
+        return None
     types = sorted(worker_types, key=lambda t: (t.usd_per_hour / t.groups_per_second(w), t.offer.name))
     if not types or w.staleness < w.publish_every - 1:  # the version it needs is never published
         return None
