@@ -66,6 +66,19 @@ def rollout_key(version: int, actor_id: str, seq: int) -> str:
     return f"{ROLLOUTS}{version_name(version)}/{actor_id}-{seq:06d}.arrow"
 
 
+def rollout_key_glob(actor_id: str) -> str:
+    """The keys ``rollout_key`` gives one actor, as an IAM / fnmatch pattern (``?`` = one character).
+
+    For scoped store credentials. Fixed widths rather than ``*``: ``rollouts/*/a-*`` would also
+    match ``rollouts/v000001/a-b-000001.arrow``, which parses as actor ``a-b``, so actor ``a``
+    could write in another's name. With exactly six characters after ``<actor>-`` no other actor's
+    key fits (that needs ``-`` and six digits, seven characters), and a ``/`` in a ``?`` gives a
+    key outside the layout, which the learner ignores. Covers versions and sequence numbers below
+    10**6 (``version_name`` and ``rollout_key`` pad to six digits).
+    """
+    return f"{ROLLOUTS}v??????/{actor_id}-??????.arrow"
+
+
 def parse_rollout_key(key: str) -> tuple[int, str, int] | None:
     """``rollouts/v000042/a-000001.arrow`` -> (42, "a", 1); None for keys outside the layout."""
     parts = key.split("/")

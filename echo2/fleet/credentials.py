@@ -1,0 +1,191 @@
+"""Scoped, expiring store credentials for one actor (DESIGN.md, "Trust boundaries").
+
+An actor runs on a machine we do not own, so its store credentials must let it do its job and
+nothing else. What an actor touches in the run root (read in ``rollout/actor.py``,
+``broadcast/receiver.py``, ``broadcast/topology.py`` and ``data/ledger.py``):
+
+- reads ``run.json`` (config, public key), ``policy/`` (``LATEST``, manifests, weight shards),
+  ``ledger/consumed/`` (flow control: which rollouts the learner settled) and
+  ``reports/summary.json`` (whether the run has finished);
+- lists ``rollouts/`` (its backlog) and ``ledger/consumed/``;
+- writes its own rollout files ``rollouts/v<version>/<actor>-<seq>.arrow`` (create-if-absent,
+  whose retry reads its own object back) and its relay record ``peers/<actor>.json``, which it
+  deletes when it leaves.
+
+Everything else is the learner's: it cannot publish a version (``policy/``), forge or erase the
+ledger, rewrite ``run.json``, write in another actor's name, or touch another run.
+
+On AWS the learner holds a role whose permissions cover every actor of the bucket (``role_policy``)
+and hands each actor an STS session of it narrowed by a session policy (``actor_policy``): AWS
+grants the intersection, and the session expires. ``infra/iam/`` ships both documents as templates
+generated from these functions (a test keeps them in sync). The GCS equivalent is documented there
+only. Every ARN is built from ``data/layout.py``, the one module that spells keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from echo2.data import layout
+
+MIN_DURATION_S = 900
+MAX_DURATION_S = 43200
+"""STS bounds for ``DurationSeconds`` (the role's MaxSessionDuration may lower the upper one)."""
+
+SESSION_POLICY_MAX_CHARS = 2048
+"""AWS's limit on the plain text of an inline session policy."""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.=-]+(/[A-Za-z0-9_.=-]+)*$")
+
+# Placeholders of the shipped templates (infra/iam/*.json): sentinels that pass validation and
+# occur nowhere else, swapped for ``{{NAME}}`` after the document is built.
+_SENTINELS = {"BUCKET": "echo2-sentinel-bucket", "PREFIX": "echo2-sentinel-prefix/",
+              "RUN_ID": "echo2-sentinel-run", "ACTOR_ID": "echo2-sentinel-actor"}
+
+
+def _check(kind: str, value: str, pattern: re.Pattern[str]) -> None:
+    """Names go into ARNs: ``*``, ``?`` or ``${...}`` would widen the grant, ``/`` or ``..`` move it."""
+    if not pattern.match(value) or {".", ".."} & set(value.split("/")):
+        raise ValueError(f"{kind} {value!r} cannot be scoped (allowed: {pattern.pattern})")
+
+
+def run_root(prefix: str, run_id: str) -> str:
+    """The run root inside the bucket, ``[<prefix>/]runs/<run>/`` (the store URL is ``s3://<bucket>/<prefix>``)."""
+    prefix = prefix.strip("/")
+    if prefix:
+        _check("store prefix", prefix, _PREFIX_RE)
+    return f"{prefix + '/' if prefix else ''}{layout.RUNS}/{run_id}/"
+
+
+def _statements(bucket: str, root: str, actor_glob: str) -> list[dict[str, Any]]:
+    """The grant, for one actor (``actor_glob`` its id) or all (``*``); ``root`` ends with ``/``."""
+    obj = f"arn:aws:s3:::{bucket}/{root}"
+    return [
+        {"Sid": "ReadRun", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": [obj + layout.RUN_JSON, obj + layout.POLICY + "*",
+                      obj + layout.LEDGER_CONSUMED + "*", obj + layout.SUMMARY]},
+        # Key names of the run are not secret from its members, and S3 answers a HEAD of a missing
+        # key (``exists(summary.json)``) with 404 only to a caller who may list: 403 otherwise.
+        {"Sid": "ListRun", "Effect": "Allow", "Action": ["s3:ListBucket"],
+         "Resource": [f"arn:aws:s3:::{bucket}"],
+         "Condition": {"StringLike": {"s3:prefix": [root + "*"]}}},
+        # GetObject too: a retried create-if-absent reads its own object back (FsspecStore.put).
+        {"Sid": "WriteOwnRollouts", "Effect": "Allow",
+         "Action": ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
+         "Resource": [obj + layout.rollout_key_glob(actor_glob)]},
+        {"Sid": "OwnPeerRecord", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
+         "Resource": [obj + layout.peer_key(actor_glob)]},
+    ]
+
+
+def actor_policy(bucket: str, prefix: str, run_id: str, actor_id: str) -> dict[str, Any]:
+    """The IAM policy document of one actor's credentials in run ``run_id`` of ``s3://bucket/prefix``.
+
+    Read the run's config, policy versions and consumed ledger; list the run; write only this
+    actor's rollout files and relay record. Raises ValueError for a name that would widen the grant.
+    """
+    _check("bucket", bucket, _BUCKET_RE)
+    _check("run id", run_id, _NAME_RE)
+    _check("actor id", actor_id, _NAME_RE)
+    if not layout.valid_actor_id(actor_id):
+        raise ValueError(f"actor id {actor_id!r} is not a valid actor id")
+    return {"Version": "2012-10-17", "Statement": _statements(bucket, run_root(prefix, run_id), actor_id)}
+
+
+def role_policy(bucket: str, prefix: str) -> dict[str, Any]:
+    """The permissions of the role the learner assumes for actors: every actor of every run under
+    ``s3://bucket/prefix``. A session gets the intersection with its ``actor_policy``, so the role
+    must allow at least that much; anything it allows beyond is never reachable by an actor.
+    """
+    _check("bucket", bucket, _BUCKET_RE)
+    root = run_root(prefix, "*")
+    return {"Version": "2012-10-17", "Statement": _statements(bucket, root, "*")}
+
+
+def compact(policy: dict[str, Any]) -> str:
+    """The document as sent to STS: no whitespace, so it stays under ``SESSION_POLICY_MAX_CHARS``."""
+    return json.dumps(policy, separators=(",", ":"))
+
+
+# -- shipped templates (infra/iam/) ---------------------------------------------------------------
+def _templated(doc: dict[str, Any]) -> str:
+    text = json.dumps(doc, indent=2) + "\n"
+    for name, sentinel in _SENTINELS.items():
+        text = text.replace(sentinel, "{{" + name + "}}")
+    return text
+
+
+def actor_policy_template() -> str:
+    """``infra/iam/actor-policy.json``: ``{{BUCKET}}``, ``{{PREFIX}}`` (the store prefix with a
+    trailing ``/``, or empty), ``{{RUN_ID}}``, ``{{ACTOR_ID}}``."""
+    s = _SENTINELS
+    return _templated(actor_policy(s["BUCKET"], s["PREFIX"], s["RUN_ID"], s["ACTOR_ID"]))
+
+
+def role_policy_template() -> str:
+    """``infra/iam/actor-role-policy.json``: ``{{BUCKET}}`` and ``{{PREFIX}}`` as above."""
+    return _templated(role_policy(_SENTINELS["BUCKET"], _SENTINELS["PREFIX"]))
+
+
+def render_template(text: str, *, bucket: str, prefix: str, run_id: str = "", actor_id: str = "") -> dict[str, Any]:
+    """Fill a shipped template (what an operator's script does with ``sed``), parsed."""
+    prefix = prefix.strip("/")
+    values = {"BUCKET": bucket, "PREFIX": prefix + "/" if prefix else "", "RUN_ID": run_id, "ACTOR_ID": actor_id}
+    for name, value in values.items():
+        text = text.replace("{{" + name + "}}", value)
+    return json.loads(text)
+
+
+# -- STS ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScopedCredentials:
+    """What an actor gets: environment variables (delivered through the backend's secret channel,
+    never a file or the store) and when they stop working. The secrets stay out of ``repr``."""
+
+    actor_id: str
+    expires_at: datetime
+    env: dict[str, str] = field(repr=False)
+
+
+def session_name(actor_id: str) -> str:
+    """``RoleSessionName`` (shows in CloudTrail as the assumed-role ARN: which actor did what)."""
+    return f"echo2-{actor_id}"[:64]
+
+
+def scoped_credentials(sts_client: Any, role_arn: str, policy: dict[str, Any], actor_id: str,
+                       duration_s: int) -> ScopedCredentials:
+    """Assume ``role_arn`` narrowed by the session policy ``policy`` for ``duration_s`` seconds.
+
+    ``sts_client`` is a boto3 STS client of the learner's principal (the role's trust policy names
+    it). AWS enforces the intersection of the role's and the session's policy and the expiry.
+    """
+    if not MIN_DURATION_S <= duration_s <= MAX_DURATION_S:
+        raise ValueError(f"duration_s must be within [{MIN_DURATION_S}, {MAX_DURATION_S}], got {duration_s}")
+    doc = compact(policy)
+    if len(doc) > SESSION_POLICY_MAX_CHARS:
+        raise ValueError(f"session policy is {len(doc)} characters, over AWS's {SESSION_POLICY_MAX_CHARS}")
+    reply = sts_client.assume_role(RoleArn=role_arn, RoleSessionName=session_name(actor_id), Policy=doc,
+                                   DurationSeconds=int(duration_s))
+    creds = reply["Credentials"]
+    return ScopedCredentials(
+        actor_id=actor_id,
+        expires_at=creds["Expiration"],
+        env={"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+             "AWS_SESSION_TOKEN": creds["SessionToken"]},
+    )
+
+
+if __name__ == "__main__":  # regenerate the shipped templates: python -m echo2.fleet.credentials
+    from pathlib import Path
+
+    out = Path(__file__).resolve().parents[2] / "infra" / "iam"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "actor-policy.json").write_text(actor_policy_template())
+    (out / "actor-role-policy.json").write_text(role_policy_template())
+    print(f"wrote {out}/actor-policy.json and actor-role-policy.json")
