@@ -72,6 +72,16 @@ class RolloutConfig(_Section):
     """torch threads per actor process (None = torch's default)."""
     engine: Literal["transformers"] = "transformers"
     """Inference engine of the actors (``echo2/rollout/``)."""
+    preemption_source: Literal["off", "aws", "gcp"] = "off"
+    """Poll this cloud's instance metadata for a spot preemption notice (AWS IMDSv2 spot/instance-action,
+    GCP instance/preempted) and stop cleanly on one; ``$ECHO2_PREEMPTION_SOURCE`` on the actor's machine
+    overrides it (the SkyPilot backend sets it per cloud). Off: no metadata request is ever made; SIGTERM
+    is a notice either way (``echo2/rollout/preemption.py``)."""
+    preemption_endpoint: str | None = None
+    """Base URL of the metadata service (None: the cloud's own, 169.254.169.254 or metadata.google.internal);
+    ``$ECHO2_PREEMPTION_ENDPOINT`` overrides it."""
+    preemption_poll_s: float = Field(5.0, gt=0)
+    """How often the preemption watcher asks the metadata (AWS warns ~120 s ahead, GCP ~30 s)."""
 
 
 class TrainConfig(_Section):

@@ -11,8 +11,9 @@
         commit rollouts/v{v}/{actor}-{seq}.arrow (create-if-absent)
 
 An actor holds no state that matters: killing it loses at most the batch in flight. It stops
-on SIGTERM/SIGINT (finishing a commit already under way), when its parent process dies, or
-when the run has written its summary. It never imports Prefect or the learner.
+on SIGTERM/SIGINT or a spot preemption notice from the instance metadata (``preemption.py``;
+finishing a commit already under way, dropping a batch in generation, leaving ``peers/``), when
+its parent process dies, or when the run has written its summary. It never imports Prefect or the learner.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import random
 import shutil
 import signal
 import tempfile
+import _thread
 import time
 import zlib
 from pathlib import Path
@@ -41,6 +43,7 @@ from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
 from echo2.rollout.engine import Engine, SamplingParams
+from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task, prompt_token_ids
 
 log = logging.getLogger("echo2.actor")
@@ -97,6 +100,8 @@ class Actor:
         self._stopping = False
         self._committing = False
         self._closing = False
+        self.notice: Notice | None = None
+        """The preemption notice the actor stopped on, if any."""
         self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -108,6 +113,14 @@ class Actor:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+
+    def _on_notice(self, notice: Notice) -> None:
+        """From the watcher thread: stop as SIGTERM would. ``_stopping`` ends the loop at its next turn
+        even where no handler is installed (an in-process actor); ``interrupt_main`` runs the installed
+        handler in the main thread, which abandons a batch in generation but never a commit."""
+        self.notice = notice
+        self._stopping = True
+        _thread.interrupt_main(signal.SIGTERM)  # a no-op where SIGTERM has no Python handler
 
     def _should_stop(self) -> bool:
         if self._stopping:
@@ -123,7 +136,10 @@ class Actor:
     def run(self) -> None:
         log.info("actor %s joins run %s at %s", self.actor_id, self.run_id, self.store.url)
         cfg = self.config.rollout
+        watcher = None
         try:
+            watcher = start_watcher(cfg.preemption_source, cfg.preemption_endpoint, cfg.preemption_poll_s,
+                                    self._on_notice)
             while not self._should_stop():
                 turn_started = time.time()
                 if self._follow_policy():
@@ -137,8 +153,13 @@ class Actor:
             pass
         finally:
             self._closing = True  # a second signal must not cut the clean-up short
+            if watcher is not None:
+                watcher.close()
             self.receiver.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
+        if self.notice is not None:
+            log.warning("actor %s leaves on a preemption notice (%s) after %d batches",
+                        self.actor_id, self.notice.source, self.seq)
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
 
     # -- steps -----------------------------------------------------------------------------
