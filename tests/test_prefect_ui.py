@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -93,12 +92,9 @@ with get_client(sync_client=True) as c:
     assert [row["step"] for row in table] == [1, 2, 3, 4]
     assert table[-1]["eval_accuracy"] is not None and table[-1]["actors_alive"] == 1
     assert any("Cost" in a["data"] for a in by_type["markdown"])
-    # actor logs reached the flow run's log. Prefect ships logs from a background thread in
-    # batches, so on a loaded machine they can land after the run's state says COMPLETED: ask again
-    deadline = time.time() + 90
-    while "[actor0-" not in (logs := prefect(api, "flow-run", "logs", info["id"])).stdout and time.time() < deadline:
-        time.sleep(2)
-    assert "[actor0-" in logs.stdout, logs.stdout[-2000:]
+    # actor logs reached the flow run's log
+    logs = prefect(api, "flow-run", "logs", info["id"])
+    assert "[actor0-" in logs.stdout
     (state / "flow_run_id").write_text(info["id"])
 
 
