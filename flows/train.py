@@ -69,10 +69,11 @@ def update_policy(run: LearnerRun, selection: Selection, step: int) -> dict:
 @task(cache_policy=NO_CACHE)
 def reconcile_fleet(fleet: FleetManager, run: LearnerRun) -> dict:
     """Replace dead actors; with ``fleet.actors: auto``, resize to what the capacity model asks for."""
-    if run.config.fleet.actors == "auto" and autosize.due(run.step):
+    if run.config.fleet.actors == "auto" and autosize.due(run.step, fleet.sized_at):
         sized = autosize.auto_fleet_size(run.config, run.store, run.history)
         if sized is not None:
             fleet.resize(*sized)
+            fleet.sized_at = run.step
     return fleet.reconcile()
 
 

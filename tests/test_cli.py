@@ -4,11 +4,29 @@ import os
 import signal
 
 import flows.train
+import pytest
 from typer.testing import CliRunner
 
 from echo2.cli import app
 
 QUICKSTART = "configs/quickstart.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """`echo2 run` sets Prefect's environment defaults (PREFECT_LOGGING_LEVEL=WARNING among them)
+    and the logging config for its own process; here that process is pytest's, whose environment
+    later tests' servers and flow runs inherit (the UI test's flow run lost every log line)."""
+    import logging
+
+    environ = dict(os.environ)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_ctrl_c_exits_130_even_when_prefect_turns_the_interrupt_into_another_error(tiny_model, tmp_path, monkeypatch):

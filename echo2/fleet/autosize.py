@@ -26,8 +26,12 @@ FIRST_RESIZE_STEP = 4
 RESIZE_EVERY = 10
 
 
-def due(step: int) -> bool:
-    return step == FIRST_RESIZE_STEP or (step > FIRST_RESIZE_STEP and (step - FIRST_RESIZE_STEP) % RESIZE_EVERY == 0)
+def due(step: int, sized_at: int | None) -> bool:
+    """Whether to size the fleet at ``step``, the last sizing having been at ``sized_at`` (None:
+    never; a step where the fit could not tell yet does not count, so it is tried again next step)."""
+    if step < FIRST_RESIZE_STEP:
+        return False
+    return sized_at is None or step - sized_at >= RESIZE_EVERY
 
 
 def auto_fleet_size(config: Config, store: ObjectStore, history: list[dict]) -> tuple[int, str] | None:

@@ -19,7 +19,7 @@ Every input is read from what the run recorded, none is guessed:
          then sees it at its next listing, every ``train.poll_seconds`` while it waits, which the
          model simulates. Without recorded puts: the 10th percentile of (ledger entry written -
          file's ``created_at``) over used files (upload plus the poll delay)
-    Actor figures of version 0 are left out: they include the actor process starting.
+    Version 0's arrival figures (dissemination, fetch, swap) are left out: they include the actor starting.
 
 Measured against predicted: utilization = sum of busy time / wall time between the first and last
 measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-up steps (version 0
@@ -153,10 +153,10 @@ def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], dict[str
             continue
         actor = key.rsplit("/", 1)[-1].rsplit("-", 1)[0]
         meta = table.schema.metadata or {}
-        if layout.version_of_rollout_key(key) == 0:  # generated right after the actor started: not typical
-            continue
         values = {name: _finite(meta.get(f"{MEASURED_PREFIX}{name}".encode(), b"").decode(errors="replace") or None)
                   for name in MEASURED}
+        if layout.version_of_rollout_key(key) == 0:  # version 0's arrival includes the actor starting up
+            values.update(dissemination_seconds=None, fetch_seconds=None, swap_seconds=None)
         for name, value in values.items():
             if value is not None:
                 measured[name].append(value)

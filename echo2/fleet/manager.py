@@ -68,6 +68,8 @@ class FleetManager:
         self.desired = desired if desired is not None else (
             config.actors if isinstance(config.actors, int) else config.min_actors)
         self.slots: list[_Slot] = []
+        self.sized_at: int | None = None
+        """The learner step at which ``fleet.actors: auto`` last sized the fleet (autosize.py)."""
         self._next_index = 0
         self._budget_logged = False
         self._stopped = False
@@ -100,11 +102,12 @@ class FleetManager:
                 "usd_per_hour": self.usd_per_hour()}
 
     def resize(self, n: int, reason: str) -> None:
-        """Grow to ``n`` actors, or retire the newest ones."""
+        """Grow to ``n`` actors, or retire the newest ones; recorded even when ``n`` is the size already
+        (the decision and its reason are what a user auditing the fleet wants to see)."""
+        write_event(self.store, "resize", "fleet", actors_from=self.desired, actors_to=n, reason=reason)
         if n == self.desired:
             return
         log.info("fleet: %d -> %d actors (%s)", self.desired, n, reason)
-        write_event(self.store, "resize", "fleet", actors_from=self.desired, actors_to=n, reason=reason)
         self.desired = n
         while len(self.slots) > n:
             self._retire(self.slots.pop())
