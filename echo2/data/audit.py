@@ -46,7 +46,8 @@ def drop_category(reason: Any, final: bool = False) -> str:
     return head or "other"
 
 
-def _number(value: Any) -> float | None:
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None: events and actor figures are parsed, never trusted."""
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -70,7 +71,7 @@ def failure_kind(event: dict) -> str | None:
 
 def fleet_failures(events: list[dict]) -> dict[str, Any]:
     """Reclaims, crashes and which of them a later launch replaced."""
-    timeline = sorted((e for e in events if isinstance(e, dict) and _number(e.get("ts")) is not None),
+    timeline = sorted((e for e in events if isinstance(e, dict) and finite_number(e.get("ts")) is not None),
                       key=lambda e: float(e["ts"]))
     failures: list[dict] = []
     launches: list[dict] = []
@@ -110,7 +111,7 @@ def _resume_explains(events: list[dict], key: str) -> bool:
         named = e.get("orphaned_rollouts")
         if isinstance(named, list) and key in named:
             return True
-        step = _number(e.get("step"))
+        step = finite_number(e.get("step"))
         if step is not None and version is not None and version > step:
             return True
     return False

@@ -22,12 +22,11 @@ say "simulated prices" in its title: the dollars are what the hours would have c
 from __future__ import annotations
 
 import io
-import math
 import time
 from typing import Any
 
 from echo2.data import layout
-from echo2.data.audit import failure_kind
+from echo2.data.audit import failure_kind, finite_number
 from echo2.data.ledger import consumed_keys, read_events
 from echo2.data.store import NotFound, ObjectStore
 
@@ -39,11 +38,8 @@ LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
 
 
 def _num(value: Any, default: float | None = None) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return default
-    return out if math.isfinite(out) else default
+    out = finite_number(value)
+    return default if out is None else out
 
 
 def _price(value: Any) -> float | None:
