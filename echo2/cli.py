@@ -5,6 +5,7 @@
     echo2 export RUN [--step N] DIR
     echo2 report RUN                                        (cost report from the run's ledger)
     echo2 audit RUN [--json]                                (every rollout file accounted for)
+    echo2 fleet down RUN                                    (tear down a run's SkyPilot clusters)
 
 Bad input (config, model, store) prints one line and exits 2. This module imports Prefect only
 inside ``run``, so actors never load it.
@@ -489,6 +490,25 @@ def bench_cost(
     typer.echo(json.dumps(result, indent=1)) if as_json else print_cost(result)
     if result["activation_usd_per_hour"] is None:
         raise typer.Exit(1)
+
+
+fleet_app = typer.Typer(no_args_is_help=True, help="Cloud actor fleets (SkyPilot) outside a run.")
+app.add_typer(fleet_app, name="fleet")
+
+
+@fleet_app.command("down")
+def fleet_down(
+    run: str = typer.Argument(..., help="Run id, or the run folder (path or URL of STORE/runs/ID)."),
+) -> None:
+    """Tear down every SkyPilot cluster labelled with the run (after a learner crash, or to be sure)."""
+    from echo2.fleet.skypilot import SkyPilotUnavailable, fleet_down as down_all
+
+    run_id = run.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        names = down_all(run_id)
+    except SkyPilotUnavailable as exc:
+        _fail(str(exc))
+    typer.echo(f"{len(names)} SkyPilot cluster(s) of run {run_id} torn down" + (f": {', '.join(names)}" if names else ""))
 
 
 def main() -> None:

@@ -72,11 +72,11 @@ class RolloutConfig(_Section):
     """torch threads per actor process (None = torch's default)."""
     engine: Literal["transformers"] = "transformers"
     """Inference engine of the actors (``echo2/rollout/``)."""
-    preemption_source: Literal["off", "aws", "gcp"] = "off"
+    preemption_source: Literal["off", "aws", "gcp", "auto"] = "off"
     """Poll this cloud's instance metadata for a spot preemption notice (AWS IMDSv2 spot/instance-action,
     GCP instance/preempted) and stop cleanly on one; ``$ECHO2_PREEMPTION_SOURCE`` on the actor's machine
-    overrides it (the SkyPilot backend sets it per cloud). Off: no metadata request is ever made; SIGTERM
-    is a notice either way (``echo2/rollout/preemption.py``)."""
+    overrides it (the SkyPilot task sets ``auto``: the cloud SkyPilot launched the machine on). Off: no
+    metadata request is ever made; SIGTERM is a notice either way (``echo2/rollout/preemption.py``)."""
     preemption_endpoint: str | None = None
     """Base URL of the metadata service (None: the cloud's own, 169.254.169.254 or metadata.google.internal);
     ``$ECHO2_PREEMPTION_ENDPOINT`` overrides it."""
@@ -219,13 +219,56 @@ class LocalFleetConfig(_Section):
     """Notice a reclaimed actor gets: SIGTERM, then SIGKILL this many seconds later if it is still there."""
     seed: int = 0
     """Seed of the reclaim injector, so a chaos run can be repeated."""
+    price_as: str | None = None
+    """Price every local actor as this catalog offer (``provider/instance_type@region``, as ``echo2 prices
+    --json`` names them, from ``fleet.prices``): the run's cost report then shows what the same hours would
+    have cost there, and its title says "simulated prices". None: local actors cost $0."""
+    price_as_spot: bool = True
+    """With ``price_as``: bill the offer's spot price (True) or its on-demand price."""
+
+
+class SkyPilotFleetConfig(_Section):
+    task_file: str | None = None
+    """SkyPilot task YAML of one actor (None = the shipped ``infra/skypilot/actor.yaml``: setup installs
+    echo2's actor environment, run starts ``echo2 actor``). Its ``resources`` are the base every candidate
+    offer is laid over (disk, image); the candidates themselves come from the price source."""
+    gpus: list[str] | None = None
+    """GPU types an actor may run on, e.g. ``[L4, A10G]`` (None = every profiled GPU the model fits)."""
+    providers: list[str] | None = None
+    """Providers (SkyPilot clouds) an actor may run on, e.g. ``[aws, gcp]`` (None = every provider of the
+    price source that SkyPilot can launch on)."""
+    spot: bool = True
+    """Buy spot capacity (reclaimed without warning, replaced by the manager) rather than on-demand."""
+    any_of: int = Field(8, ge=1)
+    """Each launch names up to this many interchangeable offers (same GPU type and count, other regions or
+    clouds) as SkyPilot ``any_of``; SkyPilot takes the cheapest that has capacity."""
+    relay_port: int = Field(8443, ge=1, le=65535)
+    """Port of each actor's relay, opened through SkyPilot's ``ports`` (reachable from anywhere)."""
+    idle_minutes_to_autodown: int = Field(10, ge=1)
+    """A cluster tears itself down after its actor has been gone this long, also if the learner died."""
+    status_poll_s: float = Field(30.0, ge=0)
+    """How often the backend asks SkyPilot for its clusters' states (one request for all of them; 0 = at every poll)."""
+    unavailable_retry_s: float = Field(300.0, ge=0)
+    """An offer that had no capacity is not asked again for this long."""
+    credentials_role_arn: str | None = None
+    """AWS role each actor's scoped, expiring S3 credentials are minted from (STS with the session policy of
+    ``echo2/fleet/credentials.py``; ``infra/iam/``). None: actors get no store credentials from echo2 (the
+    store must be reachable with what the actor's machine has, e.g. an instance profile)."""
+    credentials_hours: float = Field(6.0, ge=0.25, le=12)
+    """Lifetime of an actor's scoped credentials; an actor is replaced before they expire."""
+    sts_endpoint_url: str | None = None
+    """STS endpoint (None = AWS's own; tests point it at moto)."""
 
 
 class FleetConfig(_Section):
-    backend: Literal["local"] = "local"
-    """Where actors run: ``local`` = OS processes on this machine."""
+    backend: Literal["local", "skypilot"] = "local"
+    """Where actors run: ``local`` = OS processes on this machine; ``skypilot`` = one SkyPilot cluster per
+    actor on spot GPUs across clouds (``pip install -e '.[cloud]'``, cloud credentials, an s3:// or gs://
+    store; see ``echo2/fleet/skypilot.py``)."""
     local: LocalFleetConfig = Field(default_factory=LocalFleetConfig)
     """The local backend: processes on this machine, and its reclaim injector."""
+    skypilot: SkyPilotFleetConfig = Field(default_factory=SkyPilotFleetConfig)
+    """The SkyPilot backend: which offers, ports, autodown, credentials."""
     actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
     batch time over the first steps, and grow to the smallest fleet the capacity model
@@ -243,6 +286,9 @@ class FleetConfig(_Section):
     """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
     prices: PriceSourceConfig = Field(default_factory=SnapshotPricesConfig)
     """Price source for activation and cost figures: ``{source: snapshot|aws|skypilot, ...}``."""
+    learner_usd_per_hour: float | None = Field(None, ge=0)
+    """What the learner's machine costs per hour, for the cost report (None: the report lists the learner
+    unpriced rather than guess)."""
 
 
 class Config(_Section):
@@ -279,6 +325,12 @@ class Config(_Section):
                 f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
                 f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
             )
+        if self.fleet.backend == "skypilot" and not self.store.url.startswith(("s3://", "gs://", "gcs://")):
+            raise ValueError(f"fleet.backend skypilot needs a store every actor can reach (s3:// or gs://), "
+                             f"got store.url {self.store.url!r}")
+        if self.fleet.skypilot.credentials_role_arn and not self.store.url.startswith("s3://"):
+            raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
+                             f"{self.store.url!r} (GCS: see infra/iam/README.md)")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

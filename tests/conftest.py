@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("ECHO2_SECRETS", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "secrets"))
 
 REPO = Path(__file__).resolve().parents[1]
+
+# SkyPilot downloads its catalogs at first use (nothing here can reach them) and keeps its state under
+# $SKY_RUNTIME_DIR, read when `sky` is imported: point it at a per-session folder seeded with the
+# fixture catalog (tests/fixtures/skypilot-catalog) before any test imports SkyPilot.
+_SKY_RUNTIME = REPO / ".pytest_cache" / "sky-runtime"
+shutil.rmtree(_SKY_RUNTIME, ignore_errors=True)
+shutil.copytree(REPO / "tests" / "fixtures" / "skypilot-catalog" / "v8", _SKY_RUNTIME / ".sky" / "catalogs" / "v8")
+os.environ["SKY_RUNTIME_DIR"] = str(_SKY_RUNTIME)
+os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
 
 def pytest_configure(config):

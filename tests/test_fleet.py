@@ -68,10 +68,15 @@ def test_cheapest_offer_first_and_the_next_one_when_it_has_no_capacity(tmp_path)
     # the GCP offer is cheaper but has no capacity: both actors run on the AWS one
     assert [s.offer.instance_type for s in fleet.slots] == ["g6.xlarge", "g6.xlarge"]
     events = read_events(store)
-    assert sum(e["kind"] == "unavailable" for e in events) == 2
+    # the second launch does not ask the offer that just had no capacity again (unavailable_retry_s)
+    assert sum(e["kind"] == "unavailable" for e in events) == 1
     launches = [e for e in events if e["kind"] == "launch"]
     assert {e["price_usd_per_hour"] for e in launches} == {0.30} and all(e["cluster"] for e in launches)
     assert fleet.usd_per_hour() == pytest.approx(0.60)
+    again = FleetManager(FakeCloud(no_capacity={"g2-standard-4"}), FleetConfig(actors=2), store,
+                         launch_spec=fleet.launch_spec, offers=OFFERS, unavailable_retry_s=0)
+    again.start()  # with no wait it is asked at every launch
+    assert sum(e["kind"] == "unavailable" for e in read_events(store)) == 3
 
 
 def test_a_reclaimed_actor_is_replaced_and_never_counts_as_a_crash(tmp_path):
@@ -123,3 +128,36 @@ def test_reclaim_injector_takes_real_processes_and_the_manager_replaces_them(tmp
     # a sleeper ignores nothing: SIGTERM ends it, or SIGKILL after the notice; nothing is left running
     assert all(p.poll() is not None for p in fleet.backend.procs.values())
     assert fleet_usd(store) == 0.0  # local processes are free
+
+
+def test_an_actor_whose_credentials_expire_is_replaced_before_they_do(tmp_path):
+    cloud = FakeCloud()
+    store = FsspecStore(str(tmp_path / "run"), {})
+    lifetimes = iter([60.0, 3600.0])  # the first actor's scoped credentials end within the margin
+    spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer,  # noqa: E731
+                                               expires_at=time.time() + next(lifetimes))
+    fleet = FleetManager(cloud, FleetConfig(actors=1, max_restarts=0), store, launch_spec=spec, offers=OFFERS)
+    fleet.start()
+    first = fleet.slots[0].actor_id
+    fleet.reconcile()
+    assert cloud.terminated == [first] and fleet.slots[0].actor_id != first and fleet.slots[0].crashes == 0
+    terminated = [e for e in read_events(store) if e["kind"] == "terminated"]
+    assert [(e["actor_id"], e["reason"]) for e in terminated] == [(first, "credentials expire")]
+    fleet.reconcile()  # the replacement's credentials last: it stays
+    assert len(cloud.launched) == 2
+
+
+def test_an_ended_actor_is_released_and_a_launch_names_interchangeable_offers_within_budget(tmp_path):
+    cloud = FakeCloud()
+    store = FsspecStore(str(tmp_path / "run"), {})
+    dear = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="eu-west-1", spot=True,
+                 usd_per_hour=0.9, on_demand_usd_per_hour=1.2)
+    spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
+    fleet = FleetManager(cloud, FleetConfig(actors=1, max_usd_per_hour=0.5), store, launch_spec=spec,
+                         offers=[*OFFERS, dear], alternatives=7)
+    fleet.start()
+    # cheapest (GCP) first; the AWS L4 is interchangeable and fits; the eu-west-1 one would exceed the budget
+    assert cloud.launched[0].offer == OFFERS[1] and cloud.launched[0].alternatives == (OFFERS[0],)
+    cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.CRASHED, "job FAILED")
+    fleet.reconcile()
+    assert cloud.terminated == [cloud.launched[0].actor_id]  # what is left of it (a VM) goes too

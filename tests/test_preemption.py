@@ -38,6 +38,7 @@ class FakeMetadata:
     ``instance/preempted`` (FALSE until ``notice``) behind ``Metadata-Flavor: Google``."""
 
     TOKEN = "tok-123"
+    AWS_IP, GCP_IP = "203.0.113.7", "198.51.100.9"  # documentation addresses (RFC 5737)
 
     def __init__(self):
         self.notice = False
@@ -72,6 +73,14 @@ class FakeMetadata:
                     if self.headers.get("Metadata-Flavor") != "Google":
                         return self._reply(403)
                     return self._reply(200, b"TRUE" if fake.notice else b"FALSE")
+                if self.path == "/latest/meta-data/public-ipv4":
+                    if self.headers.get("X-aws-ec2-metadata-token") != FakeMetadata.TOKEN:
+                        return self._reply(401)
+                    return self._reply(200, FakeMetadata.AWS_IP.encode())
+                if self.path == "/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/external-ip":
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        return self._reply(403)
+                    return self._reply(200, FakeMetadata.GCP_IP.encode())
                 self._reply(404)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -104,6 +113,49 @@ def test_off_unless_configured(monkeypatch):
     monkeypatch.setenv(preemption.SOURCE_ENV, "azure")
     with pytest.raises(ValueError, match="azure"):
         preemption.resolve(None, None)
+
+
+def test_auto_follows_the_cloud_skypilot_says_the_machine_is_on(monkeypatch):
+    monkeypatch.setenv(preemption.SOURCE_ENV, "auto")
+    monkeypatch.delenv(preemption.ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv(preemption.CLUSTER_INFO_ENV, json.dumps({"cluster_name": "c", "cloud": "GCP", "region": "r"}))
+    assert preemption.resolve(None, None) == ("gcp", "http://metadata.google.internal")
+    monkeypatch.setenv(preemption.CLUSTER_INFO_ENV, json.dumps({"cloud": "Lambda"}))  # no notices in its metadata
+    assert preemption.resolve(None, None) == ("off", None)
+    monkeypatch.delenv(preemption.CLUSTER_INFO_ENV)
+    assert preemption.resolve(None, None) == ("off", None)
+
+
+@pytest.mark.parametrize("source", ["aws", "gcp"])
+def test_the_relay_advertises_the_public_address_the_metadata_gives(metadata, source, monkeypatch):
+    from echo2.config import BroadcastConfig
+    from echo2.rollout.machine import machine_broadcast
+
+    monkeypatch.setenv(preemption.CLUSTER_INFO_ENV, json.dumps({"cloud": source.upper()}))
+    monkeypatch.setenv(preemption.SOURCE_ENV, "auto")
+    monkeypatch.setenv(preemption.ENDPOINT_ENV, metadata.url)
+    monkeypatch.setenv("ECHO2_RELAY_HOST", "0.0.0.0")
+    monkeypatch.setenv("ECHO2_RELAY_PORT", "8443")
+    monkeypatch.setenv("ECHO2_ADVERTISE_HOST", "auto")
+    got = machine_broadcast(BroadcastConfig())
+    assert (got.host, got.port) == ("0.0.0.0", 8443)
+    assert got.advertise_host == (FakeMetadata.AWS_IP if source == "aws" else FakeMetadata.GCP_IP)
+    monkeypatch.setenv("ECHO2_RELAY_PORT", "84x3")
+    with pytest.raises(ValueError, match="not a port number"):
+        machine_broadcast(BroadcastConfig())
+
+
+def test_without_machine_settings_the_run_config_stands(monkeypatch):
+    from echo2.config import BroadcastConfig
+    from echo2.rollout.machine import machine_broadcast
+
+    for name in ("ECHO2_RELAY_HOST", "ECHO2_RELAY_PORT", "ECHO2_ADVERTISE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    config = BroadcastConfig(host="127.0.0.1", port=0)
+    assert machine_broadcast(config) is config
+    monkeypatch.setenv("ECHO2_ADVERTISE_HOST", "http://evil/")
+    with pytest.raises(ValueError, match="no host name or address"):
+        machine_broadcast(config)
 
 
 @pytest.mark.parametrize("source", ["aws", "gcp"])
@@ -343,3 +395,16 @@ def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
     everywhere = gcp_preempted_instances("p1", "all", api_endpoint=compute.url, credentials=AnonymousCredentials())
     assert everywhere == {"actor-a", "actor-e"}
     assert compute.paths[-1].startswith("/compute/v1/projects/p1/aggregated/operations?")
+
+
+def test_a_skypilot_cluster_on_gcp_is_a_reclaim_when_gcp_preempted_its_instance(compute):
+    from google.auth.credentials import AnonymousCredentials
+
+    from echo2.fleet.reclaims import gcp_operations_client
+    from echo2.fleet.skypilot import Launched, cloud_end_reason
+
+    client = gcp_operations_client(zonal=False, api_endpoint=compute.url, credentials=AnonymousCredentials())
+    launched = Launched(1, "gcp", "europe-west4", "g2-standard-4", True)
+    # SkyPilot names a cluster's GCP instances <name on cloud>-<hash>-head: "actor-e" was preempted, "actor-f" deleted
+    assert cloud_end_reason(launched, "actor-e", gcp_project="p1", gcp_client=client)[0] == "reclaimed"
+    assert cloud_end_reason(launched, "actor-f", gcp_project="p1", gcp_client=client)[0] == "crashed"

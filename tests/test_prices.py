@@ -166,7 +166,8 @@ def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
     code = ("import json; from echo2.fleet.price_skypilot import SkyPilotPrices; "
             "print(json.dumps([o.as_dict() for o in SkyPilotPrices(clouds=['aws']).offers()]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HOME": str(home), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
+                          env={**os.environ, "HOME": str(home), "SKY_RUNTIME_DIR": str(home),
+                               "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     offers = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [(o["name"], o["gpu"], o["on_demand_usd_per_hour"], o["spot_usd_per_hour"]) for o in offers] == \

@@ -26,6 +26,33 @@ class Offer:
     on_demand_usd_per_hour: float = 0.0
     simulated_price: bool = False
     """True when a local process is priced as this offer (a realistic cost report of a local run)."""
+    tokens_per_second: float | None = None
+    """Expected rollout throughput of one instance (worker profiles at the model's size), where known."""
+
+    @property
+    def usd_per_throughput(self) -> float:
+        """What the manager orders offers by: $ per expected token/s, or $/h where no speed is known."""
+        return self.usd_per_hour / self.tokens_per_second if self.tokens_per_second else self.usd_per_hour
+
+    def interchangeable(self, other: "Offer") -> bool:
+        """Same GPU type and count in the same market: equal throughput, so the cheaper one is the better."""
+        return (self.gpu, self.gpu_count, self.spot) == (other.gpu, other.gpu_count, other.spot)
+
+    @classmethod
+    def from_catalog(cls, offer, spot: bool, *, tokens_per_second: float | None = None,
+                     simulated: bool = False) -> "Offer":
+        """A price catalog row (``prices.Offer``) bought in one market."""
+        price = offer.price(spot)
+        if price is None:
+            raise ValueError(f"{offer.name} has no {'spot' if spot else 'on-demand'} price")
+        return cls(provider=offer.provider, instance_type=offer.instance_type, gpu=offer.gpu,
+                   gpu_count=offer.gpu_count, region=offer.region, spot=spot, usd_per_hour=price,
+                   on_demand_usd_per_hour=offer.on_demand_usd_per_hour or price, simulated_price=simulated,
+                   tokens_per_second=tokens_per_second)
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}/{self.instance_type}@{self.region}:{'spot' if self.spot else 'on-demand'}"
 
     def event_fields(self) -> dict:
         """How the ledger records it (``fleet/costs.py`` reads these)."""
@@ -48,11 +75,17 @@ class ActorLaunch:
     secrets: dict[str, str] = field(default_factory=dict)
     """Delivered through the backend's secret channel only: never argv, a file in the repo, or the store."""
     offer: Offer = field(default_factory=Offer)
+    alternatives: tuple[Offer, ...] = ()
+    """Offers interchangeable with ``offer`` (same GPU type and count, other regions or clouds): a backend
+    that can ask for any of several (SkyPilot's any_of) may land on one of them; ``poll`` says which."""
+    expires_at: float | None = None
+    """When the actor's scoped credentials stop working (epoch seconds): the manager replaces it before."""
 
 
 class ActorState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
+    UNAVAILABLE = "unavailable"  # the launch found no capacity on any of its offers: try the next offer
     EXITED = "exited"        # ended by itself with code 0 (the run finished, or it was told to stop)
     CRASHED = "crashed"      # ended by itself with an error
     RECLAIMED = "reclaimed"  # taken away by the provider (spot), or by the local reclaim injector
@@ -63,10 +96,12 @@ class ActorStatus:
     state: ActorState
     detail: str = ""
     """Exit code, the provider's reason: what the ledger event records."""
+    offer: Offer | None = None
+    """The offer the actor runs on, where the backend chose among the launch's alternatives."""
 
     @property
     def ended(self) -> bool:
-        return self.state in (ActorState.EXITED, ActorState.CRASHED, ActorState.RECLAIMED)
+        return self.state in (ActorState.EXITED, ActorState.CRASHED, ActorState.RECLAIMED, ActorState.UNAVAILABLE)
 
 
 class CapacityError(Exception):

@@ -34,7 +34,7 @@ STARTS = ("launch", "requested")
 STATUS = ("running", "ready")
 ENDS = ("exited", "terminated", "reclaimed", "crashed", "unavailable")  # unavailable: the offer had no capacity
 LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
-"""Where the learner's price would live in the run's config; nothing sets it yet."""
+"""Where the learner's price lives in the run's config (``FleetConfig.learner_usd_per_hour``)."""
 
 
 def _num(value: Any, default: float | None = None) -> float | None:

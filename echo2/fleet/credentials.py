@@ -181,6 +181,30 @@ def scoped_credentials(sts_client: Any, role_arn: str, policy: dict[str, Any], a
     )
 
 
+def split_store_url(url: str, run_id: str) -> tuple[str, str]:
+    """``s3://bucket/prefix/runs/<run>`` -> (bucket, prefix): what ``actor_policy`` scopes."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"scoped credentials are minted for s3:// stores only, not {url!r} (GCS: see infra/iam/README.md)")
+    bucket, _, path = url[len("s3://"):].partition("/")
+    tail = f"{layout.RUNS}/{run_id}"
+    path = path.strip("/")
+    if path != tail and not path.endswith("/" + tail):
+        raise ValueError(f"{url!r} is not the root of run {run_id!r}")
+    return bucket, path[: -len(tail)].strip("/")
+
+
+def mint_actor_credentials(run_url: str, run_id: str, actor_id: str, *, role_arn: str, hours: float,
+                           sts_endpoint_url: str | None = None, sts_client: Any = None) -> ScopedCredentials:
+    """One actor's scoped, expiring S3 credentials for run ``run_id`` at ``run_url``."""
+    bucket, prefix = split_store_url(run_url, run_id)
+    if sts_client is None:
+        import boto3
+
+        sts_client = boto3.client("sts", endpoint_url=sts_endpoint_url)
+    duration = int(min(max(hours * 3600, MIN_DURATION_S), MAX_DURATION_S))
+    return scoped_credentials(sts_client, role_arn, actor_policy(bucket, prefix, run_id, actor_id), actor_id, duration)
+
+
 if __name__ == "__main__":  # regenerate the shipped templates: python -m echo2.fleet.credentials
     from pathlib import Path
 

@@ -2,11 +2,16 @@
 
     start: launch the desired number of actors
     every reconcile (between learner steps, and while the learner waits for rollouts):
-        poll each actor; one that was reclaimed, crashed or exited is recorded and replaced
-            (a crash counts against fleet.max_restarts per slot; a reclaim never does: it is the
-            provider's doing, and the replacement is the point of running on spot)
-        launch what is missing, cheapest offer first; an offer that has no capacity now
-            (CapacityError) is skipped for the next cheapest, and retried on a later reconcile
+        poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
+            backend tears down what is left of it) and replaced (a crash counts against
+            fleet.max_restarts per slot; a reclaim never does: it is the provider's doing, and the
+            replacement is the point of running on spot)
+        an actor whose scoped store credentials expire within CREDENTIAL_MARGIN_S is replaced
+        launch what is missing, cheapest offer first (by $ per expected token/s); an offer that has
+            no capacity now (CapacityError at once, or UNAVAILABLE once a launch gave up) is skipped
+            for the next cheapest, and asked again after ``unavailable_retry_s``; a launch also names
+            the offers interchangeable with its own (same GPU, other regions or clouds) that fit the
+            budget, for backends that can take any of several (SkyPilot's any_of)
         never start a worker that would take the fleet above fleet.max_usd_per_hour
     resize(n): grow, or retire the newest actors (fleet.actors: auto, see autosize.py)
     stop: terminate every actor
@@ -24,7 +29,8 @@ import logging
 import os
 import secrets
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +51,10 @@ class FleetFailed(RuntimeError):
     with the actor's code or environment, and replacing it again would only burn money."""
 
 
+CREDENTIAL_MARGIN_S = 600.0
+"""An actor is replaced this long before its scoped credentials expire (a fresh actor gets fresh ones)."""
+
+
 @dataclass
 class _Slot:
     index: int
@@ -52,19 +62,24 @@ class _Slot:
     offer: Offer
     crashes: int = 0
     running_seen: bool = False
+    expires_at: float | None = None
 
 
 class FleetManager:
     def __init__(self, backend: FleetBackend, config: FleetConfig, store: ObjectStore, *,
                  launch_spec: Callable[[str, Offer], ActorLaunch], offers: list[Offer] | None = None,
-                 desired: int | None = None):
+                 desired: int | None = None, alternatives: int = 0, unavailable_retry_s: float = 300.0):
         """``launch_spec(actor_id, offer)`` builds what the backend launches; ``offers`` are the
-        candidates, cheapest first (default: this machine, free)."""
+        candidates (default: this machine, free), tried cheapest per expected token/s first;
+        ``alternatives``: how many interchangeable offers a launch may name beside its own."""
         self.backend = backend
         self.config = config
         self.store = store
         self.launch_spec = launch_spec
-        self.offers = sorted(offers or [Offer()], key=lambda o: o.usd_per_hour)
+        self.offers = sorted(offers or [Offer()], key=lambda o: (o.usd_per_throughput, o.usd_per_hour))
+        self.alternatives = alternatives
+        self.unavailable_retry_s = unavailable_retry_s
+        self._unavailable_until: dict[Offer, float] = {}
         self.desired = desired if desired is not None else (
             config.actors if isinstance(config.actors, int) else config.min_actors)
         self.slots: list[_Slot] = []
@@ -83,14 +98,27 @@ class FleetManager:
         """Record and replace ended actors, launch what is missing; a status summary for the flow."""
         for slot in list(self.slots):
             status = self.backend.poll(slot.actor_id)
+            if status.offer is not None and status.offer != slot.offer:  # the backend took an alternative
+                slot.offer = status.offer
             if status.state == ActorState.RUNNING and not slot.running_seen:
                 slot.running_seen = True
                 write_event(self.store, "running", slot.actor_id, **slot.offer.event_fields())
             if not status.ended:
+                if slot.expires_at is not None and slot.expires_at - time.time() < CREDENTIAL_MARGIN_S:
+                    log.info("actor %s: its store credentials expire soon; replacing it", slot.actor_id)
+                    self.slots.remove(slot)
+                    self._retire(slot, reason="credentials expire")
+                    self._launch(slot.index, crashes=slot.crashes, replaces=slot.actor_id)
                 continue
             self.slots.remove(slot)
             write_event(self.store, status.state.value, slot.actor_id, detail=status.detail,
                         **slot.offer.event_fields())
+            self._release(slot)
+            if status.state == ActorState.UNAVAILABLE:  # no capacity anywhere it asked: the next offer
+                self._set_unavailable(slot.offer)
+                log.warning("no capacity for %s (%s); trying the next offer", slot.actor_id, status.detail)
+                self._launch(slot.index, crashes=slot.crashes, replaces=slot.actor_id)
+                continue
             crashes = slot.crashes + (status.state != ActorState.RECLAIMED)
             if status.state == ActorState.CRASHED and crashes > self.config.max_restarts:
                 raise FleetFailed(f"actor {slot.actor_id} crashed ({status.detail}) and slot {slot.index} was "
@@ -146,7 +174,9 @@ class FleetManager:
     def _launch(self, index: int, *, crashes: int = 0, replaces: str | None = None) -> bool:
         """Launch one actor in slot ``index`` on the cheapest offer that has capacity and fits the budget."""
         budget = self.config.max_usd_per_hour
-        for offer in self.offers:
+        now = time.time()
+        available = [o for o in self.offers if self._unavailable_until.get(o, 0.0) <= now]
+        for offer in available:
             if budget is not None and self.usd_per_hour() + offer.usd_per_hour > budget + 1e-9:
                 if not self._budget_logged:
                     write_event(self.store, "budget", "fleet", max_usd_per_hour=budget,
@@ -158,44 +188,112 @@ class FleetManager:
             actor_id = f"actor{index}-{secrets.token_hex(3)}"
             write_event(self.store, "requested", actor_id, backend=self.backend.name, replaces=replaces,
                         **offer.event_fields())
+            spec = replace(self.launch_spec(actor_id, offer), alternatives=self._alternatives(offer, available))
             try:
-                details = self.backend.launch(self.launch_spec(actor_id, offer))
+                details = self.backend.launch(spec)
             except CapacityError as exc:
                 write_event(self.store, "unavailable", actor_id, reason=str(exc)[:500], **offer.event_fields())
                 log.warning("offer %s/%s in %s unavailable (%s); trying the next", offer.provider,
                             offer.instance_type, offer.region, exc)
+                self._set_unavailable(offer, alternatives=False)
                 continue
-            # the local ledger's bill starts here: "launch" opens the billing row (fleet/costs.py)
+            # the bill starts here: "launch" opens the billing row (fleet/costs.py); a "running" event
+            # later names the alternative the backend took, whose price then bills the whole row
             write_event(self.store, "launch", actor_id, backend=self.backend.name, **offer.event_fields(), **details)
-            self.slots.append(_Slot(index, actor_id, offer, crashes))
+            self.slots.append(_Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at))
             self._budget_logged = False
             return True
         return False
 
-    def _retire(self, slot: _Slot) -> None:
+    def _alternatives(self, offer: Offer, available: list[Offer]) -> tuple[Offer, ...]:
+        """Offers interchangeable with ``offer`` that would also fit the budget, cheapest first."""
+        if self.alternatives <= 0:
+            return ()
+        budget = self.config.max_usd_per_hour
+        room = None if budget is None else budget - self.usd_per_hour() + 1e-9
+        same = [o for o in available if o != offer and offer.interchangeable(o) and (room is None or o.usd_per_hour <= room)]
+        return tuple(same[: self.alternatives])
+
+    def _set_unavailable(self, offer: Offer, *, alternatives: bool = True) -> None:
+        """Skip ``offer`` (and, when the launch named them, the alternatives it was asked with) for a while."""
+        until = time.time() + self.unavailable_retry_s
+        for o in self.offers:
+            if o == offer or (alternatives and self.alternatives > 0 and offer.interchangeable(o)):
+                self._unavailable_until[o] = until
+
+    def _release(self, slot: _Slot) -> None:
+        """What is left of an ended actor (a cloud VM kept up after a failed job) goes too."""
+        try:
+            self.backend.terminate(slot.actor_id, grace_s=0)
+        except Exception as exc:
+            log.warning("could not release %s: %s", slot.actor_id, exc)
+
+    def _retire(self, slot: _Slot, reason: str | None = None) -> None:
         try:
             self.backend.terminate(slot.actor_id)
-            write_event(self.store, "terminated", slot.actor_id, **slot.offer.event_fields())
+            write_event(self.store, "terminated", slot.actor_id, reason=reason, **slot.offer.event_fields())
         except Exception as exc:  # the store or the provider may be why we are stopping
             log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
 
 
+CREDENTIAL_OPTION_NAMES = ("key", "secret", "token", "password", "credential", "access_key", "session")
+"""Store options that look like credentials never travel to a remote actor (they get scoped ones)."""
+
+
+def public_store_options(options: dict) -> dict:
+    """``store.options`` without anything secret-looking, at any depth (``client_kwargs`` too)."""
+    out = {}
+    for k, v in options.items():
+        if any(word in str(k).lower() for word in CREDENTIAL_OPTION_NAMES):
+            continue
+        out[k] = public_store_options(v) if isinstance(v, dict) else v
+    return out
+
+
 def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
-               run_key: Ed25519PrivateKey, seed: int = 0, actor_command: list[str] | None = None) -> FleetManager:
+               run_key: Ed25519PrivateKey, seed: int = 0, actor_command: list[str] | None = None,
+               run_id: str | None = None, model_params_b: float | None = None) -> FleetManager:
     """The configured backend behind a manager. ``actor_command`` replaces ``python -m echo2.cli
     actor`` (the overlap benchmark's timing workload); ``--run``, ``--actor-id`` and
-    ``--parent-pid`` are appended to it."""
+    ``--parent-pid`` are appended to it. ``run_id`` and ``model_params_b`` (the policy's size, which
+    decides the GPUs it fits and their speed) are what a cloud backend needs beside."""
+    from echo2.fleet.offers import local_offers, skypilot_offers
+
+    # the actor gets the relay secret, never the learner's signing key; secrets go through the
+    # backend's secret channel (local processes: their environment; SkyPilot: its secrets), never
+    # argv or the store
+    secret = {RELAY_SECRET_ENV: relay_secret(run_key)}
+    if config.backend == "skypilot":
+        from echo2.fleet.credentials import mint_actor_credentials
+        from echo2.fleet.skypilot import SkyPilotBackend
+
+        sk = config.skypilot
+        run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
+        offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
+        backend = SkyPilotBackend(sk, run_id=run_id)
+        env = {"ECHO2_STORE_OPTIONS": json.dumps(public_store_options(store_options))}
+
+        def launch_spec(actor_id: str, offer: Offer) -> ActorLaunch:
+            secrets_, expires = dict(secret), None
+            if sk.credentials_role_arn:
+                creds = mint_actor_credentials(store.url, run_id, actor_id, role_arn=sk.credentials_role_arn,
+                                               hours=sk.credentials_hours, sts_endpoint_url=sk.sts_endpoint_url)
+                secrets_.update(creds.env)
+                expires = creds.expires_at.timestamp()
+            return ActorLaunch(actor_id=actor_id, run_url=store.url, command=["echo2", "actor"], env=env,
+                               secrets=secrets_, offer=offer, expires_at=expires)
+
+        return FleetManager(backend, config, store, launch_spec=launch_spec, offers=offers,
+                            alternatives=sk.any_of - 1, unavailable_retry_s=sk.unavailable_retry_s)
+
     from echo2.fleet.local import LocalBackend
 
     backend = LocalBackend(config.local, log_dir, seed=seed + config.local.seed)
     command = actor_command or [sys.executable, "-m", "echo2.cli", "actor"]
-    # the actor gets the relay secret, never the learner's signing key; secrets go through the
-    # backend's secret channel (for local processes: their environment), never argv or the store
-    secret = {RELAY_SECRET_ENV: relay_secret(run_key)}
 
-    def launch_spec(actor_id: str, offer: Offer) -> ActorLaunch:
+    def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
         return ActorLaunch(actor_id=actor_id, run_url=store.url,
                            command=[*command, "--run", store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())],
                            env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, secrets=secret, offer=offer)
 
-    return FleetManager(backend, config, store, launch_spec=launch_spec)
+    return FleetManager(backend, config, store, launch_spec=local_spec, offers=local_offers(config))

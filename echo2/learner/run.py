@@ -221,6 +221,12 @@ class LearnerRun:
         return write_reports(self)
 
     @property
+    def model_params_b(self) -> float | None:
+        """The policy's size in billions of parameters (which GPUs it fits, how fast they sample it)."""
+        model = getattr(self.learner, "model", None)
+        return None if model is None else sum(p.numel() for p in model.parameters()) / 1e9
+
+    @property
     def local_dir(self) -> Path:
         """Local files of the run (logs, TensorBoard): the run folder itself for a local store, else ./echo2-logs/<run>."""
         if self.store.url.startswith("file://"):

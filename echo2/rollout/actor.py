@@ -43,6 +43,7 @@ from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
 from echo2.rollout.engine import Engine, SamplingParams
+from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task, prompt_token_ids
 
@@ -80,8 +81,11 @@ class Actor:
         self.consumed = ConsumedIndex(store)
         # what an actor holds: the run's public key (verifies versions) and the relay secret (talks to
         # peers); neither signs a version, and the learner's private key is never read here
+        r = self.config.rollout  # the relay binds and advertises this machine's address (machine.py)
+        broadcast = machine_broadcast(self.config.broadcast, preemption_source=r.preemption_source,
+                                      preemption_endpoint=r.preemption_endpoint)
         self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), relay_secret_from_env(),
-                                       self.config.broadcast, staleness=self.config.train.staleness)
+                                       broadcast, staleness=self.config.train.staleness)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None

@@ -10,8 +10,9 @@ notice path, and this watcher ends in the same handler (``_thread.interrupt_main
 
 Off by default, so no actor ever talks to a metadata address it was not told to. Enabled by
 ``rollout.preemption_source`` or, per machine, ``$ECHO2_PREEMPTION_SOURCE`` (``aws`` | ``gcp`` |
-``off``), which the SkyPilot backend sets for the cloud the actor landed on (one run may span
-clouds, so the run-wide config cannot know). ``$ECHO2_PREEMPTION_ENDPOINT`` (or
+``off`` | ``auto``). The SkyPilot task sets ``auto``: the cloud SkyPilot says the machine is on
+(``$SKYPILOT_CLUSTER_INFO``), if it is one with notices in its metadata (one launch's any_of may span
+clouds, so neither the run-wide config nor the launch can know). ``$ECHO2_PREEMPTION_ENDPOINT`` (or
 ``rollout.preemption_endpoint``) replaces the metadata base URL; tests point it at 127.0.0.1.
 
 Requests go straight to the endpoint, never through an HTTP proxy from the environment (the
@@ -34,7 +35,9 @@ log = logging.getLogger("echo2.preemption")
 
 SOURCE_ENV = "ECHO2_PREEMPTION_SOURCE"
 ENDPOINT_ENV = "ECHO2_PREEMPTION_ENDPOINT"
-SOURCES = ("off", "aws", "gcp")
+SOURCES = ("off", "aws", "gcp", "auto")
+CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"
+"""JSON SkyPilot puts in every job's environment: ``{"cluster_name", "cloud", "region", "zone"}``."""
 DEFAULT_ENDPOINTS = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 AWS_TOKEN_TTL_S = 21600
 """IMDSv2 session token lifetime asked for (the maximum, 6 h); refreshed well before it ends."""
@@ -56,10 +59,21 @@ def resolve(source: str | None, endpoint: str | None) -> tuple[str, str | None]:
     if source not in SOURCES:
         raise ValueError(f"unknown preemption source {source!r} (${SOURCE_ENV} or rollout.preemption_source): "
                          f"expected one of {', '.join(SOURCES)}")
+    if source == "auto":  # the cloud SkyPilot launched this machine on, where its metadata has notices
+        source = machine_cloud() if machine_cloud() in DEFAULT_ENDPOINTS else "off"
     if source == "off":
         return "off", None
     base = os.environ.get(ENDPOINT_ENV) or endpoint or DEFAULT_ENDPOINTS[source]
     return source, base.rstrip("/")
+
+
+def machine_cloud() -> str | None:
+    """The cloud this machine was launched on (``aws``, ``gcp`` ...), from SkyPilot's job environment."""
+    try:
+        cloud = json.loads(os.environ.get(CLUSTER_INFO_ENV) or "{}").get("cloud")
+    except (ValueError, AttributeError):
+        return None
+    return str(cloud).strip().lower() or None if cloud else None
 
 
 class MetadataProbe:
@@ -89,6 +103,21 @@ class MetadataProbe:
 
     def check(self) -> Notice | None:
         return self._check_aws() if self.source == "aws" else self._check_gcp()
+
+    def public_address(self) -> str:
+        """This machine's public IPv4, as the metadata knows it (what peers on other hosts dial)."""
+        if self.source == "aws":
+            request = urllib.request.Request(f"{self.base_url}/latest/meta-data/public-ipv4",
+                                             headers={"X-aws-ec2-metadata-token": self._aws_token(time.monotonic())})
+        else:
+            request = urllib.request.Request(
+                f"{self.base_url}/computeMetadata/v1/instance/network-interfaces/0/access-configs/0/external-ip",
+                headers={"Metadata-Flavor": "Google"})
+        status, body = self._open(request)
+        address = body.decode(errors="replace").strip()
+        if status != 200 or not address:
+            raise OSError(f"{self.source} metadata has no public address (answered {status})")
+        return address
 
     def _aws_token(self, now: float) -> str:
         if self._token is None or now - self._token_at > AWS_TOKEN_TTL_S / 2:

@@ -1,0 +1,77 @@
+"""What an actor learns from the machine it runs on: where its relay listens and how peers reach it.
+
+The run's ``broadcast`` config is the same for every actor (it comes from ``run.json``), but the
+address a relay binds and advertises is a fact of each machine: a local actor listens on 127.0.0.1,
+a cloud VM on 0.0.0.0 behind the port SkyPilot opened, reachable at its public address. The fleet
+backend says so per machine through the environment:
+
+    ECHO2_RELAY_HOST       address the relay binds (e.g. 0.0.0.0)
+    ECHO2_RELAY_PORT       port the relay binds (the one the backend opened)
+    ECHO2_ADVERTISE_HOST   what goes in peers/<actor>.json: a host or address; ``metadata`` = the public
+                           IPv4 from the instance metadata of $ECHO2_PREEMPTION_SOURCE's cloud (AWS IMDSv2,
+                           GCP); ``interface`` = the address of the interface that routes to the internet
+                           (right on clouds that put the public address on the VM, e.g. Lambda); ``auto`` =
+                           ``metadata`` on a machine SkyPilot launched on AWS or GCP, else ``interface``
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+
+from echo2.config import BroadcastConfig
+from echo2.rollout.preemption import DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
+
+log = logging.getLogger("echo2.actor")
+
+HOST_ENV, PORT_ENV, ADVERTISE_ENV = "ECHO2_RELAY_HOST", "ECHO2_RELAY_PORT", "ECHO2_ADVERTISE_HOST"
+
+
+def interface_address() -> str:
+    """The local address of the route to the internet (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: never reached, only routed
+        return s.getsockname()[0]
+
+
+def advertised_host(value: str, preemption_source: str | None, preemption_endpoint: str | None) -> str:
+    """``value`` of $ECHO2_ADVERTISE_HOST as the address peers should dial."""
+    cloud = machine_cloud()
+    if value == "auto":
+        value = "metadata" if cloud in DEFAULT_ENDPOINTS else "interface"
+    if value == "interface":
+        return interface_address()
+    if value == "metadata":  # the cloud: $ECHO2_PREEMPTION_SOURCE, else SkyPilot's word, else the config
+        source, base = resolve(cloud if cloud in DEFAULT_ENDPOINTS else preemption_source, preemption_endpoint)
+        if source == "off":
+            raise ValueError(f"{ADVERTISE_ENV}=metadata needs to know the cloud: $ECHO2_PREEMPTION_SOURCE "
+                             f"(aws or gcp) or SkyPilot's $SKYPILOT_CLUSTER_INFO")
+        return MetadataProbe(source, base).public_address()
+    return value
+
+
+def machine_broadcast(config: BroadcastConfig, *, preemption_source: str | None = None,
+                      preemption_endpoint: str | None = None) -> BroadcastConfig:
+    """``config`` with this machine's relay address from the environment (unchanged where none is set)."""
+    updates: dict = {}
+    if os.environ.get(HOST_ENV):
+        updates["host"] = os.environ[HOST_ENV]
+    if os.environ.get(PORT_ENV):
+        port = os.environ[PORT_ENV].strip()
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{PORT_ENV}={port!r} is not a port number")
+        updates["port"] = int(port)
+    if os.environ.get(ADVERTISE_ENV):
+        host = advertised_host(os.environ[ADVERTISE_ENV].strip(), preemption_source, preemption_endpoint)
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not host or any(c in host for c in "/:@ "):  # a name is fine; a URL or junk is not
+                raise ValueError(f"{ADVERTISE_ENV} gave {host!r}, which is no host name or address") from None
+        updates["advertise_host"] = host
+    if not updates:
+        return config
+    log.info("relay on this machine: %s", ", ".join(f"{k}={v}" for k, v in updates.items()))
+    return config.model_copy(update=updates)

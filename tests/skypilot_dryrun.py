@@ -1,0 +1,88 @@
+"""A dry-run launch of the actor task through SkyPilot's real API server, with AWS played by moto on
+loopback (run by tests/test_skypilot.py in a process of its own: SkyPilot reads $HOME and
+$SKY_RUNTIME_DIR when it is imported). Prints one JSON line: what SkyPilot printed, and whether its API
+server is gone again. Usage: python tests/skypilot_dryrun.py WORKDIR"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PORT = 46599  # off a developer's own API server (46580)
+SECRET = "relay-s3cr3t-dryrun"
+
+
+def main(root: Path) -> None:
+    home = root / "home"
+    catalogs = home / ".sky" / "catalogs" / "v8"
+    shutil.copytree(REPO / "tests" / "fixtures" / "skypilot-catalog" / "v8", catalogs, dirs_exist_ok=True)
+    # the AMI moto has, under the tags SkyPilot looks images up by; quota codes so nothing is downloaded
+    rows = ["Tag,Region,OS,OSVersion,ImageId,CreationDate,BaseImageId"]
+    for region in ("us-east-1", "us-west-2"):
+        for tag in ("custom-gpu-ubuntu-cuda13", "custom-cpu-ubuntu", "custom-gpu-ubuntu", "gpu-ubuntu-2204",
+                    "cpu-ubuntu-2204"):
+            rows.append(f"skypilot:{tag},{region},ubuntu,22.04,ami-03cf127a,20240101,ami-03cf127a")
+    (catalogs / "aws" / "images.csv").write_text("\n".join(rows) + "\n")
+    (catalogs / "aws" / "instance_quota_mapping.csv").write_text(
+        "InstanceType,SpotInstanceCode,OnDemandInstanceCode\ng6.xlarge,L-3819A6DF,L-DB2E81BA\n")
+    shims = root / "bin"
+    shims.mkdir(exist_ok=True)
+    if shutil.which("rsync") is None:  # SkyPilot checks for rsync even for a dry run
+        (shims / "rsync").write_text("#!/bin/sh\nexit 0\n")
+        (shims / "rsync").chmod(0o755)
+
+    from moto.server import ThreadedMotoServer
+
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    # the API server SkyPilot starts inherits this environment: fake keys, AWS on loopback only
+    os.environ.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                      AWS_ENDPOINT_URL=f"http://{host}:{port}", SKYPILOT_API_SERVER_LOCAL_PORT=str(PORT),
+                      SKYPILOT_DISABLE_USAGE_COLLECTION="1", PATH=f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+    import sky
+
+    from echo2.config import SkyPilotFleetConfig
+    from echo2.fleet.backend import ActorLaunch, Offer
+    from echo2.fleet.skypilot import build_task
+
+    east = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
+                 usd_per_hour=0.31)
+    west = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
+                 usd_per_hour=0.28)
+    spec = ActorLaunch("actor0-abc123", "s3://bucket/runs/r1", ["echo2", "actor"], env={"ECHO2_STORE_OPTIONS": "{}"},
+                       secrets={"ECHO2_RELAY_SECRET": SECRET}, offer=east, alternatives=(west,))
+    task = build_task(spec, SkyPilotFleetConfig(), run_id="r1")
+    started = time.time()
+    printed, error = "", None
+    try:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            result = sky.stream_and_get(sky.launch(task, cluster_name="e2-r1-actor0-abc123", dryrun=True, down=True,
+                                                   idle_minutes_to_autostop=10))
+        printed = buffer.getvalue()
+    except Exception as exc:  # reported, not raised: the server must be stopped either way
+        error, result = f"{type(exc).__name__}: {exc}", None
+    finally:
+        stop = subprocess.run([str(Path(sys.executable).parent / "sky"), "api", "stop"], capture_output=True,
+                              text=True, timeout=120)
+        moto.stop()
+    time.sleep(1)
+    with socket.socket() as s:
+        server_gone = s.connect_ex(("127.0.0.1", PORT)) != 0
+    print(json.dumps({"printed": printed, "result": repr(result), "error": error, "seconds": time.time() - started,
+                      "stop": stop.stdout + stop.stderr, "server_gone": server_gone}))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
