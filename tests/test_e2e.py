@@ -328,3 +328,21 @@ def test_auto_fleet_is_sized_by_the_capacity_model(tiny_model, tmp_path):
     assert len(resizes) == 1 and resizes[0]["actors_from"] == 1 and resizes[0]["actors_to"] in (1, 2), resizes
     assert "capacity model" in resizes[0]["reason"]
     assert len([e for e in events if e["kind"] == "launch"]) == resizes[0]["actors_to"]
+
+
+def test_reclaimed_actors_lose_no_rollout_are_replaced_and_a_priced_run_is_billed_as_simulated(tiny_model, tmp_path):
+    """The fleet issue's acceptance on the tiny model: spot-like reclaims mid-run (SIGTERM, notice, SIGKILL),
+    every one replaced, every committed rollout file accounted for, and local actors priced as a catalog
+    offer so the cost report is realistic and says its prices are simulated."""
+    echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=spot", *TINY,
+                                    "fleet.actors=2", "train.max_steps=8", "fleet.local.reclaim_rate=4",
+                                    "fleet.local.reclaim_burst=0.3", "fleet.local.notice_s=1", "fleet.local.seed=3",
+                                    "fleet.local.price_as=aws/g6.xlarge@us-east-1", "fleet.learner_usd_per_hour=1.5",
+                                    "eval.before=false", "eval.after=false"), timeout=600)
+    run = tmp_path / "runs" / "spot"
+    audit = json.loads(echo2("audit", str(run), "--json").stdout)
+    assert audit["finished"] and audit["lost"] == 0 and audit["used_twice"] == 0, audit
+    assert audit["reclaims"] >= 1 and audit["replacements"] >= audit["reclaims"] and not audit["unreplaced"], audit
+    cost = json.loads((run / "reports" / "cost.json").read_text())
+    assert cost["simulated_prices"] is True and "simulated prices" in (run / "reports" / "cost.md").read_text()
+    assert cost["by_gpu"].get("L4", {}).get("usd", 0) > 0 and cost["by_role"]["learner"]["usd"] > 0
