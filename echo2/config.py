@@ -255,7 +255,7 @@ class SkyPilotFleetConfig(_Section):
     ``echo2/fleet/credentials.py``; ``infra/iam/``). None: actors get no store credentials from echo2 (the
     store must be reachable with what the actor's machine has, e.g. an instance profile)."""
     credentials_hours: float = Field(6.0, ge=0.25, le=12)
-    """Lifetime of an actor's scoped credentials; an actor is replaced before they expire."""
+    """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
     sts_endpoint_url: str | None = None
     """STS endpoint (None = AWS's own; tests point it at moto)."""
 

@@ -75,7 +75,9 @@ def reconcile_fleet(fleet: FleetManager, run: LearnerRun) -> dict:
         if sized is not None:
             fleet.resize(*sized)
             fleet.sized_at = run.step
-    return fleet.reconcile()
+    status = fleet.reconcile()
+    run.revoked |= fleet.revoked  # the next version tells every relay to refuse the tokens of ended actors
+    return status
 
 
 @task(cache_policy=NO_CACHE)

@@ -12,12 +12,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.relay import FetchPolicy, RelayNode
 from echo2.data.manifest import chunk_hashes, sign
-from echo2.data.run_key import relay_secret, relay_token
+from echo2.data.relay_tokens import RelayAuth, mint
 
 KEY = Ed25519PrivateKey.from_private_bytes(b"k" * 32)  # the learner's signing key
 PUBLIC = KEY.public_key()  # what actors verify with (run.json)
-RELAY_SECRET = relay_secret(KEY)  # what actors hold to talk to each other
-TOKEN = relay_token(RELAY_SECRET)
+RUN_ID = "relay-test"
+TOKEN = mint(KEY, RUN_ID, "a-test-actor", time.time() + 86400)  # an actor's own relay token
+
+
+def auth() -> RelayAuth:
+    """What a node of the test run accepts."""
+    return RelayAuth(PUBLIC, RUN_ID)
 CHUNK = 64 * 1024
 
 
@@ -40,7 +45,8 @@ def slow_store_reader(store, delay=0.02):
 
 
 def nodes(store, n, policy=None):
-    return [RelayNode(TOKEN, slow_store_reader(store), policy=policy or FetchPolicy(pipeline_wait_s=10)) for _ in range(n)]
+    return [RelayNode(TOKEN, auth(), slow_store_reader(store), policy=policy or FetchPolicy(pipeline_wait_s=10))
+            for _ in range(n)]
 
 
 def raw_peer(answer: bytes | None):

@@ -15,7 +15,7 @@ from echo2.config import BroadcastConfig
 from echo2.data.manifest import ManifestRejected, sign, verify_signature
 from echo2.data.store import open_store
 
-from relay_helpers import KEY, PUBLIC, RELAY_SECRET, TOKEN, make_version, nodes, raw_peer, slow_store_reader
+from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ class EvilServer(RelayServer):
 
 def test_corrupted_chunk_is_never_used_or_passed_on(store):
     manifest, files = make_version(store)
-    evil = RelayNode(TOKEN, slow_store_reader(store, 0), server_cls=EvilServer)
+    evil = RelayNode(TOKEN, auth(), slow_store_reader(store, 0), server_cls=EvilServer)
     evil_server = evil.server
     evil.start_fetch(manifest, []).result(timeout=30)
     child, grandchild = nodes(store, 2)
@@ -153,8 +153,8 @@ def test_forged_and_re_signed_manifests_are_rejected(store):
     with pytest.raises(ManifestRejected):
         verify_signature(sign(forged, Ed25519PrivateKey.generate()), PUBLIC)
     body = json.dumps({k: v for k, v in forged.items() if k != "signature"}, sort_keys=True, separators=(",", ":"))
-    with pytest.raises(ManifestRejected):  # what the old HMAC scheme would sign, under the actors' relay secret
-        mac = hmac.new(RELAY_SECRET.encode(), body.encode(), hashlib.sha256).hexdigest()
+    with pytest.raises(ManifestRejected):  # what the old HMAC scheme would sign, under what an actor holds
+        mac = hmac.new(TOKEN.encode(), body.encode(), hashlib.sha256).hexdigest()
         verify_signature({**forged, "signature": mac}, PUBLIC)
     for bad in (None, 7, "zz", manifest["signature"][:-2], ["x"]):
         with pytest.raises(ManifestRejected):
@@ -170,7 +170,7 @@ def test_receiver_refuses_a_manifest_signed_with_another_key(store, tmp_path):
     from echo2.data.weights import publish_version
 
     publish_version(store, 0, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=Ed25519PrivateKey.generate())
-    receiver = PolicyReceiver(store, "a0", PUBLIC, RELAY_SECRET, BroadcastConfig(mode="store"), staleness=2)
+    receiver = PolicyReceiver(store, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=2, run_id=RUN_ID)
     try:
         assert receiver.poll() is None and 0 in receiver.rejected
         publish_version(store, 1, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=KEY)

@@ -24,7 +24,7 @@ from echo2.config import Config
 from echo2.data import layout
 from echo2.data.rollouts import decode_rollouts
 from echo2.data.run_folder import create_run
-from echo2.data.run_key import RELAY_SECRET_ENV
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version
 from echo2.rollout import preemption
@@ -215,7 +215,7 @@ def _wait(predicate, proc, what: str, limit_s: float = 180.0):
 @pytest.mark.parametrize("source", ["aws"])
 def test_actor_leaves_cleanly_on_a_metadata_notice(tmp_path, tiny_model, metadata, source):
     store = _make_run(tmp_path, tiny_model)
-    env = {**os.environ, RELAY_SECRET_ENV: "relay-secret", preemption.SOURCE_ENV: source,
+    env = {**os.environ, RELAY_TOKEN_ENV: "e2rt1.not.checked-here", preemption.SOURCE_ENV: source,
            preemption.ENDPOINT_ENV: metadata.url, "PYTHONPATH": str(REPO)}
     log_path = tmp_path / "actor.log"
     with open(log_path, "wb") as log_file:

@@ -20,7 +20,7 @@ from echo2.config import BroadcastConfig
 from echo2.data import layout
 from echo2.data.store import open_store
 
-from relay_helpers import CHUNK, PUBLIC, RELAY_SECRET, TOKEN, make_version, nodes, raw_peer, slow_store_reader
+from relay_helpers import CHUNK, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_a_fetch_in_flight_completes_while_its_version_is_still_fresh(store):
     """Publishing faster than one version can be fetched must still deliver versions."""
     _, files1 = publish(store, 1)
     gated = GatedStore(store)
-    receiver = PolicyReceiver(gated, "a0", PUBLIC, RELAY_SECRET, BroadcastConfig(mode="store"), staleness=2)
+    receiver = PolicyReceiver(gated, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=2, run_id=RUN_ID)
     try:
         assert receiver.poll() is None  # v1 started; its chunk reads wait at the gate
         _, files2 = publish(store, 2)
@@ -104,7 +104,7 @@ def test_a_fetch_in_flight_completes_while_its_version_is_still_fresh(store):
 def test_a_fetch_in_flight_is_abandoned_for_the_newest_once_too_stale(store, staleness, newer):
     publish(store, 1)
     gated = GatedStore(store)
-    receiver = PolicyReceiver(gated, "a0", PUBLIC, RELAY_SECRET, BroadcastConfig(mode="store"), staleness=staleness)
+    receiver = PolicyReceiver(gated, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=staleness, run_id=RUN_ID)
     try:
         assert receiver.poll() is None  # v1 started, held at the gate
         for v in newer:
@@ -140,7 +140,7 @@ def test_parent_answers_404_at_once_for_a_version_older_than_its_newest(store):
     m2, _ = make_version(store, 2)
     m3, files3 = make_version(store, 3)
     gated = GatedStore(store)
-    parent = RelayNode(TOKEN, slow_store_reader(gated, 0), policy=FetchPolicy(pipeline_wait_s=60))
+    parent = RelayNode(TOKEN, auth(), slow_store_reader(gated, 0), policy=FetchPolicy(pipeline_wait_s=60))
     pool = ThreadPoolExecutor(2)
     try:
         # receiving v1 (held at the gate); a child waits for chunk 0 of it (pipelined) ...
@@ -285,7 +285,7 @@ def test_malformed_peer_records_are_skipped_never_raised(store):
 
 
 def test_receiver_skips_a_malformed_latest_or_manifest(store):
-    receiver = PolicyReceiver(store, "a0", PUBLIC, RELAY_SECRET, BroadcastConfig(mode="store"), staleness=2)
+    receiver = PolicyReceiver(store, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=2, run_id=RUN_ID)
     try:
         for latest in (b"{", b"\xff", b"[3]", b'"3"', b"{}", b'{"version": "3"}', b'{"version": null}',
                        b'{"version": true}', b'{"version": -1}', b'{"version": 1.5}'):

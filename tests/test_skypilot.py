@@ -33,7 +33,7 @@ SECRET = "relay-s3cr3t-value"
 
 def spec(actor_id="actor0-abc123", offer=L4_EAST, alternatives=(L4_WEST, L4_GCP)) -> ActorLaunch:
     return ActorLaunch(actor_id, f"s3://bucket/prefix/runs/{RUN}", ["echo2", "actor"],
-                       env={"ECHO2_STORE_OPTIONS": "{}"}, secrets={"ECHO2_RELAY_SECRET": SECRET}, offer=offer,
+                       env={"ECHO2_STORE_OPTIONS": "{}"}, secrets={"ECHO2_RELAY_TOKEN": SECRET}, offer=offer,
                        alternatives=alternatives)
 
 
@@ -121,7 +121,7 @@ def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_sec
     assert task.envs["ECHO2_RELAY_HOST"] == "0.0.0.0" and task.envs["ECHO2_RELAY_PORT"] == "8443"
     assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto" and task.envs["ECHO2_ADVERTISE_HOST"] == "auto"
     # the secret travels as a SkyPilot secret only: never an env, and redacted where SkyPilot shows the task
-    assert SECRET not in str(task.envs) and "ECHO2_RELAY_SECRET" in task.secrets
+    assert SECRET not in str(task.envs) and "ECHO2_RELAY_TOKEN" in task.secrets
     assert SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
     assert task.run.strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
 
@@ -304,7 +304,8 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
 
     import boto3
 
-    from echo2.data.run_key import RELAY_SECRET_ENV, run_key
+    from echo2.data.relay_tokens import RELAY_TOKEN_ENV
+    from echo2.data.run_key import run_key
     from echo2.fleet.manager import make_fleet
 
     iam = boto3.client("iam", endpoint_url=s3_server, region_name="us-east-1")
@@ -324,7 +325,7 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     assert offers and {o.provider for o in offers} == {"aws"} and all(o.spot and o.gpu in ("L4", "A10G") for o in offers)
     assert [o.usd_per_throughput for o in offers] == sorted(o.usd_per_throughput for o in offers)
     launch = fleet.launch_spec("actor0-abc123", offers[0])
-    assert set(launch.secrets) == {RELAY_SECRET_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+    assert set(launch.secrets) == {RELAY_TOKEN_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
     assert launch.expires_at is not None and 3000 < launch.expires_at - time.time() <= 3600
     # the learner's own credentials never travel, not even nested in the store options
     assert json.loads(launch.env["ECHO2_STORE_OPTIONS"]) == {"endpoint_url": s3_server, "client_kwargs": {}}

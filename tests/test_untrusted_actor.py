@@ -1,6 +1,7 @@
 """An actor runs on a machine we do not own (issue 9, section 4): with everything it holds (the
-relay secret, the run's public key, store access) it cannot publish a version the others
-accept; and no manifest, even one the learner signed, makes a path outside its version's folder.
+actor's own relay token, the run's public key, store access) it cannot publish a version the others
+accept, nor speak to a peer as another actor or after it is revoked; and no manifest, even one the
+learner signed, makes a path outside its version's folder.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from echo2.config import BroadcastConfig, Config, FleetConfig
 from echo2.data import layout
 from echo2.data.manifest import ManifestRejected, check_manifest, chunk_hashes, sign
 from echo2.data.run_folder import create_run
-from echo2.data.run_key import (KEY_ENV, RELAY_SECRET_ENV, public_key_of, relay_secret, relay_token, run_key)
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV, RelayAuth, TokenRefused, mint
+from echo2.data.run_key import KEY_ENV, public_key_of, run_key
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version, sha256, write_weights
 
@@ -46,10 +48,16 @@ def run(tmp_path, monkeypatch):
     return store, key
 
 
-def _receiver(store, actor_id: str, secret: str) -> PolicyReceiver:
-    """A receiver with exactly what an actor holds: run.json's public key and the relay secret."""
+def _token(key, actor_id: str, *, run_id: str = "r1", hours: float = 1.0) -> str:
+    """What the learner's fleet gives an actor: its own relay token."""
+    return mint(key, run_id, actor_id, time.time() + hours * 3600)
+
+
+def _receiver(store, actor_id: str, token: str) -> PolicyReceiver:
+    """A receiver with exactly what an actor holds: run.json's public key and its own relay token."""
     config = BroadcastConfig(mode="relay", pipeline_wait_s=0.5, heartbeat_s=0.2)
-    return PolicyReceiver(store, actor_id, public_key_of(store.get_json(layout.RUN_JSON)), secret, config, staleness=2)
+    return PolicyReceiver(store, actor_id, public_key_of(store.get_json(layout.RUN_JSON)), token, config, staleness=2,
+                          run_id="r1")
 
 
 def _relay(a: PolicyReceiver, b: PolicyReceiver) -> dict:
@@ -84,8 +92,8 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
     store, learner_key = run
     record = store.get_json(layout.RUN_JSON)
     assert _seed(learner_key) not in json.dumps(record)  # run.json is public: no private key in it
-    secret = relay_secret(learner_key)  # what every actor holds
-    a, b = _receiver(store, "a0", secret), _receiver(store, "a1", secret)
+    secret = _token(learner_key, "a0")  # all that actor a0 holds besides the public key
+    a, b = _receiver(store, "a0", secret), _receiver(store, "a1", _token(learner_key, "a1"))
     try:
         assert _poll_until(a, 0) and _poll_until(b, 0)
         genuine = store.get_json(layout.manifest_key(layout.policy_dir(0)))
@@ -103,7 +111,7 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
             store.put_pointer(layout.LATEST, json.dumps({"version": version}).encode())
 
         forgeries = {
-            # the old scheme's signature under the secret every actor holds
+            # an HMAC under the token the actor holds (the old scheme signed with a secret actors shared)
             1: lambda m: {**m, "signature": hmac.new(secret.encode(), _canonical(m), hashlib.sha256).hexdigest()},
             2: lambda m: sign(m, attacker_key),  # an Ed25519 key of its own
             3: lambda m: {**m, "signature": genuine["signature"]},  # a genuine signature, lifted
@@ -120,7 +128,7 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
             # never relayed: a peer with a valid relay token gets nothing of it from either node
             for node in (a, b):
                 assert version not in node.node.server.buffers
-                assert _chunk_status(node.node.url, relay_token(secret), version) == 404
+                assert _chunk_status(node.node.url, secret, version) == 404
         # the learner's next version still goes through, relayed from a to b
         publish_version(store, 6, {"w": torch.ones(8)}, extra_files={}, shard_mb=1, key=learner_key,
                         meta={"relay": _relay(a, b)})
@@ -131,12 +139,12 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
         b.close()
 
 
-def test_an_actor_is_started_with_the_relay_secret_and_never_the_signing_key(run, tmp_path, monkeypatch):
+def test_an_actor_is_started_with_its_own_relay_token_and_never_the_signing_key(run, tmp_path, monkeypatch):
     from echo2.fleet.manager import make_fleet
 
     store, key = run
     monkeypatch.setenv(KEY_ENV, _seed(key))  # a learner that got its key from the environment
-    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in ({KEY_ENV!r}, {RELAY_SECRET_ENV!r})}}))"
+    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in ({KEY_ENV!r}, {RELAY_TOKEN_ENV!r})}}))"
     fleet = make_fleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
                        actor_command=[sys.executable, "-c", show])
     try:
@@ -147,8 +155,73 @@ def test_an_actor_is_started_with_the_relay_secret_and_never_the_signing_key(run
         env = json.loads(log_path.read_text().splitlines()[-1])
     finally:
         fleet.stop()
-    assert env == {KEY_ENV: None, RELAY_SECRET_ENV: relay_secret(key)}
+    assert env[KEY_ENV] is None and RelayAuth(key.public_key(), "r1").actor_of(env[RELAY_TOKEN_ENV]) == actor_id
     assert _seed(key) not in log_path.read_text()
+
+
+def test_a_relay_token_speaks_for_one_actor_of_one_run_until_it_expires():
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    auth = RelayAuth(key.public_key(), "r1")
+    token = _token(key, "a0")
+    assert auth.actor_of(token) == "a0"
+    prefix, claim, signature = token.split(".")
+    swapped = mint(other, "r1", "a1", time.time() + 3600).split(".")[1]  # another actor's claim, a0's signature
+    refused = {
+        "signed by another key": mint(other, "r1", "a0", time.time() + 3600),
+        "of another run": _token(key, "a0", run_id="r2"),
+        "expired": _token(key, "a0", hours=-1),
+        "claim swapped": f"{prefix}.{swapped}.{signature}",
+        "truncated": token[:-4],
+        "no prefix": f"x.{claim}.{signature}",
+        "garbage": "not a token at all",
+        "huge": "e2rt1." + "A" * 100_000 + ".x",
+    }
+    for what, bad in refused.items():
+        with pytest.raises(TokenRefused) as caught:
+            auth.actor_of(bad)
+        assert bad not in str(caught.value) and token not in str(caught.value), what  # reasons never echo a token
+
+
+def test_a_revoked_actor_is_refused_by_peers_from_the_version_that_revokes_it(run, caplog):
+    store, key = run
+    tokens = {a: _token(key, a) for a in ("a0", "a1")}
+    a = _receiver(store, "a0", tokens["a0"])
+    try:
+        _poll_until(a, 0)
+        assert _chunk_status(a.node.url, tokens["a1"], 0) == 200
+        # the learner revokes a1 (reclaimed, or found dishonest) in its next signed manifest
+        publish_version(store, 1, {"w": torch.ones(8)}, extra_files={}, shard_mb=1, key=key, meta={"revoked": ["a1"]})
+        _poll_until(a, 1)
+        assert _chunk_status(a.node.url, tokens["a1"], 1) == 401 and _chunk_status(a.node.url, tokens["a0"], 1) == 200
+        # a forged manifest cannot un-revoke it: it is rejected, and the signed list stays in force
+        store.put_json(layout.manifest_key(layout.policy_dir(2)), {**store.get_json(layout.manifest_key(
+            layout.policy_dir(1))), "version": 2, "revoked": []})
+        store.put_pointer(layout.LATEST, json.dumps({"version": 2}).encode())
+        for _ in range(5):
+            a.poll()
+        assert 2 in a.rejected and _chunk_status(a.node.url, tokens["a1"], 1) == 401
+        assert a.node.server.refusals == 2
+        assert "a1 is revoked" in caplog.text and tokens["a1"] not in caplog.text
+    finally:
+        a.close()
+
+
+def test_the_fleet_revokes_every_actor_that_ended_or_was_retired(tmp_path):
+    from echo2.fleet.backend import ActorState, ActorStatus
+    from test_fleet import FakeCloud, manager
+
+    cloud = FakeCloud()
+    fleet, _ = manager(tmp_path, cloud, actors=2)
+    fleet.start()
+    first, second = (s.actor_id for s in fleet.slots)
+    cloud.states[first] = ActorStatus(ActorState.RECLAIMED, "spot")
+    fleet.reconcile()
+    assert fleet.revoked == {first}
+    kept, retired = (s.actor_id for s in fleet.slots)
+    fleet.resize(1, "test")  # the newest goes
+    assert fleet.revoked == {first, retired} and [s.actor_id for s in fleet.slots] == [kept]
+    fleet.stop()
+    assert fleet.revoked == {spec.actor_id for spec in cloud.launched} == {first, second, retired}
 
 
 # -- Task B: what a manifest may name --------------------------------------------------------------
@@ -196,7 +269,7 @@ def test_a_signed_manifest_naming_a_path_outside_is_refused_by_receiver_export_a
     manifest = sign({"format": "echo2-weights/1", "created_at": time.time(), "chunk_size": 1 << 20, "version": 1,
                      "files": [{"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data),
                                 "chunks": chunk_hashes(data, 1 << 20)}]}, key)
-    receiver = _receiver(store, "a0", relay_secret(key))
+    receiver = _receiver(store, "a0", _token(key, "a0"))
     try:
         _poll_until(receiver, 0)
         if escape == "ABS":

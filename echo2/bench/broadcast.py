@@ -26,7 +26,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.data.manifest import chunk_hashes, sign
-from echo2.data.run_key import relay_secret, relay_token
+from echo2.data.relay_tokens import mint as mint_relay_token
+from echo2.data.run_key import public_key_text
 from echo2.broadcast.topology import parent_index
 from echo2.data.weights import sha256
 
@@ -167,8 +168,9 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         del payload
         manifest_path = workdir / "manifest.json"
         manifest_path.write_text(json.dumps(manifest))
-        token_file = workdir / "token"
-        token_file.write_text(relay_token(relay_secret(key)))
+        token_file = workdir / "relay-auth.json"  # every receiver speaks as one bench actor, checked as actors are
+        token_file.write_text(json.dumps({"run_id": "bench", "public_key": public_key_text(key),
+                                          "token": mint_relay_token(key, "bench", "bench-node", time.time() + 86400)}))
         network = shaped_network if shaped else loopback_network
         with network(receivers + 1, link_mbit) as hosts:
             origin = Node(hosts[0], ["origin", "--host", hosts[0].address, "--port", str(hosts[0].port),

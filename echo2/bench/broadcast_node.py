@@ -24,6 +24,8 @@ import fsspec
 from aiohttp import web
 
 from echo2.broadcast.relay import FetchPolicy, RelayNode
+from echo2.data.relay_tokens import RelayAuth
+from echo2.data.run_key import public_key_of
 
 
 def _say(obj: dict) -> None:
@@ -46,14 +48,15 @@ def run_origin(root: Path, host: str, port: int) -> None:
     asyncio.run(main())
 
 
-def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: int, policy: FetchPolicy) -> None:
+def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: int, policy: FetchPolicy) -> None:
     manifest = json.loads(manifest_path.read_text())
     http = fsspec.filesystem("http")
 
     def store_read(chunk, manifest):
         return http.cat_file(f"{origin}/{chunk.file}", start=chunk.offset, end=chunk.offset + chunk.size)
 
-    node = RelayNode(token, store_read, host=host, port=port, policy=policy)
+    public = public_key_of({"public_key": auth["public_key"], "run_id": auth["run_id"]})
+    node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=host, port=port, policy=policy)
     _say({"ready": node.url})
     command = json.loads(sys.stdin.readline())
     started = time.time()
@@ -88,7 +91,7 @@ def main() -> None:
         run_origin(args.root, args.host, args.port)
     else:
         policy = FetchPolicy(expected_mbit=args.expected_mbit, min_rate_fraction=0.05, pipeline_wait_s=60)
-        run_receiver(args.manifest, args.origin, args.token_file.read_text().strip(), args.host, args.port, policy)
+        run_receiver(args.manifest, args.origin, json.loads(args.token_file.read_text()), args.host, args.port, policy)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ A version is handed over only when every chunk matched the signed manifest; a ma
 signature fails under the run's public key (``run.json``), or that names anything but plain
 files of its own folder, is rejected: never fetched, never loaded, never relayed (a relay node
 only serves versions this receiver started). The receiver holds no key that signs: the public
-key verifies, the relay secret only authenticates relay requests.
+key verifies manifests and peers' relay tokens; the actor's own token only authenticates its
+requests. The newest signed manifest's ``revoked`` list says whose tokens this relay refuses.
 
 Which version to receive, with S the run's staleness bound (``train.staleness``): while version
 p is being fetched and LATEST says L > p, the fetch goes on if L - p < S (a rollout generated
@@ -33,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import topology
 from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
-from echo2.data.run_key import relay_token
+from echo2.data.relay_tokens import RelayAuth
 from echo2.broadcast.relay import FetchPolicy, RelayNode, VersionBuffer
 from echo2.config import BroadcastConfig
 from echo2.data import layout
@@ -44,10 +45,10 @@ log = logging.getLogger("echo2.broadcast")
 
 
 class PolicyReceiver:
-    def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_secret: str,
-                 config: BroadcastConfig, *, staleness: int):
-        """``public_key``: the run's, from ``run.json`` (verifies manifests); ``relay_secret``: what
-        peers authenticate relay requests with (it cannot sign a version)."""
+    def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_token: str,
+                 config: BroadcastConfig, *, staleness: int, run_id: str):
+        """``public_key``: the run's, from ``run.json`` (verifies manifests and peers' tokens);
+        ``relay_token``: this actor's own, which its requests to peers carry (it cannot sign anything)."""
         self.store = store
         self.actor_id = actor_id
         self.public_key = public_key
@@ -55,8 +56,10 @@ class PolicyReceiver:
         self.staleness = staleness
         policy = FetchPolicy(expected_mbit=config.expected_mbit, min_rate_fraction=config.min_rate_fraction,
                              pipeline_wait_s=config.pipeline_wait_s, window=config.window)
-        self.node = RelayNode(relay_token(relay_secret), self._store_read, host=config.host, port=config.port,
+        self.auth = RelayAuth(public_key, run_id)
+        self.node = RelayNode(relay_token, self.auth, self._store_read, host=config.host, port=config.port,
                               policy=policy)
+        self._revocations_of: int | None = None  # the version whose revoked list is in force
         self.current: int | None = None
         self.last_fetch_seconds: float | None = None
         """Seconds the newest completed fetch took, from its start to the last chunk verified."""
@@ -155,6 +158,12 @@ class PolicyReceiver:
         signed_for = manifest.get("version")
         if signed_for != version or isinstance(signed_for, bool):  # a genuine manifest replayed elsewhere
             raise ManifestRejected(f"manifest under {layout.policy_dir(version)} is signed for version {signed_for!r}")
+        revoked = manifest.get("revoked", [])
+        if not isinstance(revoked, list) or not all(isinstance(a, str) for a in revoked):
+            raise ManifestRejected(f"manifest of version {version} has a malformed revoked list")
+        if self._revocations_of is None or version >= self._revocations_of:  # the newest signed list wins
+            self.auth.revoke(revoked)
+            self._revocations_of = version
         return manifest
 
     def _begin(self, version: int) -> None:

@@ -18,7 +18,9 @@ next source; only a failure of the store fails the version. A child reads at mos
 (+1 byte, to see an excess) from a peer, whatever the peer announces or sends.
 
 Safety: a chunk enters a node's buffer only after its sha256 matched the signed manifest, so a
-bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``.
+bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``:
+an actor's own token, signed by the learner and checked with the run's public key
+(``data/relay_tokens.py``); a refusal is a 401, logged with its reason but never the token.
 
 Everything runs on one asyncio loop in a background thread (``RelayNode``), so an actor keeps
 relaying to its children while it generates.
@@ -37,6 +39,7 @@ from typing import Callable
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, web
 
 from echo2.data.manifest import Chunk, chunk_table
+from echo2.data.relay_tokens import RelayAuth, TokenRefused
 
 log = logging.getLogger("echo2.relay")
 
@@ -110,8 +113,11 @@ class FetchPolicy:
 
 
 class RelayServer:
-    def __init__(self, token: str, *, host: str = "127.0.0.1", port: int = 0, keep_versions: int = 2):
-        self.token = token
+    def __init__(self, auth: RelayAuth, *, host: str = "127.0.0.1", port: int = 0, keep_versions: int = 2):
+        self.auth = auth
+        self.refusals = 0
+        """Requests refused for their token (the chaos suite counts them)."""
+        self._refusals_logged: set[tuple] = set()
         self.host = host
         self.port = port
         self.keep_versions = keep_versions
@@ -149,19 +155,27 @@ class RelayServer:
         self._version_added = asyncio.Event()
 
     def _authorized(self, request: web.Request) -> bool:
-        import hmac
-
         header = request.headers.get("Authorization", "")
-        return header.startswith("Bearer ") and hmac.compare_digest(header[7:], self.token)
+        try:
+            if not header.startswith("Bearer "):
+                raise TokenRefused("no bearer token")
+            self.auth.actor_of(header[7:])
+            return True
+        except TokenRefused as exc:  # the reason names the actor, never the token
+            self.refusals += 1
+            if (request.remote, str(exc)) not in self._refusals_logged:  # once each: a flood must not flood the log
+                self._refusals_logged.add((request.remote, str(exc)))
+                log.warning("relay refused a request from %s for %s: %s", request.remote, request.path, exc)
+            return False
 
     async def _health(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return web.Response(status=401, text="missing or wrong run token")
+            return web.Response(status=401, text="missing, invalid or revoked relay token")
         return web.json_response({"versions": sorted(self.buffers)})
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
-            return web.Response(status=401, text="missing or wrong run token")
+            return web.Response(status=401, text="missing, invalid or revoked relay token")
         try:
             version, index = int(request.match_info["version"]), int(request.match_info["index"])
         except ValueError:
@@ -293,13 +307,15 @@ def new_buffer(manifest: dict) -> VersionBuffer:
 class RelayNode:
     """A relay server and fetcher on a private event loop in a daemon thread."""
 
-    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], *, host: str = "127.0.0.1",
-                 port: int = 0, policy: FetchPolicy | None = None, server_cls: type[RelayServer] = RelayServer):
+    def __init__(self, token: str, auth: RelayAuth, store_read: Callable[[Chunk, dict], bytes], *,
+                 host: str = "127.0.0.1", port: int = 0, policy: FetchPolicy | None = None,
+                 server_cls: type[RelayServer] = RelayServer):
+        """``token``: this node's own (what it sends to its parents); ``auth``: what it accepts."""
         self.policy = policy or FetchPolicy()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="echo2-relay", daemon=True)
         self.thread.start()
-        self.server = server_cls(token, host=host, port=port)
+        self.server = server_cls(auth, host=host, port=port)
         self.server.pipeline_wait_s = self.policy.pipeline_wait_s
         self.fetcher = Fetcher(token, store_read, self.policy)
         self._call(self.server.start())

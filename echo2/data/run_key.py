@@ -1,5 +1,4 @@
-"""The run's keys: the learner's signing key, the public key actors verify versions with, and
-the relay secret actors authenticate each other with.
+"""The run's keys: the learner's signing key, and the public key actors verify versions with.
 
 Actors run on machines we do not own (DESIGN.md, "Trust boundaries"), so the key that signs
 policy versions is one no actor holds: an Ed25519 private key only the learner has, from
@@ -9,21 +8,13 @@ key never enters the store, a log or an actor's environment. ``run.json`` carrie
 key (it is public) and its fingerprint: actors read it once at start and need no secret to
 verify; a resumed learner checks that its private key is the run's (``run_folder.check_run_key``).
 
-Actors still share a secret among themselves: relay requests carry a bearer token, so that a
-stranger can neither pull nor probe chunks. That secret is derived one-way from the signing key
-(HMAC of its seed under a fixed context), so the learner keeps one file and a resumed learner
-hands out the same secret, while an actor holding it learns nothing of the signing key: it can
-talk to peers, never sign a version. It reaches local actors through ``$ECHO2_RELAY_SECRET``.
-Today every node accepts ``relay_token(secret)``. Per-actor revocable tokens are a later item;
-they slot in here: the learner issues each actor its own token (``HMAC(relay_secret,
-actor_id)``, or sounder, ``actor_id`` signed with the learner's key so that a node can check a
-token without being able to mint one) and nodes refuse ids the learner revoked.
+The same key signs each actor's relay token (``relay_tokens.py``): a peer checks a token with the
+public key, so no actor holds anything that mints one, and the learner can revoke any actor's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 from pathlib import Path
 
@@ -32,14 +23,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from echo2.errors import Echo2InputError
 
-TOKEN_CONTEXT = b"echo2 relay token v1"
-RELAY_CONTEXT = b"echo2 relay secret v1"
 FINGERPRINT_CONTEXT = b"echo2 ed25519 fingerprint v1"
 PUBLIC_PREFIX = "ed25519:"
 KEY_ENV = "ECHO2_RUN_KEY"
 """The learner's private key (never set for an actor)."""
-RELAY_SECRET_ENV = "ECHO2_RELAY_SECRET"
-"""What an actor holds to authenticate relay requests (cannot sign versions)."""
 
 
 class MissingRunKey(Echo2InputError):
@@ -112,24 +99,3 @@ def public_key_of(record: dict) -> Ed25519PublicKey:
     except ValueError:
         raise MissingRunKey(f"run.json of run {record.get('run_id')} carries no Ed25519 public key "
                             "(a run of an older echo2?): actors cannot check its versions") from None
-
-
-def relay_secret(key: Ed25519PrivateKey) -> str:
-    """The secret actors share to authenticate relay requests; one-way from the signing key, so
-    holding it does not let anyone sign a version."""
-    seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    return hmac.new(seed, RELAY_CONTEXT, hashlib.sha256).hexdigest()
-
-
-def relay_secret_from_env() -> str:
-    """An actor's relay secret (``$ECHO2_RELAY_SECRET``, set by the fleet that started it)."""
-    secret = os.environ.get(RELAY_SECRET_ENV)
-    if not secret:
-        raise MissingRunKey(f"no relay secret: set {RELAY_SECRET_ENV} (the fleet that starts an actor sets it)")
-    return secret
-
-
-def relay_token(secret: str) -> str:
-    """The bearer token relay requests carry, derived from the relay secret (the secret itself never
-    travels over the wire)."""
-    return hmac.new(secret.encode(), TOKEN_CONTEXT, hashlib.sha256).hexdigest()

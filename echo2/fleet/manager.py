@@ -38,7 +38,7 @@ from echo2.config import FleetConfig
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.data.ledger import write_event
-from echo2.data.run_key import RELAY_SECRET_ENV, relay_secret
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
 from echo2.data.store import ObjectStore
 from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetBackend, Offer
 from echo2.fleet.costs import fleet_usd
@@ -51,6 +51,8 @@ class FleetFailed(RuntimeError):
     with the actor's code or environment, and replacing it again would only burn money."""
 
 
+LOCAL_TOKEN_S = 30 * 86400.0
+"""Lifetime of a local actor's relay token: it dies with the learner; revocation covers the rest."""
 CREDENTIAL_MARGIN_S = 600.0
 """An actor is replaced this long before its scoped credentials expire (a fresh actor gets fresh ones)."""
 
@@ -83,6 +85,8 @@ class FleetManager:
         self.desired = desired if desired is not None else (
             config.actors if isinstance(config.actors, int) else config.min_actors)
         self.slots: list[_Slot] = []
+        self.revoked: set[str] = set()
+        """Actors that ended or were retired: their relay tokens are revoked at the next publish."""
         self.sized_at: int | None = None
         """The learner step at which ``fleet.actors: auto`` last sized the fleet (autosize.py)."""
         self._next_index = 0
@@ -113,6 +117,7 @@ class FleetManager:
             self.slots.remove(slot)
             write_event(self.store, status.state.value, slot.actor_id, detail=status.detail,
                         **slot.offer.event_fields())
+            self.revoked.add(slot.actor_id)
             self._release(slot)
             if status.state == ActorState.UNAVAILABLE:  # no capacity anywhere it asked: the next offer
                 self._set_unavailable(slot.offer)
@@ -229,6 +234,7 @@ class FleetManager:
             log.warning("could not release %s: %s", slot.actor_id, exc)
 
     def _retire(self, slot: _Slot, reason: str | None = None) -> None:
+        self.revoked.add(slot.actor_id)
         try:
             self.backend.terminate(slot.actor_id)
             write_event(self.store, "terminated", slot.actor_id, reason=reason, **slot.offer.event_fields())
@@ -259,27 +265,31 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     decides the GPUs it fits and their speed) are what a cloud backend needs beside."""
     from echo2.fleet.offers import local_offers, skypilot_offers
 
-    # the actor gets the relay secret, never the learner's signing key; secrets go through the
-    # backend's secret channel (local processes: their environment; SkyPilot: its secrets), never
-    # argv or the store
-    secret = {RELAY_SECRET_ENV: relay_secret(run_key)}
+    # each actor gets its own relay token, signed with the learner's key (never the key itself);
+    # secrets go through the backend's secret channel (local processes: their environment; SkyPilot:
+    # its secrets), never argv or the store
+    run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
+
+    def token(actor_id: str, expires_at: float) -> dict[str, str]:
+        return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at)}
+
     if config.backend == "skypilot":
         from echo2.fleet.credentials import mint_actor_credentials
         from echo2.fleet.skypilot import SkyPilotBackend
 
         sk = config.skypilot
-        run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
         offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
         backend = SkyPilotBackend(sk, run_id=run_id)
         env = {"ECHO2_STORE_OPTIONS": json.dumps(public_store_options(store_options))}
 
         def launch_spec(actor_id: str, offer: Offer) -> ActorLaunch:
-            secrets_, expires = dict(secret), None
+            expires, secrets_ = time.time() + sk.credentials_hours * 3600, {}
             if sk.credentials_role_arn:
                 creds = mint_actor_credentials(store.url, run_id, actor_id, role_arn=sk.credentials_role_arn,
                                                hours=sk.credentials_hours, sts_endpoint_url=sk.sts_endpoint_url)
                 secrets_.update(creds.env)
-                expires = creds.expires_at.timestamp()
+                expires = min(expires, creds.expires_at.timestamp())
+            secrets_.update(token(actor_id, expires))  # both stop working together: the actor is replaced before
             return ActorLaunch(actor_id=actor_id, run_url=store.url, command=["echo2", "actor"], env=env,
                                secrets=secrets_, offer=offer, expires_at=expires)
 
@@ -294,6 +304,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
         return ActorLaunch(actor_id=actor_id, run_url=store.url,
                            command=[*command, "--run", store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())],
-                           env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, secrets=secret, offer=offer)
+                           env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, offer=offer,
+                           secrets=token(actor_id, time.time() + LOCAL_TOKEN_S))
 
     return FleetManager(backend, config, store, launch_spec=local_spec, offers=local_offers(config))

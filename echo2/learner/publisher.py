@@ -1,7 +1,8 @@
 """Publishing policy versions and collecting the ones nobody can use any more.
 
 A version is committed by its signed manifest (written last), then ``policy/LATEST`` moves to it.
-The manifest carries the relay tree over the peers alive at publish time. Versions older than
+The manifest carries the relay tree over the peers alive at publish time, and the actors whose relay
+tokens are revoked (``data/relay_tokens.py``). Versions older than
 t - S (no rollout of them can be used) are deleted beyond the newest ``keep_versions``; with LoRA
 version 0 stays, since every adapter version applies to it.
 """
@@ -20,13 +21,13 @@ from echo2.data.weights import delete_folder, publish_version, published_version
 
 def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], meta: dict, *,
             extra_files: dict[str, bytes], train: TrainConfig, broadcast: BroadcastConfig,
-            key: Ed25519PrivateKey) -> dict:
+            key: Ed25519PrivateKey, revoked: set[str] | frozenset[str] = frozenset()) -> dict:
     """Commit ``version`` (signed with ``key``, the learner's Ed25519 key), move LATEST to it, collect
-    garbage; returns the manifest."""
+    garbage; returns the manifest. ``revoked``: actors whose relay tokens peers refuse from this version on."""
     live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
     relay = plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
     manifest = publish_version(store, version, tensors, extra_files=extra_files, shard_mb=train.shard_mb,
-                               chunk_size=int(broadcast.chunk_mb * 2**20), key=key, meta={"relay": relay, **meta})
+                               chunk_size=int(broadcast.chunk_mb * 2**20), key=key, meta={"relay": relay, "revoked": sorted(revoked), **meta})
     collect_garbage(store, version, train)
     return manifest
 

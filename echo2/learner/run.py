@@ -23,7 +23,7 @@ from echo2 import __version__
 from echo2.config import Config
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
-from echo2.data.ledger import write_consumed, write_event, write_final
+from echo2.data.ledger import read_events, write_consumed, write_event, write_final
 from echo2.data.rollouts import RolloutLimits
 from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
 from echo2.data.run_key import run_key
@@ -61,6 +61,8 @@ class LearnerRun:
                                           temperature=config.rollout.temperature)
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
+        self.revoked: set[str] = set()
+        """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
         self.wall_before = 0.0
         state: dict = {}
         if resume:
@@ -106,6 +108,8 @@ class LearnerRun:
             self.evals = state["evals"]
             self.wall_before = state["wall_seconds"]
         self.learner.version = step
+        # every actor of the dead learner is gone or orphaned: none of their tokens is good any more
+        self.revoked = {str(e["actor_id"]) for e in read_events(self.store) if e.get("kind") == "launch"}
         moved = orphan_after(self.store, step)
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
@@ -188,7 +192,7 @@ class LearnerRun:
         """Publish the current version, signed, with the relay tree over the peers alive now."""
         tensors, meta = self.learner.policy_version_tensors()
         return publish(self.store, self.step, tensors, meta, extra_files=self.learner.extra_files,
-                       train=self.config.train, broadcast=self.config.broadcast, key=self.key)
+                       train=self.config.train, broadcast=self.config.broadcast, key=self.key, revoked=self.revoked)
 
     def checkpoint(self) -> None:
         # only what completed steps settled: files chosen for a step still in flight are used again on resume

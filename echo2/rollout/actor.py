@@ -34,7 +34,8 @@ import torch
 from safetensors.torch import load as st_load
 from transformers import AutoTokenizer
 
-from echo2.data.run_key import public_key_of, relay_secret_from_env
+from echo2.data.relay_tokens import token_from_env
+from echo2.data.run_key import public_key_of
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
@@ -79,13 +80,13 @@ class Actor:
         self.rng = random.Random(seed)
         torch.manual_seed(seed)
         self.consumed = ConsumedIndex(store)
-        # what an actor holds: the run's public key (verifies versions) and the relay secret (talks to
-        # peers); neither signs a version, and the learner's private key is never read here
+        # what an actor holds: the run's public key (verifies versions and peers' tokens) and its own
+        # relay token (talks to peers); neither signs anything, and the learner's private key is never read here
         r = self.config.rollout  # the relay binds and advertises this machine's address (machine.py)
         broadcast = machine_broadcast(self.config.broadcast, preemption_source=r.preemption_source,
                                       preemption_endpoint=r.preemption_endpoint)
-        self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), relay_secret_from_env(),
-                                       broadcast, staleness=self.config.train.staleness)
+        self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
+                                       broadcast, staleness=self.config.train.staleness, run_id=self.run_id)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
