@@ -79,3 +79,10 @@ def test_fleet_size_is_a_number_or_auto():
         load_config(None, ["fleet.actors=0"])
     with pytest.raises(ConfigError, match="fleet.actors"):
         load_config(None, ["fleet.actors=many"])
+
+
+def test_every_shipped_config_validates():
+    from echo2.config import load_config
+
+    for path in sorted((QUICKSTART.parent).glob("*.yaml")):
+        load_config(path)  # raises ConfigError naming the field
