@@ -33,6 +33,9 @@ PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_LOGGING_EXTRA_LOGGERS": "echo2",
+    # the fleet's background threads (reclaim injector, SkyPilot launches) log outside the flow run's
+    # context: to the console only, without a warning per line
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
 }
 
 
