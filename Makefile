@@ -29,10 +29,11 @@ help:
 	@echo "make test   set up .venv and run the test suite"
 	@echo "make bench  run every benchmark ($(BENCHMARKS)); make bench-NAME runs one"
 
-# EXTRAS: dev (tests) and cloud (SkyPilot, google-cloud-compute), resolved in one install: SkyPilot
-# pins click<8.2, and installing it after the rest silently breaks huggingface-hub. CONSTRAINTS holds
+# EXTRAS: learner (Prefect, TensorBoard, matplotlib, peft), dev (tests) and cloud (SkyPilot,
+# google-cloud-compute), resolved in one install: SkyPilot pins click<8.2, and installing it after
+# the rest silently breaks huggingface-hub. An actor-only machine needs none of them. CONSTRAINTS holds
 # versions that resolve together (pip alone backtracks for many minutes on this set; `make lock`).
-EXTRAS ?= dev,cloud
+EXTRAS ?= learner,dev,cloud
 CONSTRAINTS ?= requirements-constraints.txt
 
 $(BIN)/.installed: pyproject.toml Makefile $(CONSTRAINTS)

@@ -57,6 +57,18 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+LEARNER_EXTRA = ("prefect", "tensorboard", "matplotlib")
+
+
+def _need_learner_extra(what: str) -> None:
+    """One line, exit 2, where the learner's packages are missing (an actor-only install)."""
+    import importlib.util
+
+    missing = [name for name in LEARNER_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        _fail(f"{what} needs the learner extra ({', '.join(missing)} not installed): pip install 'echo2[learner]'")
+
+
 def _store_options_from_env() -> dict:
     raw = os.environ.get("ECHO2_STORE_OPTIONS")
     return json.loads(raw) if raw else {}
@@ -104,6 +116,7 @@ def run(
         os.environ.setdefault(key, value)
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    _need_learner_extra("echo2 run")
     from echo2.launch import resolve_launch
 
     try:
@@ -113,6 +126,13 @@ def run(
     if dry_run:
         typer.echo(dump_config(cfg), nl=False)
         return
+    if cfg.train.nproc > 1:  # the learner over several processes: torchrun, this same flow in rank 0
+        _torchrun(cfg, resume, verbose)
+    _run_flow(cfg, f"echo2 run {config}", resume, verbose)
+
+
+def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
+    """The echo2-train flow in this process, with progress, and what to print or exit with."""
     from echo2.progress import RichReporter, make_reporter, set_reporter
 
     # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
@@ -125,7 +145,7 @@ def run(
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
     except BaseException as exc:
         if _CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
-            typer.echo(f"interrupted: every actor was stopped; continue with `echo2 run {config} --resume "
+            typer.echo(f"interrupted: every actor was stopped; continue with `{rerun} --resume "
                        f"--set run.id={cfg.run.id}`", err=True)
             raise typer.Exit(130) from None
         if isinstance(exc, Echo2InputError):
@@ -138,6 +158,67 @@ def run(
     if before is not None and after is not None:
         typer.echo(f"held-out greedy accuracy: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
                    f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
+
+
+def _torchrun(cfg, resume: bool, verbose: bool) -> None:
+    """Run this learner as ``cfg.train.nproc`` processes of ``torchrun`` (``echo2/learner/distributed.py``)
+    and exit with its code; the resolved config travels in a private file, removed afterwards."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="echo2-learner-", delete=False) as f:
+        os.chmod(f.name, 0o600)  # store options may hold credentials
+        json.dump(cfg.model_dump(mode="json"), f)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.train.nproc}",
+               "-m", "echo2.cli", "learner", "--rank-config", f.name, *(["--resume"] if resume else []),
+               *(["-v"] if verbose else [])]
+    proc = subprocess.Popen(command)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # torchrun passes the signal on to every rank; rank 0 checkpoints and stops
+        code = proc.wait()
+    finally:
+        os.unlink(f.name)
+    raise typer.Exit(code)
+
+
+@app.command()
+def learner(
+    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`)."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes [train.nproc]."),
+    rank_config: Optional[Path] = typer.Option(None, "--rank-config", hidden=True,
+                                               help="Inside torchrun: the resolved config of the run."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+) -> None:
+    """The learner on N processes of this node (torchrun, FSDP); rank 0 runs the echo2-train flow."""
+    if rank_config is None:  # the launcher: resolve the run once, then torchrun
+        if config is None:
+            _fail("echo2 learner needs a config file")
+        overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
+        run(config=config, set_=overrides, resume=resume, dry_run=False, verbose=verbose)
+        return
+    from echo2.config import config_from_dict
+    from echo2.learner.distributed import DistributedLearner, init_process_group, release_followers
+    from echo2.models import resolve_model
+
+    cfg = config_from_dict(json.loads(rank_config.read_text()), str(rank_config))
+    rank, _ = init_process_group(cfg.train)
+    if rank != 0:  # a follower: its share of every step, until rank 0 says stop
+        _setup_logging(verbose)
+        DistributedLearner(resolve_model(cfg.model.name), cfg.train, temperature=cfg.rollout.temperature).follow()
+        return
+    _CtrlC.pressed = False
+    signal.signal(signal.SIGINT, _CtrlC.handler)
+    for key, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    try:
+        _run_flow(cfg, f"echo2 learner --nproc {cfg.train.nproc}", resume, verbose)
+    finally:
+        release_followers()
 
 
 @app.command()
@@ -254,144 +335,6 @@ def bench_overlap(
     typer.echo(summary_line(results), err=as_json)
 
 
-@app.command("plan")
-def plan_fleet(
-    model_params: Optional[float] = typer.Option(None, "--model-params", help="Model size in billions of parameters (e.g. 0.5); speeds interpolated between profiled sizes."),
-    profile_size: Optional[float] = typer.Option(None, "--profile-size", help="Use the figures of this profiled size exactly (e.g. 7)."),
-    train_seconds: Optional[float] = typer.Option(None, "--train-seconds", help="T: learner busy seconds per step [60]."),
-    groups_per_step: Optional[int] = typer.Option(None, "--groups-per-step", help="R: groups per learner step [64]."),
-    groups_per_batch: Optional[int] = typer.Option(None, "--groups-per-batch", help="b: groups per actor batch (rollout file) [8]."),
-    group_size: int = typer.Option(8, "--group-size", help="G: completions per prompt."),
-    completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per completion."),
-    staleness: Optional[int] = typer.Option(None, "--staleness", help="S [2]."),
-    publish_every: Optional[int] = typer.Option(None, "--publish-every", help="k: publish a version every k steps [1]."),
-    max_pending_batches: Optional[int] = typer.Option(None, "--max-pending-batches", help="Q: flow control [ceil(R / b)]."),
-    dissemination_seconds: Optional[float] = typer.Option(None, "--dissemination-seconds", help="D [bf16 weights over --bandwidth-gbit]."),
-    bandwidth_gbit: float = typer.Option(1.0, "--bandwidth-gbit", help="Link speed for the default D."),
-    upload_seconds: Optional[float] = typer.Option(None, "--upload-seconds", help="U: batch upload until the learner sees it [1]."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Price catalog CSV [infra/prices/gpu-offers-2026-11.csv]."),
-    profiles: Optional[Path] = typer.Option(None, "--profiles", help="Worker profiles [infra/profiles/rollout-throughput.yaml]."),
-    spot: bool = typer.Option(True, "--spot/--on-demand", help="Spot (default) or on-demand prices."),
-    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="Only these GPUs (repeatable), e.g. --gpu L4 --gpu 'RTX 4090'."),
-    target_utilization: float = typer.Option(0.95, "--target-utilization", help="Share of time the learner must train."),
-    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for the whole fleet."),
-    max_per_type: Optional[int] = typer.Option(None, "--max-per-type", help="At most this many workers of one type."),
-    hours: Optional[float] = typer.Option(None, "--hours", help="Simulate spot reclaims over this many hours."),
-    reclaim_rate: float = typer.Option(0.1, "--reclaim-rate", help="Reclaims per worker-hour (with --hours)."),
-    replacement_seconds: float = typer.Option(300.0, "--replacement-seconds", help="Reclaim to replacement producing."),
-    from_run: Optional[str] = typer.Option(None, "--from-run", help="Fit the workload from a finished run; compare predicted with measured."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-) -> None:
-    """Cheapest fleet of catalog offers that keeps the learner busy (capacity model), with neighbouring S."""
-    import math
-
-    from echo2.fleet.capacity import Workload
-    from echo2.fleet.plan import fit_summary, plan, tokens_per_batch, worker_types
-    from echo2.fleet.prices import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
-
-    out: dict = {}
-    try:
-        fitted = None
-        if from_run:
-            out["fit"], fitted = fit_summary(from_run)
-        size = model_params if model_params is not None else profile_size
-        if size is None and fitted is None:
-            _fail("give the model size: --model-params BILLIONS or --profile-size SIZE")
-        if size is not None:
-            if size <= 0:
-                _fail(f"model size {size:g} must be > 0 (billions of parameters)")
-            # options given on the command line win over the fitted run, which wins over the defaults
-            base = {"train_seconds": 60.0, "groups_per_step": 64, "groups_per_batch": 8, "staleness": 2,
-                    "publish_every": 1, "upload_seconds": 1.0,
-                    "dissemination_seconds": size * 1e9 * 2 * 8 / (bandwidth_gbit * 1e9)}
-            if fitted is not None:
-                base.update({k: getattr(fitted, k) for k in base} | {"max_pending_batches": fitted.max_pending_batches})
-            given = {"train_seconds": train_seconds, "groups_per_step": groups_per_step, "staleness": staleness,
-                     "groups_per_batch": groups_per_batch, "publish_every": publish_every, "upload_seconds": upload_seconds,
-                     "dissemination_seconds": dissemination_seconds, "max_pending_batches": max_pending_batches}
-            base.update({k: v for k, v in given.items() if v is not None})
-            base.setdefault("max_pending_batches", math.ceil(base["groups_per_step"] / base["groups_per_batch"]))
-            workload = Workload(**base)
-            offers = load_catalog(catalog or DEFAULT_CATALOG, spot=spot)
-            types = worker_types(offers, load_profiles(profiles or DEFAULT_PROFILES), model_params_b=size,
-                                 batch_tokens=tokens_per_batch(workload.groups_per_batch, group_size, completion_tokens),
-                                 spot=spot, gpus=gpu, profile_size=profile_size)
-            out.update(plan(workload, types, target_utilization=target_utilization, budget_usd_per_hour=max_usd_per_hour,
-                            max_per_type=max_per_type, reclaim_hours=hours, reclaim_rate_per_hour=reclaim_rate,
-                            replacement_seconds=replacement_seconds))
-            out["required_tokens_per_second"] = out["required_throughput"] * group_size * completion_tokens
-            out["prices"] = "spot" if spot else "on-demand"
-    except Echo2InputError as exc:
-        _fail(str(exc))
-    except ValueError as exc:  # Workload's own checks
-        _fail(str(exc))
-    if as_json:
-        typer.echo(json.dumps(out))
-    else:
-        _print_plan(out)
-    if "fleet" in out and not out["feasible"]:
-        typer.echo(f"no plan: {out['reason']}; see the neighbouring S", err=True)
-        raise typer.Exit(1)
-
-
-def _print_plan(out: dict) -> None:
-    """The plan as rich tables (``echo2 plan`` without --json)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    if "fit" in out:
-        f = out["fit"]
-        table = Table(title=f"run {f['run'].rstrip('/').rsplit('/', 1)[-1]}: capacity model vs measured "
-                            f"({f['steps']} steps)")
-        for col in ("", "predicted", "measured"):
-            table.add_column(col, justify="right")
-        table.add_row("utilization", f"{f['predicted_utilization']:.3f}", f"{f['measured_utilization']:.3f}")
-        table.add_row("step seconds", f"{f['predicted_step_seconds']:.2f}", f"{f['measured_step_seconds']:.2f}")
-        table.add_row("lag shares", json.dumps({k: round(v, 2) for k, v in f["predicted_lag"].items()}),
-                      json.dumps({k: round(v, 2) for k, v in f["measured_lag"].items()}))
-        console.print(table)
-    if "fleet" not in out:
-        return
-    w = out["workload"]
-    table = Table(title=f"cheapest fleet ({out['prices']}) at S={w['staleness']} for "
-                        f"{out['target_utilization']:.0%} learner utilization")
-    for col in ("count", "offer", "GPUs", "$/h each", "$/h", "s/batch", "groups/s"):
-        table.add_column(col, justify="left" if col == "offer" else "right")
-    for row in out["fleet"]:
-        o = row["offer"]
-        table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", f"{row['usd_per_hour_each']:.4f}",
-                      f"{row['usd_per_hour']:.4f}", f"{row['batch_seconds']:.1f}", f"{row['groups_per_second']:.2f}")
-    console.print(table)
-    console.print(f"required {out['required_throughput']:.3f} groups/s ({out['required_tokens_per_second']:.0f} tok/s): "
-                  f"T={w['train_seconds']:g}s R={w['groups_per_step']} b={w['groups_per_batch']} "
-                  f"D={w['dissemination_seconds']:.1f}s U={w['upload_seconds']:g}s k={w['publish_every']} "
-                  f"Q={w['max_pending_batches']}")
-    if out["feasible"]:
-        console.print(f"fleet ${out['usd_per_hour']:.4f}/h, predicted utilization {out['predicted_utilization']:.3f} "
-                      f"({out['bound']}-bound), step {out['step_seconds']:.1f}s, S_min {out['min_staleness']} "
-                      f"(the learner never waits){'' if out['proven_optimal'] else '; search cut: maybe not optimal'}")
-    table = Table(title="neighbouring S")
-    for col in ("S", "workers", "$/h", "utilization", "step s", "$/step", "fleet"):
-        table.add_column(col, justify="left" if col == "fleet" else "right")
-    for n in sorted([out, *out["neighbours"]], key=lambda r: r["staleness"]):
-        if not n["feasible"]:
-            table.add_row(str(n["staleness"]), "-", "-", "-", "-", "-", n["reason"])
-            continue
-        fleet = ", ".join(f"{r['count']}x {r['offer']['gpu']}x{r['offer']['gpu_count']}" for r in n["fleet"])
-        table.add_row(f"{n['staleness']}{' *' if n is out else ''}", str(n["workers"]), f"{n['usd_per_hour']:.4f}",
-                      f"{n['predicted_utilization']:.3f}", f"{n['step_seconds']:.1f}", f"{n['usd_per_step']:.5f}", fleet)
-    console.print(table)
-    if "reclaims" in out:
-        r = out["reclaims"]
-        extra = ("not held even with the extras tried" if r["extra_workers"] is None else "no extra worker needed"
-                 if r["extra_workers"] == 0 else f"+{r['extra_workers']} x {r['extra_offer']} -> "
-                 f"${r['usd_per_hour_with_extra']:.4f}/h, {r['share_with_extra']:.1%} of the time at target")
-        console.print(f"reclaims over {r['hours']:g}h at {r['reclaim_rate_per_hour']:g}/worker-h, replacement "
-                      f"{r['replacement_seconds']:g}s: {r['expected_reclaims']:.1f} expected, planned throughput held "
-                      f"{r['share_of_time_at_target']:.1%} of the time; to hold it {r['hold']:.0%}: {extra}")
-
-
 def _open_run(run: str):
     """The store of a run folder (path or URL), or one line and exit 2 when there is no run there."""
     from echo2.data import layout
@@ -411,6 +354,7 @@ def report_costs(
     run: str = typer.Argument(..., help="Run folder (path or URL of STORE/runs/ID), finished or crashed."),
 ) -> None:
     """Recompute the cost report from the run's ledger: reports/cost.json, cost.md, cost.png."""
+    _need_learner_extra("echo2 report")
     from echo2.fleet.costs import cost_markdown, write_cost_reports
 
     report = write_cost_reports(_open_run(run))
@@ -443,29 +387,6 @@ def audit(
         raise typer.Exit(1)
 
 
-@app.command("prices")
-def prices_table(
-    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="Only these GPUs (repeatable), e.g. --gpu H100 --gpu L4."),
-    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Only offers with a spot (or an on-demand) price; both by default."),
-    source: str = typer.Option("snapshot", "--source", help="Price source: snapshot, aws (live spot prices), skypilot."),
-    catalog: Optional[Path] = typer.Option(None, "--catalog", help="Snapshot CSV (snapshot, aws) [infra/prices/gpu-offers-2026-11.csv]."),
-    region: Optional[List[str]] = typer.Option(None, "--region", help="aws: regions to ask (repeatable) [the snapshot's]."),
-    limit: int = typer.Option(40, "--limit", help="Rows in the table (0 = all); --json prints all."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of offers, cheapest first."),
-) -> None:
-    """GPU offers and their prices, cheapest first, from the snapshot catalog, AWS or SkyPilot."""
-    from echo2.fleet.price_sources import cheapest_first, make_price_source, print_offers
-
-    try:
-        src = make_price_source(source, catalog=catalog, regions=region)
-        offers = cheapest_first(src.offers(gpu, spot), spot)
-    except Echo2InputError as exc:
-        _fail(str(exc))
-    if not offers:
-        _fail(f"no offer{' of ' + ', '.join(gpu) if gpu else ''} in the {source} price source", code=1)
-    typer.echo(json.dumps([o.as_dict() for o in offers])) if as_json else print_offers(offers, src.describe(), spot, limit)
-
-
 @bench_app.command("cost")
 def bench_cost(
     rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second", help="R: rollouts (completions) per second the fleet must make."),
@@ -495,23 +416,11 @@ def bench_cost(
         raise typer.Exit(1)
 
 
-fleet_app = typer.Typer(no_args_is_help=True, help="Cloud actor fleets (SkyPilot) outside a run.")
+from echo2.fleet.commands import fleet_app, plan_fleet, prices_table  # noqa: E402  (the fleet's commands)
+
+app.command("plan")(plan_fleet)
+app.command("prices")(prices_table)
 app.add_typer(fleet_app, name="fleet")
-
-
-@fleet_app.command("down")
-def fleet_down(
-    run: str = typer.Argument(..., help="Run id, or the run folder (path or URL of STORE/runs/ID)."),
-) -> None:
-    """Tear down every SkyPilot cluster labelled with the run (after a learner crash, or to be sure)."""
-    from echo2.fleet.skypilot import SkyPilotUnavailable, fleet_down as down_all
-
-    run_id = run.rstrip("/").rsplit("/", 1)[-1]
-    try:
-        names = down_all(run_id)
-    except SkyPilotUnavailable as exc:
-        _fail(str(exc))
-    typer.echo(f"{len(names)} SkyPilot cluster(s) of run {run_id} torn down" + (f": {', '.join(names)}" if names else ""))
 
 
 def main() -> None:

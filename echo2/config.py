@@ -137,6 +137,11 @@ class TrainConfig(_Section):
     """A rollout file larger than this is quarantined before it is downloaded or decoded."""
     max_prompt_tokens: int = Field(4096, ge=1)
     """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
+    nproc: int = Field(1, ge=1)
+    """Learner processes (torchrun on one node): the policy is sharded over them with FSDP, each takes
+    every nproc-th micro-batch, rank 0 runs the flow, reads rollouts and publishes (``learner/distributed.py``)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
 
 
 class EvalConfig(_Section):
@@ -331,6 +336,8 @@ class Config(_Section):
         if self.fleet.skypilot.credentials_role_arn and not self.store.url.startswith("s3://"):
             raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
+        if self.train.nproc > 1 and self.train.lora_rank > 0:
+            raise ValueError("train.nproc > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) runs in one process")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -50,7 +50,7 @@ def test_a_checkpoint_never_unpickles_code(tmp_path):
     store = open_store(str(tmp_path / "store"))
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
-    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt, {"settled": []}, shard_mb=1, extra_files={})
+    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt.state_dict(), {"settled": []}, shard_mb=1, extra_files={})
     assert load_checkpoint(store, 5).optimizer["optimizer"]["param_groups"]  # a real one loads
 
     marker = tmp_path / "pwned"

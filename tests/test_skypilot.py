@@ -16,8 +16,8 @@ from echo2.data.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
 from echo2.fleet.backend import ActorLaunch, ActorState, Offer  # noqa: E402
 from echo2.fleet.manager import FleetManager  # noqa: E402
-from echo2.fleet.skypilot import (RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task, cloud_end_reason,  # noqa: E402
-                                  cluster_name, fleet_down, offer_of, run_label)
+from echo2.fleet.skypilot import (DEFAULT_TASK_FILE, RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task,  # noqa: E402
+                                  cloud_end_reason, cluster_name, fleet_down, load_task_config, offer_of, run_label)
 
 RUN = "run-20261201-191000-ab12"
 L4_EAST = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
@@ -352,3 +352,10 @@ def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp
     assert len(chosen) == 1 and "AWS (us-west-2" in chosen[0] and "g6.xlarge[Spot]" in chosen[0]  # the cheaper any_of
     assert "relay-s3cr3t-dryrun" not in out["printed"] + proc.stderr  # the secret is never printed
     assert out["server_gone"], out["stop"]
+
+
+def test_the_learner_task_file_is_a_valid_sky_task_that_starts_echo2_learner():
+    task = sky.Task.from_yaml_config(load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml"))
+    assert {r.use_spot for r in task.resources} == {False}
+    assert {tuple(r.accelerators.items()) for r in task.resources} == {(("H100", 8),), (("A100-80GB", 8),)}
+    assert 'echo2" learner "$ECHO2_CONFIG" --nproc "$ECHO2_NPROC"' in task.run

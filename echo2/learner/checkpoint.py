@@ -37,12 +37,13 @@ class Checkpoint:
     adapter: dict[str, torch.Tensor] | None
 
 
-def save_checkpoint(store: ObjectStore, step: int, tensors: dict[str, torch.Tensor], optimizer, state: dict, *,
+def save_checkpoint(store: ObjectStore, step: int, tensors: dict[str, torch.Tensor], optimizer: dict, state: dict, *,
                     shard_mb: int, extra_files: dict[str, bytes], adapter: dict[str, torch.Tensor] | None = None) -> None:
     """``tensors``: full weights under HF names (so the folder loads with from_pretrained);
-    ``adapter``: the LoRA adapter being trained, which resume restores on top of the base."""
+    ``optimizer``: the optimizer's state dict; ``adapter``: the LoRA adapter being trained, which
+    resume restores on top of the base."""
     buf = io.BytesIO()
-    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+    torch.save({"optimizer": optimizer, "torch_rng": torch.get_rng_state(),
                 "py_rng": random.getstate()}, buf)
     files = dict(extra_files)
     files[OPTIMIZER_FILE] = buf.getvalue()

@@ -48,6 +48,9 @@ class Learner:
         # dropout off; dropout in the learner's forward would bias every ratio (gradients still flow)
         self.model.eval()
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.published_names = list(unique_state_dict(self.model))
+        """The weights a version or checkpoint holds (tied duplicates left out), under HF names."""
+        self._prepare_model()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
         )
@@ -58,18 +61,18 @@ class Learner:
         self.extra_files = model_files(model_dir)
         self.version = 0
 
+    def _prepare_model(self) -> None:
+        """What happens to the model before the optimizer sees its parameters (sharding, in distributed.py)."""
+
     # -- training --------------------------------------------------------------------------
     def train_step(self, tables: list[pa.Table]) -> dict:
         """One optimizer step on whole rollout files; returns metrics."""
+        return self.step_on_rows(rows_of(tables))
+
+    def step_on_rows(self, rows: list[dict]) -> dict:
+        """One optimizer step on the rows of a step's rollout files (``rows_of``)."""
         t0 = time.time()
         cfg = self.config
-        rows = []
-        for file_index, table in enumerate(tables):
-            for row in table.select(["group_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
-                                     "behavior_logprobs", "reward", "policy_version"]).to_pylist():
-                # a group is one group_id of one file: two files never merge their groups of the same name
-                row["group"] = (file_index, row["group_id"])
-                rows.append(row)
         group_ids = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
         rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32)
         group_index = torch.tensor([group_ids[r["group"]] for r in rows])
@@ -95,14 +98,8 @@ class Learner:
         if keep:
             keep.sort(key=lambda i: len(rows[i]["prompt_token_ids"]) + len(rows[i]["completion_token_ids"]))
             mb = cfg.micro_batch_size
-            for start in range(0, len(keep), mb):
-                idx = keep[start : start + mb]
-                terms = self._micro_batch([rows[i] for i in idx], advantages[idx], n_tokens)
-                terms.loss.backward()
-                weight = sum(sum(rows[i]["completion_mask"]) for i in idx) / n_tokens
-                totals["loss"] += terms.loss.item()
-                for k in ("clip_fraction", "ratio_mean", "kl_behavior"):
-                    totals[k] += getattr(terms, k).item() * weight
+            micro_batches = [keep[start : start + mb] for start in range(0, len(keep), mb)]
+            totals = self._accumulate(rows, micro_batches, advantages, n_tokens, totals)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
             if math.isfinite(grad_norm) and math.isfinite(totals["loss"]):
                 self.optimizer.step()
@@ -116,6 +113,22 @@ class Learner:
         self.version += 1
         metrics.update(totals, grad_norm=grad_norm, train_tokens=n_tokens, step_seconds=time.time() - t0)
         return metrics
+
+    def _accumulate(self, rows: list[dict], micro_batches: list[list[int]], advantages: torch.Tensor,
+                    n_tokens: int, totals: dict) -> dict:
+        """Forward and backward over the micro-batches (row indices), gradients summed; the step's totals."""
+        for idx in micro_batches:
+            self._backward(rows, idx, advantages, n_tokens, totals)
+        return totals
+
+    def _backward(self, rows: list[dict], idx: list[int], advantages: torch.Tensor, n_tokens: int,
+                  totals: dict) -> None:
+        terms = self._micro_batch([rows[i] for i in idx], advantages[idx], n_tokens)
+        terms.loss.backward()
+        weight = sum(sum(rows[i]["completion_mask"]) for i in idx) / n_tokens
+        totals["loss"] += terms.loss.item()
+        for k in ("clip_fraction", "ratio_mean", "kl_behavior"):
+            totals[k] += getattr(terms, k).item() * weight
 
     def _micro_batch(self, rows: list[dict], advantages: torch.Tensor, n_tokens: int):
         batch = assemble(rows, self.pad_token_id)
@@ -132,6 +145,25 @@ class Learner:
     @property
     def pad_token_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    # -- state -----------------------------------------------------------------------------
+    def optimizer_state(self) -> dict:
+        """What a checkpoint keeps of the optimizer (its ``state_dict``)."""
+        return self.optimizer.state_dict()
+
+    def load_state(self, tensors: dict[str, torch.Tensor], optimizer_state: dict,
+                   adapter: dict[str, torch.Tensor] | None = None) -> None:
+        """Restore a checkpoint: full weights (or the LoRA adapter over the base) and the optimizer."""
+        if adapter is not None:
+            self.load_adapter(adapter)
+        else:
+            self.model.load_state_dict(tensors, strict=False)
+            self.model.tie_weights()
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def eval_model(self) -> torch.nn.Module:
+        """A model with the current weights that can generate on this process alone."""
+        return self.model
 
     # -- weights ---------------------------------------------------------------------------
     def adapter_tensors(self) -> dict[str, torch.Tensor]:
@@ -164,3 +196,15 @@ class Learner:
         if self.lora:
             return {k: v.to(dtype) for k, v in self.base_tensors.items()}, {"weights": "full"}
         return unique_state_dict(self.model, dtype), {"weights": "full"}
+
+
+def rows_of(tables: list[pa.Table]) -> list[dict]:
+    """A step's training rows: the columns the loss needs, each row tagged with its group."""
+    rows = []
+    for file_index, table in enumerate(tables):
+        for row in table.select(["group_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
+                                 "behavior_logprobs", "reward", "policy_version"]).to_pylist():
+            # a group is one group_id of one file: two files never merge their groups of the same name
+            row["group"] = (file_index, row["group_id"])
+            rows.append(row)
+    return rows

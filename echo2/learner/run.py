@@ -31,6 +31,7 @@ from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
 from echo2.learner.evaluate import greedy_accuracy
+from echo2.learner.distributed import make_learner
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
 from echo2.learner.publisher import publish
@@ -57,8 +58,8 @@ class LearnerRun:
         torch.manual_seed(config.run.seed)
         if config.train.num_threads:
             torch.set_num_threads(config.train.num_threads)
-        self.learner = learner or Learner(resolve_model(config.model.name), config.train,
-                                          temperature=config.rollout.temperature)
+        self.learner = learner or make_learner(resolve_model(config.model.name), config.train,
+                                               temperature=config.rollout.temperature)
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.revoked: set[str] = set()
@@ -95,12 +96,7 @@ class LearnerRun:
         state: dict = {}
         if steps:
             ckpt = load_checkpoint(self.store, step)
-            if ckpt.adapter is not None:
-                self.learner.load_adapter(ckpt.adapter)
-            else:
-                self.learner.model.load_state_dict(ckpt.tensors, strict=False)
-                self.learner.model.tie_weights()
-            self.learner.optimizer.load_state_dict(ckpt.optimizer["optimizer"])
+            self.learner.load_state(ckpt.tensors, ckpt.optimizer["optimizer"], ckpt.adapter)
             torch.set_rng_state(ckpt.optimizer["torch_rng"])
             random.setstate(_as_random_state(ckpt.optimizer["py_rng"]))
             state = ckpt.state
@@ -131,7 +127,7 @@ class LearnerRun:
         if label in self.evals:  # a resumed run keeps its first "before"
             return self.evals[label]
         t0 = time.time()
-        result = greedy_accuracy(self.learner.model, self.learner.tokenizer, self.task,
+        result = greedy_accuracy(self.learner.eval_model(), self.learner.tokenizer, self.task,
                                  max_new_tokens=self.config.eval.max_new_tokens,
                                  batch_size=self.config.eval.batch_size)
         result["seconds"] = time.time() - t0
@@ -200,7 +196,7 @@ class LearnerRun:
                  "history": self.history, "evals": self.evals, "wall_seconds": self.wall_seconds(),
                  "run_id": self.run_id}
         learner = self.learner
-        save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer, state,
+        save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer_state(), state,
                         shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
                         adapter=learner.adapter_tensors() if learner.lora else None)
         prune_checkpoints(self.store, self.config.train.keep_checkpoints)

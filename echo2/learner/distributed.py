@@ -1,0 +1,226 @@
+"""The learner over N processes of one node (``torchrun``): FSDP2 sharding, rank 0 drives, the others follow.
+
+Process layout. Rank 0 is the learner everything else talks to: it runs the ``echo2-train`` Prefect
+flow, reads and validates rollouts, publishes versions, writes checkpoints and runs the fleet, exactly
+as a one-process learner does. Its learner object is a ``DistributedLearner``, and every operation that
+needs all ranks (a step, gathering the full weights, the optimizer state, restoring a checkpoint) is
+first announced to ranks 1..N-1 by a broadcast of ``(op, payload)``; they run ``follow()``: wait for an
+op, do their share, until ``stop``. So the flow, the store, the actors and the fleet see one learner;
+only the arithmetic is spread. (The ranks are all the learner's own processes: the broadcast's pickle
+never carries anything an actor wrote that validation has not already turned into plain lists.)
+
+Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the whole model, so tied
+embeddings stay in one unit; parameters, gradients and AdamW moments are split over the ranks.
+
+A step is learner.py's GRPO step over the same rows, with the micro-batches dealt out:
+    rank 0 broadcasts the step's rows (what ``rows_of`` read from the selected files)
+    every rank computes the same advantages, signal filter and length order (deterministic)
+    micro-batch j goes to rank j mod N; a rank with fewer than the most runs a zero-weight pass
+        for each missing one, since FSDP's all-gathers and reduce-scatters need every rank
+    losses are normalized by the step's token count over all ranks and gradients are summed, not
+        averaged (``set_gradient_divide_factor(1)``): the step's gradient is the one-process gradient,
+        up to the order of float additions
+    the global gradient norm is clipped (DTensor-aware ``clip_grad_norm_``), AdamW updates each shard
+    the metrics' sums are all-reduced
+
+Publishing and checkpoints gather full tensors to rank 0 (``get_model_state_dict(full_state_dict=True)``);
+the optimizer state is kept by parameter name, so a checkpoint of N ranks resumes on any N (and on one
+process: ``_to_indexed`` / ``_to_named`` convert between names and the one-process optimizer's indices);
+a restore broadcasts from rank 0. Greedy evaluation runs on rank 0 alone on a gathered copy of the weights.
+LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from echo2.config import TrainConfig
+from echo2.learner.learner import Learner, rows_of
+
+log = logging.getLogger("echo2.learner")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside ``torchrun``."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_process_group(config: TrainConfig) -> tuple[int, int]:
+    """Join the group ``torchrun`` set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = config.dist_backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # a follower waits in a broadcast while rank 0 waits for rollouts: the timeout must outlast that
+        dist.init_process_group(backend, timeout=timedelta(seconds=max(1800.0, 2 * config.rollout_timeout_s)))
+    return world()
+
+
+def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float) -> Learner:
+    """The one-process learner, or rank 0's ``DistributedLearner`` inside a torchrun group."""
+    if world()[1] > 1:
+        return DistributedLearner(model_dir, config, temperature=temperature)
+    return Learner(model_dir, config, temperature=temperature)
+
+
+class DistributedLearner(Learner):
+    def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float):
+        self.rank, self.world_size = world()
+        super().__init__(model_dir, config, temperature=temperature)
+        self._eval_copy: torch.nn.Module | None = None
+        self._pending_load: tuple[dict, dict] = ({}, {})
+
+    def _prepare_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(self.model).__name__} has no .model.layers to shard one by one")
+        units = [*layers, self.model]
+        for unit in units:
+            fully_shard(unit)
+        for unit in units:  # each unit reduces its own gradients: every one must sum, not average
+            unit.set_gradient_divide_factor(1.0)  # the loss is normalized by the step's tokens over all ranks
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+
+    # -- rank 0's side: announce, then take part ------------------------------------------------
+    def _announce(self, op: str, payload=None):
+        import torch.distributed as dist
+
+        if self.rank == 0:
+            dist.broadcast_object_list([op, payload], src=0)
+        return getattr(self, f"_op_{op}")(payload)
+
+    def train_step(self, tables) -> dict:
+        return self._announce("step", rows_of(tables))
+
+    def full_tensors(self) -> dict[str, torch.Tensor]:
+        return self._announce("full")
+
+    def policy_version_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.config.publish_dtype]
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.full_tensors().items()}
+        return tensors, {"weights": "full"}
+
+    def optimizer_state(self) -> dict:
+        return _to_indexed(self._announce("optim"), self._trainable_names())
+
+    def load_state(self, tensors, optimizer_state, adapter=None) -> None:
+        self._pending_load = (tensors, _to_named(optimizer_state, self._trainable_names()))
+        self._announce("load")
+
+    def eval_model(self) -> torch.nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        tensors = self.full_tensors()
+        if self._eval_copy is None:
+            self._eval_copy = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        self._eval_copy.load_state_dict(tensors, strict=False)
+        self._eval_copy.tie_weights()
+        return self._eval_copy
+
+    def release(self) -> None:
+        """Let the followers go (rank 0, once the run is over)."""
+        if self.rank == 0:
+            release_followers()
+
+    # -- every rank --------------------------------------------------------------------------
+    def follow(self) -> None:
+        """Ranks 1..N-1: do what rank 0 announces until it says stop."""
+        import torch.distributed as dist
+
+        while True:
+            message = [None, None]
+            dist.broadcast_object_list(message, src=0)
+            op, payload = message
+            if op == "stop":
+                return
+            getattr(self, f"_op_{op}")(payload)
+
+    def _op_step(self, rows: list[dict]) -> dict:
+        return self.step_on_rows(rows)
+
+    def _op_full(self, _=None) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {name: full[name].detach().contiguous() for name in self.published_names} if self.rank == 0 else {}
+
+    def _op_optim(self, _=None) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _op_load(self, _=None) -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        tensors, optim = self._pending_load if self.rank == 0 else ({}, {})
+        self._pending_load = ({}, {})
+        # strict=False: a checkpoint leaves tied duplicates out (lm_head is embed_tokens: one parameter)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(self.model, tensors, options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
+
+    def _accumulate(self, rows, micro_batches, advantages, n_tokens, totals) -> dict:
+        """This rank's micro-batches (j mod N), padded with zero-weight passes to the most any rank runs."""
+        import torch.distributed as dist
+
+        mine = micro_batches[self.rank :: self.world_size]
+        most = -(-len(micro_batches) // self.world_size)
+        for idx in mine:
+            self._backward(rows, idx, advantages, n_tokens, totals)
+        for _ in range(most - len(mine)):  # FSDP's collectives need every rank in every pass
+            filler = micro_batches[0]
+            terms = self._micro_batch([rows[i] for i in filler], advantages[filler], n_tokens)
+            (terms.loss * 0.0).backward()
+        keys = sorted(totals)
+        summed = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
+        dist.all_reduce(summed)  # every rank reports the step's totals, not its share
+        return dict(zip(keys, summed.tolist()))
+
+    def _trainable_names(self) -> list[str]:
+        return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def _to_indexed(named: dict, names: list[str]) -> dict:
+    """A full optimizer state keyed by parameter name -> the one-process optimizer's integer keys."""
+    index = {n: i for i, n in enumerate(names)}
+    state = {index[k]: v for k, v in named.get("state", {}).items() if k in index}
+    groups = [{**g, "params": [index[p] for p in g["params"] if p in index]} for g in named.get("param_groups", [])]
+    return {"state": state, "param_groups": groups}
+
+
+def _to_named(indexed: dict, names: list[str]) -> dict:
+    """The inverse of ``_to_indexed``: what ``set_optimizer_state_dict`` takes."""
+    state = {names[k]: v for k, v in indexed.get("state", {}).items()}
+    groups = [{**g, "params": [names[p] for p in g["params"]]} for g in indexed.get("param_groups", [])]
+    return {"state": state, "param_groups": groups}
+
+
+_released = False
+
+
+def release_followers() -> None:
+    """Rank 0: tell every follower to stop (once; also where no learner was ever built)."""
+    global _released
+    import torch.distributed as dist
+
+    if _released or not dist.is_initialized() or dist.get_rank() != 0:
+        return
+    dist.broadcast_object_list(["stop", None], src=0)
+    _released = True
