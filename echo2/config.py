@@ -167,10 +167,11 @@ class PokerTaskConfig(_Section):
     """Tokens the policy may spend on one decision (rollout.max_new_tokens bounds the whole hand)."""
     max_decisions: int = Field(8, ge=1)
     """Policy decisions per hand; later ones play the default action (check when free, else fold) unpenalized."""
-    answer_prefix: str = "My action is to"
+    answer_prefix: str = "My action:"
     """Text the environment writes at the start of each of the policy's replies, so that the next words
-    are the action (SmolLM2-135M continues "My action is to" with a legal action 40 times in 48 at
-    temperature 0.7, "Action:" 2 times in 48)."""
+    are the action. Measured on SmolLM2-135M-Instruct at temperature 0.7, first decisions: "My action:"
+    is followed by a legal action 22 times in 48 (greedy: 2 of 4 deals), "Action:" 12 in 48 (greedy: none),
+    "My action is to" 38 in 48 (greedy: all)."""
     seed: int = 0
     """Seed of the deals: training deal n and evaluation deal i are drawn from it."""
     eval_deals: int = Field(16, ge=1)

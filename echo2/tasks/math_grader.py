@@ -102,12 +102,14 @@ class MathGrader:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._buffer = b""
+        self.command = [sys.executable, "-m", "echo2.tasks.math_grader"]
+        """The worker process (``_serve`` below)."""
         self._warm = False
         """Whether the worker has answered once (its start, ~2 s of imports, is not counted against a reply)."""
         atexit.register(self.close)
 
     def _start(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "echo2.tasks.math_grader"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self._buffer = b""
         self._warm = False

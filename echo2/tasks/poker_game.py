@@ -174,23 +174,22 @@ class Hand:
         self._advance()
 
     def observation(self, seat: int) -> str:
-        """What ``seat`` is told when it must act: what happened since its last decision, then the state."""
+        """What ``seat`` is told when it must act: what happened since its last decision, then the state
+        (kept short: every environment token is prefilled again at every later decision)."""
         s = self.state
         board = list(s.get_board_cards(0))
         lines = list(self.log[seat])
         self.log[seat].clear()
-        lines.append(f"Your cards: {spaced(self.deal.holes[seat])}. Board: "
-                     f"{' '.join(map(repr, board)) if board else 'none'}.")
         legal = self.legal()
-        lines.append(f"Pot {s.total_pot_amount}. To call: {legal.to_call}. Your stack {s.stacks[seat]}, "
-                     f"opponent {s.stacks[1 - seat]}.")
+        lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
+                     f"Pot {s.total_pot_amount}, to call {legal.to_call}. Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
         lines.append(f"Legal: {legal.describe()}.")
         return "\n".join(lines)
 
     def opening(self, seat: int) -> str:
-        """The first lines a seat reads in a hand."""
-        role = "the small blind and act first" if seat == SMALL_BLIND_SEAT else "the big blind"
-        return f"New hand, blinds {self.small_blind}/{self.big_blind}, stacks {self.starting_stack}. You are {role}."
+        """The first line a seat reads in a hand."""
+        role = "small blind, first to act" if seat == SMALL_BLIND_SEAT else "big blind"
+        return f"Blinds {self.small_blind}/{self.big_blind}, stacks {self.starting_stack}. You: {role}."
 
     def payoff(self, seat: int) -> int:
         return int(self.state.payoffs[seat])
