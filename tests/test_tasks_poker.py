@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from echo2.config import load_config
 from echo2.tasks import ForgedEpisode, UnknownProblem, make_task
 from echo2.tasks.poker import _Episode
-from echo2.tasks.poker_game import Action, Legal, deal, parse_action
+from echo2.tasks.poker_game import Action, Hand, Legal, deal, parse_action
 
 FACING = Legal(to_call=2, can_fold=True, min_raise=8, max_raise=40)
 FREE = Legal(to_call=0, can_fold=False, min_raise=2, max_raise=38, verb="bet")
@@ -33,6 +33,14 @@ def test_replies_are_parsed_into_legal_actions_or_counted():
     assert parse_action(" folding", FACING) == (None, "malformed")
     assert FACING.default() == Action("fold") and FREE.default() == Action("check_call")
     assert FREE.describe() == "check, bet 2-38" and FACING.describe() == "fold, call, raise 8-40"
+
+
+def test_an_all_in_runs_the_board_out_and_settles():
+    h = Hand(deal("all-in"), 40, 1, 2)
+    h.play(parse_action(" all in", h.legal())[0])  # the small blind shoves, the big blind calls
+    h.play(Action("check_call"))
+    assert h.over and sum(h.state.stacks) == 80 and sum(h.state.payoffs) == 0
+    assert [line.split(":")[0] for line in h.log[0] if ":" in line] == ["Flop", "Turn", "River"]
 
 
 def test_deals_are_seeded_and_distinct():

@@ -29,7 +29,8 @@ _AUTOMATIONS = (Automation.ANTE_POSTING, Automation.BET_COLLECTION, Automation.B
                 Automation.CHIPS_PULLING)  # dealing and burning stay explicit: the deal is ours, seeded
 _ACTION = re.compile(r"\s*(?:(fold)|(check)|(call)|(all[\s-]?in)|(?:raise|bet)(?:\s+to)?(?:\s+(\d{1,7}))?)(?![a-z])",
                      re.IGNORECASE)
-STREETS = ("preflop", "flop", "turn", "river")
+_STREET_OF_BOARD = {0: "Flop", 3: "Turn", 4: "River"}
+"""The street dealt next, by the number of board cards already out."""
 BIG_BLIND_SEAT, SMALL_BLIND_SEAT = 0, 1
 
 
@@ -130,9 +131,10 @@ class Hand:
             if s.can_burn_card():
                 s.burn_card("??")
             elif s.can_deal_board():
+                street = _STREET_OF_BOARD[len(list(s.get_board_cards(0)))]  # after the river, the index is gone
                 cards = next(self._streets)
                 s.deal_board(cards)
-                line = f"{STREETS[s.street_index].capitalize()}: {spaced(cards)}."
+                line = f"{street}: {spaced(cards)}."
                 for seat_log in self.log:
                     seat_log.append(line)
             else:  # nothing to deal and nobody to act: pokerkit is finishing the hand
