@@ -138,7 +138,8 @@ def run(
         typer.echo(f"{name}: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
                    f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
         metrics = summary.get("eval_metrics", {})
-        for key in sorted(set(metrics.get("before", {})) & set(metrics.get("after", {})) - {"n", "k", "score", metric}):
+        shown = set(metrics.get("before", {})) & set(metrics.get("after", {}))
+        for key in sorted(k for k in shown if k not in ("n", "k", "score", metric) and not k.endswith(".hands")):
             b, a = metrics["before"][key], metrics["after"][key]
             typer.echo(f"  {key}: {b:.3f} -> {a:.3f} ({a - b:+.3f})")
 
