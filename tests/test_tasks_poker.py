@@ -190,7 +190,7 @@ def test_evaluation_plays_duplicate_deals_against_each_opponent(tok):
     keys = [(p.meta["opponent"], p.meta["key"]) for p in problems]
     assert all(keys.count(k) == 2 for k in keys)  # each deal twice per opponent...
     assert {p.meta["seat"] for p in problems if p.meta["key"] == problems[0].meta["key"]} == {0, 1}  # ...seats swapped
-    result = task.evaluate(ScriptedSampler(tok, replies=(" call",)), None, tok, k=1, max_new_tokens=20)
+    result = task.evaluate(ScriptedSampler(tok, replies=(" call",)), None, tok, k=1, max_new_tokens=48)
     assert set(result["opponents"]) == {"call_station", "random"}
     # calling every street against a call-station: both seats see the same showdown, so each deal nets 0
     cs = result["opponents"]["call_station"]
