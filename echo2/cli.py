@@ -3,6 +3,7 @@
     echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
     echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)
     echo2 export RUN [--step N] DIR
+    echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]   (held-out metrics)
     echo2 report RUN                                        (cost report from the run's ledger)
     echo2 audit RUN [--json]                                (every rollout file accounted for)
     echo2 fleet down RUN                                    (tear down a run's SkyPilot clusters)
@@ -156,8 +157,15 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
     before, after = summary["eval_before"], summary["eval_after"]
     typer.echo(json.dumps(summary, indent=1))
     if before is not None and after is not None:
-        typer.echo(f"held-out greedy accuracy: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
+        metric = summary.get("eval_metric", "accuracy")
+        name = "held-out greedy accuracy" if metric == "accuracy" else f"held-out {metric}"
+        typer.echo(f"{name}: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
                    f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
+        metrics = summary.get("eval_metrics", {})
+        shown = set(metrics.get("before", {})) & set(metrics.get("after", {}))
+        for key in sorted(k for k in shown if k not in ("n", "k", "score", metric) and not k.endswith(".hands")):
+            b, a = metrics["before"][key], metrics["after"][key]
+            typer.echo(f"  {key}: {b:.3f} -> {a:.3f} ({a - b:+.3f})")
 
 
 def _torchrun(cfg, resume: bool, verbose: bool) -> None:
@@ -246,7 +254,7 @@ def export(
     from echo2.data import layout
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
-    from echo2.data.weights import download, iter_tensors, latest_version
+    from echo2.data.weights import latest_version
 
     try:  # every manifest read names plain files of its folder only, or is refused (ManifestRejected)
         store = open_store(run, _store_options_from_env())
@@ -257,21 +265,105 @@ def export(
         candidates = [layout.checkpoint_dir(step), layout.policy_dir(step)]
         for prefix in candidates:
             if store.exists(f"{prefix}/{layout.MANIFEST}"):
-                manifest = download(store, prefix, dest)
+                manifest = _download_weights(store, prefix, dest)
                 break
         else:
             _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
-        if manifest.get("weights") == "lora":  # an adapter version: fold it into its base
-            from echo2.data.weights import merge_into_folder
-
-            adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
-            download(store, layout.policy_dir(manifest["base_version"]), dest)
-            merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
     except (StoreError, NotFound, ManifestRejected) as exc:
         _fail(str(exc))
+    typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
+
+
+def _download_weights(store, prefix: str, dest: Path) -> dict:
+    """A weights folder of a run (checkpoint or policy version) as a ``from_pretrained`` folder at ``dest``,
+    every byte checked against its manifest; an adapter version is folded into its base. Returns the manifest."""
+    from echo2.data import layout
+    from echo2.data.weights import download, iter_tensors, merge_into_folder
+
+    manifest = download(store, prefix, dest)
+    if manifest.get("weights") == "lora":
+        adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
+        download(store, layout.policy_dir(manifest["base_version"]), dest)
+        merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
     for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
-    typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
+    return manifest
+
+
+@app.command("eval")
+def eval_policy(
+    model: str = typer.Argument(..., help="A model (local folder, Hugging Face id, smollm2-135m-instruct) or a run's "
+                                          "weights folder: RUN/checkpoints/step-N or RUN/policy/vN."),
+    task: Optional[str] = typer.Option(None, "--task", help="arithmetic, math or poker (default: the config's task)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML config whose task and eval sections are used."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set eval.k=8 (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Held-out metrics of a model or checkpoint: pass@1 (greedy) and pass@k (eval.k samples); poker:
+    bb/100 per opponent with a 95% interval over duplicate deals, and the illegal-action rate."""
+    import tempfile
+
+    from echo2.config import apply_overrides, config_from_dict, load_config
+
+    _quiet_transformers()
+    try:
+        cfg = load_config(config)
+        data = cfg.model_dump(mode="json")
+        if task is not None and data["task"]["name"] != task:
+            data["task"] = {"name": task}  # another task than the config's: its defaults
+        cfg = config_from_dict(apply_overrides(data, set_ or []), str(config or "(defaults)"))
+        with tempfile.TemporaryDirectory(prefix="echo2-eval-") as tmp:
+            result = _evaluate_model(model, cfg, Path(tmp))
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from echo2.learner.evaluate import flat_metrics
+
+    table = Table(title=f"{cfg.task.name}: {model}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in flat_metrics(result).items():
+        table.add_row(key, f"{value:.4g}")
+    Console().print(table)
+
+
+def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from echo2.data import layout
+    from echo2.data.manifest import ManifestRejected
+    from echo2.data.store import NotFound, StoreError, open_store
+    from echo2.learner.evaluate import evaluate_policy
+    from echo2.models import resolve_model
+    from echo2.tasks import make_task
+
+    folder = model.rstrip("/")
+    parent, _, name = folder.rpartition("/")
+    run_root, _, kind = parent.rpartition("/")
+    if kind in (layout.CHECKPOINTS.rstrip("/"), layout.POLICY.rstrip("/")) and run_root:
+        try:
+            store = open_store(run_root, _store_options_from_env())
+            if not store.exists(f"{kind}/{name}/{layout.MANIFEST}"):
+                _fail(f"{model} is not a committed weights folder (no {layout.MANIFEST})")
+            _download_weights(store, f"{kind}/{name}", tmp)
+        except (StoreError, NotFound, ManifestRejected) as exc:
+            _fail(str(exc))
+        model_dir = tmp
+    else:
+        model_dir = resolve_model(model)
+    task = make_task(cfg.task)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    e = cfg.eval
+    result = evaluate_policy(policy, tokenizer, task, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
+                             k=e.k, temperature=e.temperature)
+    return {"model": model, "task": task.name, **result}
 
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured side by side.")

@@ -5,7 +5,7 @@ The flow calls the current reporter; the CLI installs the one ``make_reporter`` 
 runs the flow. The plain lines (stdout, flushed, one per event) are a stable, greppable format:
 
     run <run_id>: training to step <max_steps> (from step <first_step>)
-    eval <label>: greedy accuracy <accuracy %.3f> on <n> held-out problems
+    eval <label>: <metric> <score %.3f> on <n> held-out problems [, illegal_action_rate <%.3f>]
     step <step>/<max_steps>: reward <%.3f>, lag <mean %.1f> (max <int>), <n> completions, <seconds %.1f>s
 """
 
@@ -55,7 +55,7 @@ class RichReporter(Reporter):
         self._last = time.time()
 
     def eval(self, label: str, result: dict) -> None:
-        self.console.print(f"eval {label}: greedy accuracy [bold]{result['accuracy']:.3f}[/] on {result['n']} held-out problems")
+        self.console.print(f"eval {label}: {eval_line(result, bold=True)}")
 
     def step(self, metrics: dict, fleet: dict) -> None:
         now = time.time()
@@ -90,7 +90,7 @@ class PlainReporter(Reporter):
         self._print(f"run {run_id}: training to step {max_steps} (from step {first_step})")
 
     def eval(self, label: str, result: dict) -> None:
-        self._print(f"eval {label}: greedy accuracy {result['accuracy']:.3f} on {result['n']} held-out problems")
+        self._print(f"eval {label}: {eval_line(result)}")
 
     def step(self, metrics: dict, fleet: dict) -> None:
         self._print(format_step(metrics, self.max_steps))
@@ -135,3 +135,15 @@ def set_reporter(reporter: Reporter) -> None:
 
 def reporter() -> Reporter:
     return _current
+
+
+def eval_line(result: dict, *, bold: bool = False) -> str:
+    """One evaluation as a line: its headline metric, the held-out size, and the illegal-action rate of
+    tasks that have one."""
+    name = result.get("metric", "accuracy")
+    label = "greedy accuracy" if name == "accuracy" else name
+    value = f"{result.get('score', result.get('accuracy')):.3f}"
+    line = f"{label} {'[bold]' + value + '[/]' if bold else value} on {result['n']} held-out problems"
+    if "illegal_action_rate" in result:
+        line += f", illegal_action_rate {result['illegal_action_rate']:.3f}"
+    return line

@@ -21,6 +21,11 @@ def _key(run_id: str, what: str) -> str:  # artifact keys: lowercase letters, di
     return f"{safe}-{what}"[:120]
 
 
+def _metric_name(summary: dict) -> str:
+    metric = summary.get("eval_metric", "accuracy")
+    return "greedy accuracy" if metric == "accuracy" else metric
+
+
 class RunWatch:
     def __init__(self, config: Config, table_every: int = 2):
         self.config = config
@@ -69,7 +74,7 @@ class RunWatch:
         if curves_png:
             chart = f"\n![reward and lag](data:image/png;base64,{base64.b64encode(curves_png).decode()})\n"
         create_markdown_artifact(
-            f"# {self.run_id}\n\nheld-out greedy accuracy **{summary['eval_before']} -> {summary['eval_after']}** "
+            f"# {self.run_id}\n\nheld-out {_metric_name(summary)} **{summary['eval_before']} -> {summary['eval_after']}** "
             f"in {summary['steps']} steps, {summary['wall_seconds']:.0f} s\n\n{cost_md}\n{chart}",
             key=_key(self.run_id, "cost-report"), description="cost report and reward curve")
         self.log.info("run %s finished at %s", self.run_id, time.strftime("%H:%M:%S"))

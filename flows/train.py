@@ -6,6 +6,7 @@
     evaluate before training
     until max_steps: collect fresh rollouts (retried on store hiccups)
                      update the policy (GRPO step, publish, checkpoint)
+                     evaluate every eval.every steps (when set)
                      reconcile the fleet (fleet.actors: auto: sized by the capacity model),
                      forward actor logs, update the artifacts
     on cancel or Ctrl-C: checkpoint so `resume: true` continues from here
@@ -110,6 +111,8 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
             selection = collect_rollouts(run, fleet, step=run.step + 1)
             metrics = update_policy(run, selection, step=run.step + 1)
             watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
+            if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
+                watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
     except BaseException:
         run.interrupted()
         watch.stopped()

@@ -104,7 +104,7 @@ def _verifying_collector(store, tiny_model):
     limits = LIMITS.__class__(vocab_size=len(tok), group_size=2, max_completion_tokens=8, max_prompt_tokens=64,
                               reward_range=(0.0, 1.0))
     col = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=2, limits=limits,
-                           verifier=TaskVerifier(task, tok))
+                           verifier=TaskVerifier(task, tok, max_new_tokens=8))
     return col, tok, task
 
 

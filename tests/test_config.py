@@ -15,14 +15,30 @@ def test_quickstart_loads_with_documented_defaults():
 
 
 def test_every_field_has_a_docstring():
+    """Every section, including each member of a union (tasks, opponents, price sources) and of a list."""
+    import typing
+
+    section = Config.__mro__[1]
+
+    def sections_in(ann):
+        if isinstance(ann, type) and issubclass(ann, section):
+            yield ann
+        for arg in typing.get_args(ann):
+            yield from sections_in(arg)
+
+    seen = set()
+
     def walk(model_cls, prefix=""):
+        seen.add(model_cls)
         for name, field in model_cls.model_fields.items():
             assert field.description, f"{prefix}{name} has no docstring"
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, Config.__mro__[1]):
-                walk(ann, f"{prefix}{name}.")
+            for sub in sections_in(field.annotation):
+                walk(sub, f"{prefix}{name}.")
 
     walk(Config)
+    from echo2.config import CheckpointOpponentConfig, MathColumnsConfig, PokerTaskConfig
+
+    assert {PokerTaskConfig, CheckpointOpponentConfig, MathColumnsConfig} <= seen
 
 
 def test_overrides_are_parsed_as_yaml_values():

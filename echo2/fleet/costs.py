@@ -185,7 +185,9 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     steps = int(_num(summary.get("steps"), facts["steps"]))
     completions = facts["completions_used"]
     before, after = _num(summary.get("eval_before")), _num(summary.get("eval_after"))
-    gain = (after - before) * 100 if before is not None and after is not None else None
+    # accuracy points only for an accuracy (a poker run's headline is bb/100, not a fraction)
+    is_accuracy = summary.get("eval_metric", "accuracy") == "accuracy"
+    gain = (after - before) * 100 if before is not None and after is not None and is_accuracy else None
     marks = [{"ts": float(e["ts"]), "what": failure_kind(e), "actor_id": str(e.get("actor_id", "?"))}
              for e in _timeline(events) if failure_kind(e)]
     return {

@@ -1,39 +1,87 @@
-"""Greedy evaluation on the task's held-out problems, run by the learner on its own weights."""
+"""Evaluation on the task's held-out set: the learner's before/after/periodic evaluation and ``echo2 eval``.
+
+The task plays the held-out episodes (``Task.evaluate``) with samplers over the learner's own model:
+a greedy one (pass@1; poker's bb/100) and, with ``k > 1``, one that samples at ``temperature``
+(pass@k). Prompts are left-padded so that every prompt ends where generation starts.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from echo2.tasks import Task, prompt_token_ids
+from echo2.tasks import Task
 
 
-@torch.no_grad()
-def greedy_accuracy(model, tokenizer, task: Task, *, max_new_tokens: int, batch_size: int) -> dict:
-    """Fraction of held-out problems whose greedy completion earns reward 1."""
-    problems = task.eval_set()
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+@dataclass
+class GeneratedReply:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+
+
+class ModelSampler:
+    """A task ``Sampler`` over a Hugging Face causal LM: greedy (``temperature=None``) or sampled."""
+
+    def __init__(self, model, tokenizer, *, temperature: float | None, batch_size: int):
+        self.model, self.tokenizer = model, tokenizer
+        self.temperature, self.batch_size = temperature, batch_size
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[GeneratedReply]:
+        out: list[GeneratedReply] = []
+        for start in range(0, len(prompts), self.batch_size):
+            out.extend(self._batch(prompts[start:start + self.batch_size], max_new_tokens))
+        return out
+
+    def _batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[GeneratedReply]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        sampling = {"do_sample": False} if self.temperature is None else {
+            "do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
+        seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                   pad_token_id=self.pad, eos_token_id=self.eos, **sampling)
+        replies = []
+        for row in seqs[:, width:].tolist():
+            if self.eos in row:
+                replies.append(GeneratedReply(row[:row.index(self.eos) + 1], None, "stop"))
+            else:
+                replies.append(GeneratedReply(row, None, "length"))
+        return replies
+
+
+def evaluate_policy(model, tokenizer, task: Task, *, max_new_tokens: int, batch_size: int, k: int = 1,
+                    temperature: float = 1.0) -> dict[str, Any]:
+    """The task's held-out metrics for ``model``; ``score`` is the task's headline metric."""
     was_training = model.training
     model.eval()
-    correct = 0
-    samples = []
-    for start in range(0, len(problems), batch_size):
-        batch = problems[start : start + batch_size]
-        prompts = [prompt_token_ids(tokenizer, p) for p in batch]
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-            pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-        )
-        for problem, seq in zip(batch, out[:, width:]):
-            text = tokenizer.decode(seq, skip_special_tokens=True)
-            reward, _ = task.reward(problem, text)
-            correct += reward == 1.0
-            if len(samples) < 3:
-                samples.append({"problem": problem.id, "completion": text})
-    model.train(was_training)
-    return {"accuracy": correct / len(problems), "n": len(problems), "samples": samples}
+    try:
+        greedy = ModelSampler(model, tokenizer, temperature=None, batch_size=batch_size)
+        sampled = ModelSampler(model, tokenizer, temperature=temperature, batch_size=batch_size) if k > 1 else None
+        result = task.evaluate(greedy, sampled, tokenizer, k=k, max_new_tokens=max_new_tokens)
+    finally:
+        model.train(was_training)
+    result["metric"] = task.headline
+    result["score"] = result[task.headline]
+    return result
+
+
+def flat_metrics(result: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of an evaluation result as dotted names (``opponents.call_station.bb_per_100``)."""
+    out: dict[str, float] = {}
+    for key, value in result.items():
+        if key in ("samples", "at_step", "seconds"):
+            continue
+        if isinstance(value, dict):
+            out.update(flat_metrics(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{prefix}{key}"] = float(value)
+    return out

@@ -40,11 +40,15 @@ class MetricsSink:
         if self.wandb is not None:
             self.wandb.log({f"train/{k}": v for k, v in scalars.items()}, step=step)
 
-    def log_eval(self, label: str, step: int, accuracy: float) -> None:
-        self.writer.add_scalar(f"eval/accuracy_{label}", accuracy, step)
+    def log_eval(self, label: str, step: int, score: float, metrics: dict[str, float] | None = None) -> None:
+        """``score``: the task's headline metric (TensorBoard ``eval/accuracy_<label>``, its name since
+        the first task); ``metrics``: every number of the evaluation, as ``eval/<name>``."""
+        scalars = {f"eval/accuracy_{label}": score, **{f"eval/{k}": v for k, v in (metrics or {}).items()}}
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
         self.writer.flush()
         if self.wandb is not None:
-            self.wandb.log({f"eval/accuracy_{label}": accuracy}, step=step)
+            self.wandb.log(scalars, step=step)
 
     def close(self) -> None:
         self.writer.close()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from echo2.data import layout
 from echo2.data.ledger import consumed_keys
 from echo2.fleet.costs import write_cost_reports
+from echo2.learner.evaluate import flat_metrics
 
 if TYPE_CHECKING:
     from echo2.learner.run import LearnerRun
@@ -70,15 +71,22 @@ def _curves_png(history: list[dict]) -> bytes:
     return buf.getvalue()
 
 
+def _score(result: dict | None) -> float | None:
+    """The headline of an evaluation (``accuracy`` in runs from before evaluations had a ``score``)."""
+    return None if result is None else result.get("score", result.get("accuracy"))
+
+
 def write_reports(run: "LearnerRun") -> dict:
     store = run.store
     summary = {
         "run_id": run.run_id,
         "steps": run.step,
         "wall_seconds": round(run.wall_seconds(), 1),
-        "eval_before": run.evals.get("before", {}).get("accuracy"),
-        "eval_after": run.evals.get("after", {}).get("accuracy"),
+        "eval_before": _score(run.evals.get("before")),
+        "eval_after": _score(run.evals.get("after")),
         "eval_n": run.evals.get("after", run.evals.get("before", {})).get("n"),
+        "eval_metric": run.task.headline,
+        "eval_metrics": {label: flat_metrics(result) for label, result in run.evals.items()},
         "staleness_bound": run.config.train.staleness,
         **ledger_totals(store),
         "final_version": run.step,

@@ -30,8 +30,8 @@ from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
-from echo2.learner.evaluate import greedy_accuracy
 from echo2.learner.distributed import make_learner
+from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
 from echo2.learner.publisher import publish
@@ -84,7 +84,7 @@ class LearnerRun:
                                max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range)
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
-            verifier=TaskVerifier(self.task, self.learner.tokenizer), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
+            verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
         )
 
@@ -123,19 +123,21 @@ class LearnerRun:
         return self.learner.version
 
     def evaluate(self, label: str) -> dict:
-        """Greedy held-out accuracy, recorded under ``label`` ("before"/"after")."""
+        """The task's held-out metrics (``echo2 eval``'s code), recorded under ``label`` ("before", "after",
+        "step-N"); ``score`` is the task's headline metric (accuracy, bb/100)."""
         if label in self.evals:  # a resumed run keeps its first "before"
             return self.evals[label]
         t0 = time.time()
-        result = greedy_accuracy(self.learner.eval_model(), self.learner.tokenizer, self.task,
-                                 max_new_tokens=self.config.eval.max_new_tokens,
-                                 batch_size=self.config.eval.batch_size)
+        cfg = self.config.eval
+        result = evaluate_policy(self.learner.eval_model(), self.learner.tokenizer, self.task,
+                                 max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, k=cfg.k,
+                                 temperature=cfg.temperature)
         result["seconds"] = time.time() - t0
         result["at_step"] = self.step
         self.evals[label] = result
-        self.sink.log_eval(label, self.step, result["accuracy"])
-        log.info("eval %s (step %d): accuracy %.3f on %d held-out problems", label, self.step,
-                 result["accuracy"], result["n"])
+        self.sink.log_eval(label, self.step, result["score"], flat_metrics(result))
+        log.info("eval %s (step %d): %s %.3f on %d held-out problems", label, self.step, result["metric"],
+                 result["score"], result["n"])
         return result
 
     def collect(self, should_abort=lambda: None) -> Selection:

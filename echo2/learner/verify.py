@@ -3,11 +3,15 @@ policy on text of its choosing nor claim rewards it did not earn.
 
 - The prompt of every row must be exactly the tokens the task issues for its ``prompt_id`` (rendered
   with the learner's own tokenizer and chat template); a held-out or unknown id is refused.
-- For a verifiable task, the learner re-scores every completion from its tokens and the file's
-  reward must equal it.
+- For a verifiable task, the learner re-scores every episode from its tokens through the task
+  (``Task.score_episodes``) and the file's reward must equal it. Single-turn tasks decode the reply
+  and score it (a completion_mask with environment tokens is refused: they write none). A multi-turn
+  task replays the episode: poker re-deals the hand from the prompt id, replays it from the policy's
+  tokens with its deterministic opponents, and refuses any environment text it would not write.
 
-Both are cheap for arithmetic and math (a chat template render per prompt, cached; a decode and a
-regex per completion).
+Cost: a chat template render per prompt (cached), then per row a decode and a regex (arithmetic),
+one math-verify call in the grader process (math, about 2 ms), or a replayed hand (poker, about a
+millisecond plus a cached hand-strength estimate per street against the equity player).
 """
 
 from __future__ import annotations
@@ -15,15 +19,17 @@ from __future__ import annotations
 import pyarrow as pa
 
 from echo2.data.rollouts import InvalidRollouts
-from echo2.tasks import Problem, Task, UnknownProblem, prompt_token_ids
+from echo2.tasks import ForgedEpisode, Problem, Task, UnknownProblem
 
 REWARD_TOLERANCE = 1e-5
 
 
 class TaskVerifier:
-    def __init__(self, task: Task, tokenizer, cache_size: int = 4096):
+    def __init__(self, task: Task, tokenizer, *, max_new_tokens: int, cache_size: int = 4096):
+        """``max_new_tokens``: the run's rollout.max_new_tokens (a multi-turn episode's token budget)."""
         self.task = task
         self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
         self.cache_size = cache_size
         self._prompts: dict[str, tuple[Problem, list[int]]] = {}
 
@@ -35,18 +41,27 @@ class TaskVerifier:
                 problem = self.task.problem(prompt_id)
             except UnknownProblem as exc:
                 raise InvalidRollouts(f"prompt_id: {exc}") from None
-            self._prompts[prompt_id] = (problem, prompt_token_ids(self.tokenizer, problem))
+            self._prompts[prompt_id] = (problem, self.task.prompt_tokens(self.tokenizer, problem))
         return self._prompts[prompt_id]
 
     def check(self, table: pa.Table) -> None:
-        """Raise ``InvalidRollouts`` if a prompt is not the task's or a reward is not what the task gives."""
-        columns = table.select(["prompt_id", "prompt_token_ids", "completion_token_ids", "reward"]).to_pydict()
-        for row, (prompt_id, prompt, completion, reward) in enumerate(zip(*columns.values())):
+        """Raise ``InvalidRollouts`` if a prompt is not the task's, an episode is not one the task plays,
+        or a reward is not what the task gives."""
+        columns = table.select(["prompt_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
+                                "reward"]).to_pydict()
+        problems = []
+        for row, (prompt_id, prompt) in enumerate(zip(columns["prompt_id"], columns["prompt_token_ids"])):
             problem, issued = self._issued(prompt_id)
             if prompt != issued:
                 raise InvalidRollouts(f"row {row}: prompt tokens are not those the task issues for {prompt_id!r}")
-            if self.task.verifiable:
-                text = self.tokenizer.decode(completion, skip_special_tokens=True)
-                expected, _ = self.task.reward(problem, text)
-                if abs(expected - reward) > REWARD_TOLERANCE:
-                    raise InvalidRollouts(f"row {row}: reward {reward:g} but the task scores the completion {expected:g}")
+            problems.append(problem)
+        if not self.task.verifiable:
+            return
+        try:
+            expected = self.task.score_episodes(self.tokenizer, problems, columns["completion_token_ids"],
+                                                columns["completion_mask"], self.max_new_tokens)
+        except ForgedEpisode as exc:
+            raise InvalidRollouts(str(exc)) from None
+        for row, (claimed, score) in enumerate(zip(columns["reward"], expected)):
+            if abs(score - claimed) > REWARD_TOLERANCE:
+                raise InvalidRollouts(f"row {row}: reward {claimed:g} but the task scores the completion {score:g}")

@@ -6,8 +6,8 @@
             chunk, each checked against the signed manifest; see echo2/broadcast/)
         if a batch started now would be too stale when the learner next collects, or the
             fleet already has enough usable batches waiting: sleep                    (flow control)
-        draw groups_per_batch problems; sample G completions each with behavior logprobs
-        score each completion with the task's verifiable reward
+        draw groups_per_batch problems; the task plays G episodes of each with the engine
+            (one sampled reply, or a multi-turn game) and scores them
         commit rollouts/v{v}/{actor}-{seq}.arrow (create-if-absent)
 
 An actor holds no state that matters: killing it loses at most the batch in flight. It stops
@@ -46,7 +46,7 @@ from echo2.data.store import ObjectStore
 from echo2.rollout.engine import Engine, SamplingParams
 from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.preemption import Notice, start_watcher
-from echo2.tasks import make_task, prompt_token_ids
+from echo2.tasks import make_task
 
 log = logging.getLogger("echo2.actor")
 
@@ -237,25 +237,29 @@ class Actor:
         pending = pending_rollouts(self.store, settled, oldest_usable)
         return len(pending) < backlog_bound(self.config)
 
+    def _sample(self, prompts: list[list[int]], max_new_tokens: int) -> list:
+        """The task's sampler: one continuation of each prompt from the engine, at the run's temperature."""
+        groups = self.engine.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens,
+                                                              temperature=self.config.rollout.temperature))
+        return [group[0] for group in groups]
+
     def _generate_batch(self) -> None:
         cfg = self.config.rollout
         version = self.version
         problems = self.task.sample_train(self.rng, cfg.groups_per_batch)
-        prompts = [prompt_token_ids(self.tokenizer, p) for p in problems]
         t0 = time.time()
-        groups = self.engine.generate(
-            prompts, SamplingParams(n=cfg.group_size, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
-        )
+        # the task plays the episodes (one reply each, or a multi-turn game) and scores them
+        groups = self.task.rollout_groups(self._sample, self.tokenizer, problems, cfg.group_size, cfg.max_new_tokens)
         seconds = time.time() - t0
         rollouts = []
-        for gi, (problem, prompt, completions) in enumerate(zip(problems, prompts, groups)):
+        for gi, (problem, episodes) in enumerate(zip(problems, groups)):
             group_id = f"{self.actor_id}-{self.seq:06d}-{gi:03d}"
-            for si, c in enumerate(completions):
-                reward, detail = self.task.reward(problem, self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
+            for si, e in enumerate(episodes):
                 rollouts.append(Rollout(
-                    prompt_id=problem.id, group_id=group_id, sample_index=si, prompt_token_ids=prompt,
-                    completion_token_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=reward,
-                    reward_detail=detail, finish_reason=c.finish_reason, generation_seconds=seconds,
+                    prompt_id=problem.id, group_id=group_id, sample_index=si, prompt_token_ids=e.prompt_token_ids,
+                    completion_token_ids=e.completion_token_ids, completion_mask=e.completion_mask,
+                    behavior_logprobs=e.behavior_logprobs, reward=e.reward, reward_detail=e.reward_detail,
+                    finish_reason=e.finish_reason, generation_seconds=seconds,
                 ))
         measured = {k: v for k, v in (("dissemination_seconds", self.dissemination_seconds),
                                       ("fetch_seconds", self.fetch_seconds), ("put_seconds", self.put_seconds),
@@ -271,7 +275,7 @@ class Actor:
         finally:
             self._committing = False
         self.put_seconds = time.time() - put_started
-        tokens = sum(len(r.completion_token_ids) for r in rollouts)
+        tokens = sum(sum(r.completion_mask) for r in rollouts)  # the policy's tokens, not the environment's
         mean_reward = sum(r.reward for r in rollouts) / len(rollouts)
         log.info("batch %d: v%d, %d completions, %d tokens in %.1fs (%.0f tok/s), reward %.3f",
                  self.seq, version, len(rollouts), tokens, seconds, tokens / max(seconds, 1e-9), mean_reward)

@@ -73,4 +73,4 @@ class ArithmeticTask(Task):
         found = _INT.findall(completion.replace(",", ""))
         parsed = int(found[-1]) if found else None
         correct = parsed == problem.answer
-        return (1.0 if correct else 0.0), {"answer": problem.answer, "parsed": parsed}
+        return (1.0 if correct else 0.0), {"answer": problem.answer, "parsed": parsed, "correct": correct}

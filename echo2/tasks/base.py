@@ -1,16 +1,33 @@
-"""The ``Task`` interface: what actors need to make prompts and score completions, and what the
-learner needs to evaluate."""
+"""The ``Task`` interface: what actors need to play episodes and score them, what the learner needs to
+re-derive and re-score them, and what evaluation needs.
+
+A task owns its episode. ``rollout_groups`` plays ``group_size`` episodes of each problem with a
+``Sampler`` (the actor's engine, or evaluation's greedy decoder) and returns them as token
+sequences: the prompt, then a completion in which ``completion_mask`` marks the tokens the policy
+produced (1) and the environment's text between its turns (0). The default here is single-turn:
+one sampled reply per episode, scored by ``reward``. A multi-turn task (poker) overrides
+``rollout_groups`` and ``score_episode``.
+
+The learner calls ``prompt_tokens(problem(prompt_id))`` to check that a rollout's prompt is one the
+task issued, and ``score_episode`` to re-score it from its tokens alone; an episode whose environment
+text is not what the task would have written raises ``ForgedEpisode``.
+"""
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 
 class UnknownProblem(ValueError):
     """A prompt id that the task never issues for training."""
+
+
+class ForgedEpisode(ValueError):
+    """An episode the task could not have produced: environment text it would not write, turns it would cut."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +40,37 @@ class Problem:
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+class Sample(Protocol):
+    """One generated continuation (``echo2.rollout.engine.Completion`` is one)."""
+
+    token_ids: list[int]
+    """Generated tokens, including the end-of-sequence token when one was produced."""
+    logprobs: list[float] | None
+    """Behavior log-probability of each token (None from a sampler that does not compute them)."""
+    finish_reason: str
+    """"stop" (end-of-sequence produced) or "length" (cut at the token limit)."""
+
+
+class Sampler(Protocol):
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[Sample]:
+        """One continuation of each prompt (token ids), at most ``max_new_tokens`` long."""
+
+
+@dataclass
+class Episode:
+    """One episode as token sequences: what a rollout row holds, without the file's bookkeeping."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_mask: list[int]
+    """1 = a token the policy produced, 0 = environment text."""
+    behavior_logprobs: list[float] | None
+    """Per completion token (0.0 on environment tokens); None when the sampler gave none."""
+    reward: float
+    reward_detail: dict[str, Any]
+    finish_reason: str
+
+
 class Task(ABC):
     name: str
     reward_range: tuple[float, float] = (0.0, 1.0)
@@ -31,6 +79,8 @@ class Task(ABC):
     """The learner can re-score a completion itself (cheaply) and rejects files whose rewards disagree."""
     max_env_tokens: int = 0
     """Environment tokens a multi-turn episode may add to a completion (completion_mask = 0)."""
+    headline: str = "accuracy"
+    """The evaluation metric a run's summary reports as ``eval_before`` / ``eval_after``."""
 
     @abstractmethod
     def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
@@ -50,7 +100,82 @@ class Task(ABC):
 
     @abstractmethod
     def reward(self, problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
-        """Verifiable reward of ``completion`` and a JSON-able detail of how it was judged."""
+        """Verifiable reward of a single-turn reply and a JSON-able detail of how it was judged."""
+
+    # -- episodes --------------------------------------------------------------------------
+    def prompt_tokens(self, tokenizer: Any, problem: Problem) -> list[int]:
+        """The tokens the policy is prompted with (the chat rendered with the model's template)."""
+        return prompt_token_ids(tokenizer, problem)
+
+    def rewards(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[tuple[float, dict[str, Any]]]:
+        """``reward`` of many replies at once (a task whose grader batches overrides it)."""
+        return [self.reward(p, c) for p, c in zip(problems, completions)]
+
+    def rollout_groups(self, sample: Sampler, tokenizer: Any, problems: Sequence[Problem], group_size: int,
+                       max_new_tokens: int) -> list[list[Episode]]:
+        """``group_size`` episodes of each problem. Single-turn: one reply each, all sampled in one call."""
+        prompts = [self.prompt_tokens(tokenizer, p) for p in problems]
+        flat = [prompt for prompt in prompts for _ in range(group_size)]
+        samples = sample(flat, max_new_tokens)
+        texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
+        scored = self.rewards([p for p in problems for _ in range(group_size)], texts)
+        episodes = [Episode(prompt_token_ids=prompt, completion_token_ids=list(s.token_ids),
+                            completion_mask=[1] * len(s.token_ids),
+                            behavior_logprobs=None if s.logprobs is None else list(s.logprobs),
+                            reward=reward, reward_detail=detail, finish_reason=s.finish_reason)
+                    for prompt, s, (reward, detail) in zip(flat, samples, scored)]
+        return [episodes[i * group_size:(i + 1) * group_size] for i in range(len(problems))]
+
+    def rollout_group(self, sample: Sampler, tokenizer: Any, problem: Problem, group_size: int,
+                      max_new_tokens: int) -> list[Episode]:
+        """The ``group_size`` episodes of one problem (GRPO's group)."""
+        return self.rollout_groups(sample, tokenizer, [problem], group_size, max_new_tokens)[0]
+
+    def score_episodes(self, tokenizer: Any, problems: Sequence[Problem], completions: Sequence[list[int]],
+                       masks: Sequence[list[int]], max_new_tokens: int) -> list[float]:
+        """The learner's re-scoring of episodes from their tokens (``max_new_tokens``: the run's
+        rollout.max_new_tokens). Single-turn: every completion token is the policy's (a 0 in the mask
+        would be environment text this task never writes) and the reward is ``reward`` of the decoded
+        reply. Raises ``ForgedEpisode``."""
+        for row, mask in enumerate(masks):
+            if any(m != 1 for m in mask):
+                raise ForgedEpisode(f"row {row}: completion_mask marks environment text, which a single-turn "
+                                    f"task never writes")
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        return [reward for reward, _ in self.rewards(problems, texts)]
+
+    # -- evaluation ------------------------------------------------------------------------
+    def evaluate(self, greedy: Sampler, sampled: Sampler | None, tokenizer: Any, *, k: int,
+                 max_new_tokens: int) -> dict[str, Any]:
+        """Metrics on the held-out set: ``pass_at_1`` from one greedy reply per problem and, with a
+        ``sampled`` sampler and k > 1, ``pass_at_k`` from k sampled replies (the unbiased estimator of
+        Chen et al. 2021 with n = k: solved by at least one of the k). ``accuracy`` = ``pass_at_1``."""
+        problems = self.eval_set()
+        greedy_groups = self.rollout_groups(greedy, tokenizer, problems, 1, max_new_tokens)
+        solved = [_correct(g[0]) for g in greedy_groups]
+        out: dict[str, Any] = {"n": len(problems), "pass_at_1": sum(solved) / len(problems)}
+        out["accuracy"] = out["pass_at_1"]
+        if sampled is not None and k > 1:
+            groups = self.rollout_groups(sampled, tokenizer, problems, k, max_new_tokens)
+            hits = [sum(_correct(e) for e in g) for g in groups]
+            out["pass_at_k"] = sum(pass_at_k(k, c, k) for c in hits) / len(problems)
+            out["k"] = k
+        out["samples"] = [{"problem": p.id, "completion": tokenizer.decode(g[0].completion_token_ids,
+                                                                           skip_special_tokens=True)}
+                          for p, g in list(zip(problems, greedy_groups))[:3]]
+        return out
+
+
+def _correct(episode: Episode) -> bool:
+    detail = episode.reward_detail
+    return bool(detail["correct"]) if "correct" in detail else episode.reward >= 1.0 - 1e-9
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def prompt_token_ids(tokenizer: Any, problem: Problem) -> list[int]:

@@ -1,0 +1,203 @@
+"""One hand of heads-up No-Limit Texas Hold'em on pokerkit, dealt from a seed, told as text.
+
+pokerkit owns the rules, the betting and the showdown; this module only deals, describes and
+parses. Deals are deterministic: ``deal(key)`` draws 9 cards (seat 0's hole cards, seat 1's, the
+board) with ``random.Random(key)``, and the cards are dealt explicitly (``deal_hole``, ``burn_card``,
+``deal_board``), never from pokerkit's shuffled deck. Heads-up with blinds (SB, BB): seat 0 posts
+the big blind, seat 1 the small blind and is the button (acts first before the flop, last after).
+
+Amounts in answers and in the text are "raise to": the player's total bet on this street.
+
+Answers (after the environment's answer prefix) are read by ``parse_action``: the reply must begin
+with one of ``fold``, ``check``, ``call``, ``raise N`` / ``bet N`` / ``raise to N`` (N = the total bet;
+no N = the minimum raise), or ``all in``; the rest of the reply is ignored. A reply that begins with
+none of them is malformed; a fold when checking is free, a check when facing a bet, or a raise
+outside [min, max] is illegal. Either way the hand goes on with the default action (check when
+free, else fold) and the caller counts it. ``call`` with nothing to call checks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+from pokerkit import Automation, Deck, NoLimitTexasHoldem
+
+_AUTOMATIONS = (Automation.ANTE_POSTING, Automation.BET_COLLECTION, Automation.BLIND_OR_STRADDLE_POSTING,
+                Automation.HOLE_CARDS_SHOWING_OR_MUCKING, Automation.HAND_KILLING, Automation.CHIPS_PUSHING,
+                Automation.CHIPS_PULLING)  # dealing and burning stay explicit: the deal is ours, seeded
+_ACTION = re.compile(r"\s*(?:(fold)|(check)|(call)|(all[\s-]?in)|(?:raise|bet)(?:\s+to)?(?:\s+(\d{1,7}))?)(?![a-z])",
+                     re.IGNORECASE)
+_STREET_OF_BOARD = {0: "Flop", 3: "Turn", 4: "River"}
+"""The street dealt next, by the number of board cards already out."""
+BIG_BLIND_SEAT, SMALL_BLIND_SEAT = 0, 1
+
+
+@dataclass(frozen=True)
+class Deal:
+    holes: tuple[str, str]
+    """Hole cards of seat 0 and seat 1, e.g. ('AsKs', '7c2d')."""
+    board: str
+    """The five board cards in dealing order, e.g. 'Ah7h2sKd3c'."""
+
+
+def deal(key: str) -> Deal:
+    cards = "".join(map(repr, random.Random(key).sample(list(Deck.STANDARD), 9)))
+    return Deal(holes=(cards[0:4], cards[4:8]), board=cards[8:])
+
+
+def spaced(cards: str) -> str:
+    """'AsKs' -> 'As Ks'."""
+    return " ".join(cards[i:i + 2] for i in range(0, len(cards), 2))
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    """"fold", "check_call" or "raise"."""
+    amount: int | None = None
+    """Raise-to amount for "raise"."""
+
+
+@dataclass(frozen=True)
+class Legal:
+    to_call: int
+    can_fold: bool
+    min_raise: int | None
+    """Smallest legal raise-to (None: no raise possible)."""
+    max_raise: int | None
+    verb: str = "raise"
+    """"bet" when nobody has bet on this street after the flop, else "raise" (the parser takes both)."""
+
+    def describe(self) -> str:
+        options = (["fold", "call"] if self.to_call else ["check"])
+        if self.min_raise is not None:
+            options.append(f"{self.verb} {self.min_raise}" if self.min_raise == self.max_raise
+                           else f"{self.verb} {self.min_raise}-{self.max_raise}")
+        return ", ".join(options)
+
+    def default(self) -> Action:
+        """What a malformed or illegal answer plays: check when free, else fold."""
+        return Action("fold") if self.to_call else Action("check_call")
+
+
+def parse_action(reply: str, legal: Legal) -> tuple[Action | None, str]:
+    """The action a reply names and whether it is legal: (action, "ok") or (None, "malformed"|"illegal")."""
+    m = _ACTION.match(reply)
+    if m is None:
+        return None, "malformed"
+    fold, check, call, all_in, amount = m.groups()
+    if fold:
+        return (Action("fold"), "ok") if legal.can_fold else (None, "illegal")
+    if check:
+        return (Action("check_call"), "ok") if legal.to_call == 0 else (None, "illegal")
+    if call:
+        return Action("check_call"), "ok"
+    if all_in:
+        return (Action("raise", legal.max_raise), "ok") if legal.max_raise is not None else (Action("check_call"), "ok")
+    if legal.min_raise is None:
+        return None, "illegal"
+    value = legal.min_raise if amount is None else int(amount)
+    if not legal.min_raise <= value <= legal.max_raise:
+        return None, "illegal"
+    return Action("raise", value), "ok"
+
+
+@dataclass
+class Hand:
+    """A hand in play. ``log[seat]`` collects what happened since that seat last decided, told to it."""
+
+    deal: Deal
+    starting_stack: int
+    small_blind: int
+    big_blind: int
+    state: object = field(init=False)
+    log: tuple[list[str], list[str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state = NoLimitTexasHoldem.create_state(
+            _AUTOMATIONS, True, 0, (self.small_blind, self.big_blind), self.big_blind, self.starting_stack, 2)
+        self.state.deal_hole(self.deal.holes[0])
+        self.state.deal_hole(self.deal.holes[1])
+        self.log = ([], [])
+        self._streets = iter((self.deal.board[:6], self.deal.board[6:8], self.deal.board[8:10]))
+        self._advance()
+
+    def _advance(self) -> None:
+        """Deal the board as the betting allows, until someone must act or the hand is over."""
+        s = self.state
+        while s.status and s.actor_index is None:
+            if s.can_burn_card():
+                s.burn_card("??")
+            elif s.can_deal_board():
+                street = _STREET_OF_BOARD[len(list(s.get_board_cards(0)))]  # after the river, the index is gone
+                cards = next(self._streets)
+                s.deal_board(cards)
+                line = f"{street}: {spaced(cards)}."
+                for seat_log in self.log:
+                    seat_log.append(line)
+            else:  # nothing to deal and nobody to act: pokerkit is finishing the hand
+                break
+
+    @property
+    def over(self) -> bool:
+        return not self.state.status
+
+    @property
+    def to_act(self) -> int | None:
+        return None if self.over else self.state.actor_index
+
+    def legal(self) -> Legal:
+        s = self.state
+        can_raise = s.can_complete_bet_or_raise_to()
+        to_call = s.checking_or_calling_amount or 0
+        return Legal(to_call=to_call, can_fold=s.can_fold(),
+                     min_raise=s.min_completion_betting_or_raising_to_amount if can_raise else None,
+                     max_raise=s.max_completion_betting_or_raising_to_amount if can_raise else None,
+                     verb="bet" if s.street_index and not any(s.bets) else "raise")
+
+    def play(self, action: Action) -> None:
+        """The player to act plays ``action`` (legal: parse_action checked it, or it is the default)."""
+        seat, s = self.to_act, self.state
+        to_call = s.checking_or_calling_amount or 0
+        verb = self.legal().verb
+        if action.kind == "fold":
+            s.fold()
+            said = "fold"
+        elif action.kind == "check_call":
+            s.check_or_call()
+            said = f"call {to_call}" if to_call else "check"
+        else:
+            s.complete_bet_or_raise_to(action.amount)
+            said = f"bet {action.amount}" if verb == "bet" else f"raise to {action.amount}"
+        self.log[seat].append(f"You {said}.")
+        self.log[1 - seat].append(f"Opponent {_third_person(said)}.")
+        self._advance()
+
+    def observation(self, seat: int) -> str:
+        """What ``seat`` is told when it must act: what happened since its last decision, then the state
+        (kept short: every environment token is prefilled again at every later decision)."""
+        s = self.state
+        board = list(s.get_board_cards(0))
+        lines = list(self.log[seat])
+        self.log[seat].clear()
+        legal = self.legal()
+        lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
+                     f"Pot {s.total_pot_amount}, to call {legal.to_call}. Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
+        lines.append(f"Legal: {legal.describe()}.")
+        return "\n".join(lines)
+
+    def opening(self, seat: int) -> str:
+        """The first line a seat reads in a hand."""
+        role = "small blind, first to act" if seat == SMALL_BLIND_SEAT else "big blind"
+        return f"Blinds {self.small_blind}/{self.big_blind}, stacks {self.starting_stack}. You: {role}."
+
+    def payoff(self, seat: int) -> int:
+        return int(self.state.payoffs[seat])
+
+
+def _third_person(said: str) -> str:
+    verb, _, rest = said.partition(" ")
+    verb = {"fold": "folds", "check": "checks", "call": "calls", "raise": "raises", "bet": "bets"}[verb]
+    return f"{verb} {rest}".strip()

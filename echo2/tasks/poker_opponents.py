@@ -1,0 +1,153 @@
+"""The poker task's opponents. Each is a deterministic function of the hand so far and the deal's key,
+so the learner replays an episode's opponent exactly (``poker.py``).
+
+- ``random``: a uniformly chosen kind of legal action (fold only when facing a bet; check/call;
+  raise), a raise size uniform between the minimum and a pot-sized raise, drawn from
+  ``random.Random(f"{key}:{operations so far}")``.
+- ``call_station``: always checks or calls.
+- ``equity``: hand strength against one random hand, estimated by Monte Carlo with a generator
+  seeded by the cards (pokerkit's ``StandardHighHand`` ranks the hands): raise the minimum above
+  ``raise_above``, check when free, call when the strength beats the pot odds, else fold. Estimates
+  are cached by cards, so the G episodes of a group pay for each street once.
+- ``checkpoint``: a frozen earlier policy (``from_pretrained`` folder) reads its own seat's
+  observation as a one-message chat (no history) and answers greedily; a malformed or illegal
+  answer plays the default action. Replies are cached by prompt. The learner loads the same folder
+  and replays it; greedy decoding on other hardware can, rarely, pick another token at a near tie,
+  and that episode's file is then quarantined.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+from pokerkit import Card, Deck, StandardHighHand
+
+from echo2.config import (CallStationOpponentConfig, CheckpointOpponentConfig, EquityOpponentConfig,
+                          OpponentConfig, RandomOpponentConfig)
+from echo2.tasks.poker_game import Action, Hand, parse_action
+
+
+class Opponent:
+    name: str
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        raise NotImplementedError
+
+
+class RandomOpponent(Opponent):
+    name = "random"
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        hand.log[seat].clear()
+        legal = hand.legal()
+        rng = random.Random(f"{key}:{len(hand.state.operations)}")
+        kinds = (["fold", "check_call"] if legal.can_fold else ["check_call"]) + (["raise"] if legal.min_raise else [])
+        kind = rng.choice(kinds)
+        if kind != "raise":
+            return Action(kind)
+        pot_sized = legal.min_raise + hand.state.total_pot_amount
+        return Action("raise", rng.randint(legal.min_raise, max(legal.min_raise, min(legal.max_raise, pot_sized))))
+
+
+class CallStation(Opponent):
+    name = "call_station"
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        hand.log[seat].clear()
+        return Action("check_call")
+
+
+@functools.lru_cache(maxsize=65536)
+def hand_strength(hole: str, board: str, samples: int) -> float:
+    """P(win) + P(tie)/2 of ``hole`` against one uniformly random hand, the board completed at random."""
+    hole_cards, board_cards = list(Card.parse(hole)), list(Card.parse(board))
+    rest = [c for c in Deck.STANDARD if c not in hole_cards and c not in board_cards]
+    rng = random.Random(f"strength:{hole}:{board}:{samples}")
+    score = 0.0
+    for _ in range(samples):
+        drawn = rng.sample(rest, 2 + 5 - len(board_cards))
+        full_board = board_cards + drawn[2:]
+        mine = StandardHighHand.from_game(hole_cards, full_board)
+        theirs = StandardHighHand.from_game(drawn[:2], full_board)
+        score += 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+    return score / samples
+
+
+class EquityPlayer(Opponent):
+    name = "equity"
+
+    def __init__(self, config: EquityOpponentConfig):
+        self.raise_above = config.raise_above
+        self.samples = config.samples
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        hand.log[seat].clear()
+        legal = hand.legal()
+        board = "".join(map(repr, hand.state.get_board_cards(0)))
+        strength = hand_strength(hand.deal.holes[seat], board, self.samples)
+        if strength > self.raise_above and legal.min_raise is not None:
+            return Action("raise", legal.min_raise)
+        if not legal.to_call:
+            return Action("check_call")
+        pot_odds = legal.to_call / (hand.state.total_pot_amount + legal.to_call)
+        return Action("check_call") if strength >= pot_odds else Action("fold")
+
+
+class FrozenPolicy(Opponent):
+    name = "checkpoint"
+
+    def __init__(self, config: CheckpointOpponentConfig, *, system: str, answer_prefix: str, max_tokens: int):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(config.path)
+        self.model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32).eval()
+        self.system, self.answer_prefix, self.max_tokens = system, answer_prefix, max_tokens
+        self._replies: dict[str, str] = {}
+
+    def reply(self, text: str) -> str:
+        import torch
+
+        if text not in self._replies:
+            messages = [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
+            prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = self.tokenizer(prompt + self.answer_prefix, add_special_tokens=False, return_tensors="pt").input_ids
+            eos = self.tokenizer.eos_token_id
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                          max_new_tokens=self.max_tokens, eos_token_id=eos,
+                                          pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id
+                                          is not None else eos)
+            if len(self._replies) > 65536:
+                self._replies.clear()
+            self._replies[text] = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        return self._replies[text]
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        text = f"{hand.opening(seat)}\n{hand.observation(seat)}"
+        legal = hand.legal()
+        action, _ = parse_action(self.reply(text), legal)
+        return action if action is not None else legal.default()
+
+
+def make_opponent(config: OpponentConfig, *, system: str, answer_prefix: str, max_tokens: int) -> Opponent:
+    if isinstance(config, RandomOpponentConfig):
+        return RandomOpponent()
+    if isinstance(config, CallStationOpponentConfig):
+        return CallStation()
+    if isinstance(config, EquityOpponentConfig):
+        return EquityPlayer(config)
+    if isinstance(config, CheckpointOpponentConfig):
+        return FrozenPolicy(config, system=system, answer_prefix=answer_prefix, max_tokens=max_tokens)
+    raise ValueError(f"unknown opponent {config!r}")
+
+
+def opponent_names(configs: list[Any]) -> list[str]:
+    """Names for reports: the kind, numbered when a kind appears twice (``equity``, ``equity-2``)."""
+    names, seen = [], {}
+    for c in configs:
+        seen[c.kind] = seen.get(c.kind, 0) + 1
+        names.append(c.kind if seen[c.kind] == 1 else f"{c.kind}-{seen[c.kind]}")
+    return names

@@ -1,0 +1,53 @@
+"""``echo2 eval``: held-out metrics of a model folder or of a run's checkpoint, as JSON."""
+
+import json
+
+import torch
+from typer.testing import CliRunner
+
+from echo2.cli import app
+from echo2.data import layout
+from echo2.data.store import open_store
+from echo2.data.weights import model_files, write_weights
+
+
+def _checkpoint(tmp_path, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from echo2.data.weights import unique_state_dict
+
+    run = tmp_path / "runs" / "r1"
+    store = open_store(str(run))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    write_weights(store, layout.checkpoint_dir(3), unique_state_dict(model), extra_files=model_files(tiny_model),
+                  shard_mb=64, meta={"step": 3})
+    return run / layout.checkpoint_dir(3)
+
+
+def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_model):
+    ckpt = _checkpoint(tmp_path, tiny_model)
+    result = CliRunner().invoke(app, ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=6",
+                                      "--set", "eval.k=3", "--set", "eval.max_new_tokens=4", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["task"] == "arithmetic" and out["n"] == 6 and out["k"] == 3
+    assert 0.0 <= out["pass_at_1"] <= 1.0 and 0.0 <= out["pass_at_k"] <= 1.0
+    assert out["score"] == out["pass_at_1"]
+
+
+def test_eval_of_poker_reports_bb_per_100_per_opponent(tmp_path, tiny_model):
+    result = CliRunner().invoke(app, ["eval", str(tiny_model), "--task", "poker", "--set", "task.eval_deals=2",
+                                      "--set", "task.starting_stack=20", "--set", "eval.max_new_tokens=6", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out["opponents"]) == {"random", "call_station", "equity"}
+    for o in out["opponents"].values():
+        assert o["hands"] == 4 and o["ci95_low"] <= o["bb_per_100"] <= o["ci95_high"]
+    assert 0.0 <= out["illegal_action_rate"] <= 1.0 and out["metric"] == "bb_per_100"
+
+
+def test_eval_bad_input_is_one_line(tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "runs" / "r1" / "checkpoints" / "step-000009"),
+                                      "--task", "math"])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "error:" in result.output

@@ -1,0 +1,200 @@
+"""The poker task: action parsing, hands against every opponent, the completion mask, the learner's
+replay, and duplicate evaluation."""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from transformers import AutoTokenizer
+
+from echo2.config import load_config
+from echo2.tasks import ForgedEpisode, UnknownProblem, make_task
+from echo2.tasks.poker import _Episode
+from echo2.tasks.poker_game import Action, Hand, Legal, deal, parse_action
+
+FACING = Legal(to_call=2, can_fold=True, min_raise=8, max_raise=40)
+FREE = Legal(to_call=0, can_fold=False, min_raise=2, max_raise=38, verb="bet")
+
+
+def test_replies_are_parsed_into_legal_actions_or_counted():
+    assert parse_action(" call 1.", FACING) == (Action("check_call"), "ok")
+    assert parse_action(" raise 12 because", FACING) == (Action("raise", 12), "ok")
+    assert parse_action(" Raise to 8", FACING) == (Action("raise", 8), "ok")
+    assert parse_action(" raise", FACING) == (Action("raise", 8), "ok")  # no amount: the minimum
+    assert parse_action(" all-in!", FACING) == (Action("raise", 40), "ok")
+    assert parse_action(" fold", FACING) == (Action("fold"), "ok")
+    assert parse_action(" bet 5", FREE) == (Action("raise", 5), "ok")
+    assert parse_action(" call", FREE) == (Action("check_call"), "ok")  # nothing to call: a check
+    assert parse_action(" raise 4", FACING) == (None, "illegal")  # under the minimum
+    assert parse_action(" raise 41", FACING) == (None, "illegal")
+    assert parse_action(" check", FACING) == (None, "illegal")
+    assert parse_action(" fold", FREE) == (None, "illegal")  # folding when checking is free
+    assert parse_action(" I think I call", FACING) == (None, "malformed")  # the action must come first
+    assert parse_action(" folding", FACING) == (None, "malformed")
+    assert FACING.default() == Action("fold") and FREE.default() == Action("check_call")
+    assert FREE.describe() == "check, bet 2-38" and FACING.describe() == "fold, call, raise 8-40"
+
+
+def test_an_all_in_runs_the_board_out_and_settles():
+    h = Hand(deal("all-in"), 40, 1, 2)
+    h.play(parse_action(" all in", h.legal())[0])  # the small blind shoves, the big blind calls
+    h.play(Action("check_call"))
+    assert h.over and sum(h.state.stacks) == 80 and sum(h.state.payoffs) == 0
+    assert [line.split(":")[0] for line in h.log[0] if ":" in line] == ["Flop", "Turn", "River"]
+
+
+def test_deals_are_seeded_and_distinct():
+    d = deal("k")
+    assert d == deal("k") and d != deal("k2")
+    cards = d.holes[0] + d.holes[1] + d.board
+    assert len({cards[i:i + 2] for i in range(0, 18, 2)}) == 9
+
+
+def _task(tmp_path=None, **fields):
+    overrides = ["task.name=poker", "task.starting_stack=40", "task.eval_deals=3"]
+    overrides += [f"task.{k}={v}" for k, v in fields.items()]
+    return make_task(load_config(None, overrides).task)
+
+
+@dataclass
+class Reply:
+    token_ids: list
+    logprobs: list
+    finish_reason: str
+
+
+class ScriptedSampler:
+    """Replies chosen by a seeded generator among legal, illegal and malformed answers; records what it sampled."""
+
+    def __init__(self, tokenizer, seed=0, replies=(" call", " raise 8", " check", " fold", " all in", " hmm")):
+        self.tok, self.rng, self.replies = tokenizer, random.Random(seed), replies
+        self.sampled: list[list[int]] = []
+
+    def __call__(self, prompts, max_new_tokens):
+        out = []
+        for _ in prompts:
+            ids = self.tok(self.rng.choice(self.replies), add_special_tokens=False)["input_ids"][:max_new_tokens]
+            if len(ids) < max_new_tokens:
+                ids.append(self.tok.eos_token_id)
+            self.sampled.append(ids)
+            out.append(Reply(ids, [-0.25] * len(ids), "stop"))
+        return out
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.mark.parametrize("opponent", ["random", "call_station", "equity", "checkpoint"])
+def test_a_hand_against_each_opponent_ends_with_stacks_that_sum(opponent, tiny_model, tok):
+    spec = f"{{kind: {opponent}, path: {tiny_model}}}" if opponent == "checkpoint" else f"{{kind: {opponent}}}"
+    task = _task(opponents=f"[{spec}]", max_decisions=6)
+    sampler = ScriptedSampler(tok)
+    problems = task.sample_train(random.Random(3), 3)
+    groups = task.rollout_groups(sampler, tok, problems, 3, 30)
+    for problem, group in zip(problems, groups):
+        for e in group:
+            d = e.reward_detail
+            assert d["opponent"] == opponent
+            hand = _played(task, tok, problem, e, 30).hand
+            assert hand.over and sum(hand.state.stacks) == 2 * 40 and sum(hand.state.payoffs) == 0
+            assert hand.payoff(problem.meta["seat"]) == d["chips"] and -40 <= d["chips"] <= 40
+            assert e.reward == pytest.approx(d["bb"] - d["illegal"])
+
+
+def _played(task, tok, problem, episode, budget):
+    """The hand of ``episode`` played again from its policy tokens, to its end."""
+    runs, current = [], []
+    for token, m in zip(episode.completion_token_ids, episode.completion_mask):
+        if m:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    runs += [current] if current else []
+    played, spent = _Episode(task, problem.meta), 0
+    for reply in runs:
+        assert played.next_turn(budget - spent) is not None
+        played.play_reply(tok.decode(reply, skip_special_tokens=True))
+        spent += len(reply)
+    assert played.next_turn(budget - spent) is None
+    return played
+
+
+def test_the_completion_mask_covers_exactly_the_policys_tokens(tok):
+    task = _task(max_decisions=5)
+    sampler = ScriptedSampler(tok, replies=(" call", " check", " raise 8"))
+    problems = task.sample_train(random.Random(5), 4)
+    groups = task.rollout_groups(sampler, tok, problems, 2, 40)
+    episodes = [e for g in groups for e in g]
+    policy = [t for e in episodes for t, m in zip(e.completion_token_ids, e.completion_mask) if m == 1]
+    assert sorted(policy) == sorted(t for s in sampler.sampled for t in s)
+    assert sum(sum(e.completion_mask) for e in episodes) == sum(len(s) for s in sampler.sampled)
+    multi = [e for e in episodes if 0 in e.completion_mask]
+    assert multi, "some hand must go past the first decision"
+    for e in multi:
+        env = [t for t, m in zip(e.completion_token_ids, e.completion_mask) if m == 0]
+        assert "Cards:" in tok.decode(env) and "My action:" in tok.decode(env)
+        assert all(lp == 0.0 for lp, m in zip(e.behavior_logprobs, e.completion_mask) if m == 0)
+        assert all(lp == -0.25 for lp, m in zip(e.behavior_logprobs, e.completion_mask) if m == 1)
+        assert e.completion_mask[0] == 1 and e.completion_mask[-1] == 1
+
+
+def test_a_group_shares_its_deal_and_the_learner_replays_every_episode(tok):
+    task = _task(max_decisions=4)
+    problems = task.sample_train(random.Random(7), 3)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=1), tok, problems, 4, 20)
+    for problem, group in zip(problems, groups):
+        assert len({tuple(e.prompt_token_ids) for e in group}) == 1  # one deal, one prompt
+        issued = task.problem(problem.id)
+        assert task.prompt_tokens(tok, issued) == group[0].prompt_token_ids
+        scores = task.score_episodes(tok, [issued] * len(group), [e.completion_token_ids for e in group],
+                                     [e.completion_mask for e in group], 20)
+        assert scores == pytest.approx([e.reward for e in group])
+
+
+def test_forged_episodes_are_refused_by_the_replay(tok):
+    task = _task(max_decisions=4)
+    problems = task.sample_train(random.Random(11), 6)
+    groups = task.rollout_groups(ScriptedSampler(tok, replies=(" call",)), tok, problems, 1, 20)
+    problem, e = next((p, g[0]) for p, g in zip(problems, groups) if 0 in g[0].completion_mask)
+    start = e.completion_mask.index(0)
+
+    def score(completion, mask):
+        return task.score_episodes(tok, [problem], [completion], [mask], 20)[0]
+
+    forged_text = tok(" Opponent folds.", add_special_tokens=False)["input_ids"]
+    injected = e.completion_token_ids[:start] + forged_text + e.completion_token_ids[start + len(forged_text):]
+    with pytest.raises(ForgedEpisode, match="environment text"):
+        score(injected, e.completion_mask)
+    relabelled = list(e.completion_mask)
+    relabelled[start] = 1  # claim an environment token as the policy's
+    with pytest.raises(ForgedEpisode):
+        score(e.completion_token_ids, relabelled)
+    with pytest.raises(ForgedEpisode, match="not one the engine stops at"):  # a longer last reply
+        score(e.completion_token_ids + [5], e.completion_mask + [1])
+    with pytest.raises(ForgedEpisode, match="follow the end"):  # text after the hand is over
+        score(e.completion_token_ids + [5], e.completion_mask + [0])
+    env_end = e.completion_mask.index(1, start)  # the environment's text, then the reply is cut off
+    with pytest.raises(ForgedEpisode, match="no reply"):
+        score(e.completion_token_ids[:env_end], e.completion_mask[:env_end])
+    with pytest.raises(UnknownProblem):
+        task.problem("eval-call_station-0-0")
+
+
+def test_evaluation_plays_duplicate_deals_against_each_opponent(tok):
+    task = _task(eval_opponents="[call_station, random]")
+    problems = task.eval_set()
+    assert len(problems) == 2 * 3 * 2
+    keys = [(p.meta["opponent"], p.meta["key"]) for p in problems]
+    assert all(keys.count(k) == 2 for k in keys)  # each deal twice per opponent...
+    assert {p.meta["seat"] for p in problems if p.meta["key"] == problems[0].meta["key"]} == {0, 1}  # ...seats swapped
+    result = task.evaluate(ScriptedSampler(tok, replies=(" call",)), None, tok, k=1, max_new_tokens=48)
+    assert set(result["opponents"]) == {"call_station", "random"}
+    # calling every street against a call-station: both seats see the same showdown, so each deal nets 0
+    cs = result["opponents"]["call_station"]
+    assert cs["bb_per_100"] == 0.0 and cs["illegal_action_rate"] == 0.0 and cs["hands"] == 6
+    assert result["illegal_action_rate"] == 0.0
+    folds = task.evaluate(ScriptedSampler(tok, replies=(" nonsense",)), None, tok, k=1, max_new_tokens=20)
+    assert folds["illegal_action_rate"] == 1.0 and folds["opponents"]["call_station"]["bb_per_100"] < 0
