@@ -145,3 +145,36 @@ def test_the_same_content_under_two_names_is_used_once(tmp_path):
     assert [u["key"] for u in sel.used] == [fresh]
     assert [(d["key"], d["reason"].split(":")[0]) for d in sel.dropped] == [(copy, "duplicate"), (later_copy, "duplicate")]
     assert store.get_json(layout.consumed_key(2))["used"][0]["sha256"] == sel.dropped[0]["sha256"]
+
+
+def test_a_poll_lists_only_the_version_folders_a_step_can_use(tmp_path):
+    """Collect time must not grow with the files older versions hold (chaos issue, load scenario)."""
+    from echo2.learner.collector import FULL_SWEEP_EVERY
+
+    class Counting:  # the real store, with every listing's prefix counted
+        def __init__(self, store):
+            self.store, self.prefixes = store, []
+
+        def list(self, prefix=""):
+            self.prefixes.append(prefix)
+            return self.store.list(prefix)
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+    store = open_store(str(tmp_path))
+    for v in range(6):  # versions 0..5 hold 10 files each; the run is at version 8 with S = 1
+        for seq in range(10):
+            commit_rollouts(store, v, seq)
+    counting = Counting(store)
+    collector = _collector(counting, groups_per_step=2)
+    for step, t in enumerate((6, 7, 8), start=1):
+        commit_rollouts(store, t, 0)
+        counting.prefixes.clear()
+        collector.settle(collector.collect(step=step, learner_version=t, timeout_s=5))
+        listed = {p for p in counting.prefixes if p.startswith(layout.ROLLOUTS) and p != layout.ROLLOUTS}
+        if step == 1:  # the first collection sweeps every folder once: the 60 old files are dropped as stale
+            assert len(listed) == 7
+        else:  # then only the window t - S .. newest (plus the folders that just fell out of it)
+            assert listed <= {f"{layout.ROLLOUTS}{layout.version_name(v)}/" for v in range(t - 2, t + 1)}, listed
+    assert FULL_SWEEP_EVERY > 3

@@ -270,6 +270,17 @@ class FsspecStore(ObjectStore):
         keys = [self._key(p) for p in found]
         return sorted(k for k in keys if _TMP_MARK not in k.rsplit("/", 1)[-1])
 
+    @_retry
+    def list_folders(self, prefix: str) -> list[str]:
+        path = self._path(prefix).rstrip("/")
+        self.fs.invalidate_cache(path)
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                      if e.get("type") == "directory" or e.get("type") == "DIRECTORY")
+
     def check(self) -> None:
         """Raise ``StoreError`` when the store cannot be listed (unreachable, no bucket, no permission).
 

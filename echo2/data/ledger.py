@@ -38,16 +38,18 @@ def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int 
     """Committed rollout files that no step has settled, as (version, key), oldest version first.
 
     The one listing of the backlog, shared by the collector (which also drops the stale ones) and
-    the actors' flow control (which counts only those of ``oldest_version`` or newer).
+    the actors' flow control (which counts only those of ``oldest_version`` or newer). Only the
+    version folders from ``oldest_version`` on are listed (one request for the folder names, one per
+    folder), so a poll costs the same however many files older versions hold.
     """
     out = []
-    for key in store.list(layout.ROLLOUTS):
-        if key in settled:
-            continue
-        v = layout.version_of_rollout_key(key)
+    for name in store.list_folders(layout.ROLLOUTS):
+        v = layout.parse_version_dir(name)
         if v is None or (oldest_version is not None and v < oldest_version):
             continue
-        out.append((v, key))
+        for key in store.list(f"{layout.ROLLOUTS}{name}/"):
+            if key not in settled and layout.version_of_rollout_key(key) == v:
+                out.append((v, key))
     return sorted(out)
 
 

@@ -58,6 +58,10 @@ class ObjectStore(ABC):
     def list(self, prefix: str = "") -> list[str]:
         """All committed keys under ``prefix`` (recursive), sorted, relative to the root."""
 
+    def list_folders(self, prefix: str) -> list[str]:
+        """Names of the folders directly under ``prefix`` (one listing request, not one per file below)."""
+        return sorted({k[len(prefix):].split("/", 1)[0] for k in self.list(prefix) if "/" in k[len(prefix):]})
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove an object (garbage collection of superseded versions); absent keys are ignored."""

@@ -8,6 +8,10 @@ At learner version t, a committed rollout file of policy version v is
   from the task and re-scores verifiable rewards (``verify.py``);
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
+A poll lists only the version folders a step can still use (and, once, the ones that just fell out of
+the window), plus every folder at every ``FULL_SWEEP_EVERY``-th collection: its cost does not grow with
+the files older versions hold.
+
 The ledger entry of a step is written when its files are chosen (before training), so actors see
 at once that the backlog shrank. The files stay "in flight" until the step completes
 (``settle``): the checkpoint records only what completed steps settled, so a learner killed
@@ -30,6 +34,10 @@ from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, de
 from echo2.data.store import NotFound, ObjectStore
 
 log = logging.getLogger("echo2.learner")
+
+
+FULL_SWEEP_EVERY = 16
+"""Every this many collections, every version folder is listed again (late files into old folders)."""
 
 
 class NoRollouts(TimeoutError):
@@ -81,6 +89,10 @@ class RolloutCollector:
         """Content hashes of the files completed steps used."""
         self.in_flight: set[str] = set()
         """Keys chosen by a step that has not completed yet (never chosen twice, not yet checkpointed)."""
+        self._listed_from: int | None = None
+        """The oldest version folder a poll still lists: folders older than the staleness window are swept
+        once (their files dropped as stale), then left to the periodic full sweep (``FULL_SWEEP_EVERY``)."""
+        self._collections = 0
         # files quarantined by a step that never completed (the learner was killed): their ledger
         # entry went to orphaned/, so the next entry records them again from quarantine/'s reasons
         self._unrecorded: list[dict] = self._quarantined_unsettled()
@@ -130,9 +142,12 @@ class RolloutCollector:
         deadline = time.time() + timeout_s
         taken: set[str] = set()
         hashes: set[str] = set()
+        self._collections += 1
+        # a file a slow actor commits late into an old folder is found by the next full sweep (or at the end)
+        oldest = None if self._collections % FULL_SWEEP_EVERY == 1 else self._listed_from
         while sel.groups < self.groups_per_step:
             progressed = False
-            for version, key in pending_rollouts(self.store, self.settled | self.in_flight | taken):
+            for version, key in pending_rollouts(self.store, self.settled | self.in_flight | taken, oldest):
                 if sel.groups >= self.groups_per_step:
                     break
                 progressed = True
@@ -172,6 +187,7 @@ class RolloutCollector:
             if not progressed:
                 time.sleep(poll_s)
         write_consumed(self.store, step, sel.ledger_record())
+        self._listed_from = max(0, learner_version - self.staleness)  # what is older was swept by this collection
         failpoint("step")
         self._unrecorded = []
         sel.waited_s = time.time() - started
