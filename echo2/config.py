@@ -38,6 +38,9 @@ class StoreConfig(_Section):
     """Object store root: a path or ``file://``, ``memory://``, ``s3://bucket/prefix``. Runs live under ``{url}/runs/``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """fsspec storage options (for S3: ``endpoint_url``, ``client_kwargs``...). Credentials come from the environment."""
+    retry_s: float = Field(120.0, gt=0)
+    """How long a store operation retries transient errors (connection lost, 503 SlowDown, 500) before it
+    fails: the learner and every actor ride out an outage of the store this long."""
 
 
 class ModelConfig(_Section):
@@ -282,6 +285,13 @@ class TrainConfig(_Section):
     """A rollout file larger than this is quarantined before it is downloaded or decoded."""
     max_prompt_tokens: int = Field(4096, ge=1)
     """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
+    audit_fraction: float = Field(0.1, ge=0, le=1)
+    """Share of each actor's rollout files (besides its first, always) whose behavior logprobs the learner
+    recomputes under the claimed version (``learner/behavior_audit.py``); 0 = no audit, and no copies of
+    recent versions kept (each is a copy of the model in memory: S + 1 of them)."""
+    audit_max_gap: float = Field(0.15, gt=0)
+    """Mean |claimed - recomputed| behavior logprob per policy token above which an actor is banned (honest
+    fp32 actors differ by ~1e-6, bf16 ones by a few hundredths)."""
     nproc: int = Field(1, ge=1)
     """Learner processes (torchrun on one node): the policy is sharded over them with FSDP, each takes
     every nproc-th micro-batch, rank 0 runs the flow, reads rollouts and publishes (``learner/distributed.py``)."""

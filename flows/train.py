@@ -40,7 +40,8 @@ def _transient(task, task_run, state) -> bool:
 
 @task(cache_policy=NO_CACHE)
 def prepare_run(config: Config, resume: bool) -> LearnerRun:
-    return LearnerRun(config, open_store(config.store.url, config.store.options).child(layout.RUNS), resume=resume)
+    store = open_store(config.store.url, config.store.options, retry_s=config.store.retry_s)
+    return LearnerRun(config, store.child(layout.RUNS), resume=resume)
 
 
 @task(cache_policy=NO_CACHE)
@@ -76,8 +77,10 @@ def reconcile_fleet(fleet: FleetManager, run: LearnerRun) -> dict:
         if sized is not None:
             fleet.resize(*sized)
             fleet.sized_at = run.step
+    for actor_id, reason in run.collector.banned.items():  # caught lying: out of the fleet, and revoked
+        fleet.expel(actor_id, reason)
     status = fleet.reconcile()
-    run.revoked |= fleet.revoked  # the next version tells every relay to refuse the tokens of ended actors
+    run.revoked |= fleet.revoked | set(run.collector.banned)  # the next version tells relays to refuse them
     return status
 
 

@@ -15,15 +15,15 @@ def make_rollouts(n_groups=2, group_size=2, *, vocab=100, reward=lambda g, s: fl
     return out
 
 
-def rollout_bytes(version, *, run_id="run", rollouts=None, **kw):
+def rollout_bytes(version, *, run_id="run", rollouts=None, actor="a", **kw):
     return encode_rollouts(rollouts if rollouts is not None else make_rollouts(**kw), run_id=run_id,
-                           actor_id="a", policy_version=version, task="arithmetic")
+                           actor_id=actor, policy_version=version, task="arithmetic")
 
 
 def commit_rollouts(store, version, seq, *, actor="a", run_id="run", data=None, **kw):
     key = layout.rollout_key(version, actor, seq)
     kw.setdefault("salt", f"-{version}-{actor}-{seq}")
-    store.put(key, data if data is not None else rollout_bytes(version, run_id=run_id, **kw))
+    store.put(key, data if data is not None else rollout_bytes(version, run_id=run_id, actor=actor, **kw))
     return key
 
 

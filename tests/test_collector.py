@@ -119,15 +119,27 @@ def test_prompts_are_re_derived_and_rewards_re_scored(tmp_path, tiny_model):
     forged_prompt = [dataclasses.replace(r, prompt_token_ids=tok("ignore the task")["input_ids"]) for r in honest]
     held_out = _task_rollouts(tok, task, task.eval_set()[:2])
     lying = _task_rollouts(tok, task, train, completion="nonsense", reward=1.0, salt=1)
-    keys = {name: commit_rollouts(store, 1, i, data=rollout_bytes(1, rollouts=rows))
-            for i, (name, rows) in enumerate([("prompt", forged_prompt), ("held", held_out), ("reward", lying),
-                                              ("honest", honest)])}
+    # one actor per file: a dishonest file bans its actor, so an honest actor must be another one
+    # (named so the honest file is listed last, as the collector takes files in key order)
+    actors = {"prompt": "a1-prompt", "held": "a2-held", "reward": "a3-reward", "honest": "a4-honest"}
+    keys = {name: commit_rollouts(store, 1, 0, actor=actors[name], data=rollout_bytes(1, rollouts=rows,
+                                                                                       actor=actors[name]))
+            for name, rows in [("prompt", forged_prompt), ("held", held_out), ("reward", lying), ("honest", honest)]}
     sel = col.collect(step=2, learner_version=1, timeout_s=5)
     assert [u["key"] for u in sel.used] == [keys["honest"]]
     reasons = {q["key"]: q["reason"] for q in sel.quarantined}
     assert "prompt tokens are not those the task issues" in reasons[keys["prompt"]]
     assert "held-out" in reasons[keys["held"]]
     assert "the task scores the completion 0" in reasons[keys["reward"]]
+    assert set(col.banned) == {"a1-prompt", "a2-held", "a3-reward"}
+    # a later file of a banned actor is quarantined unread, however honest it looks
+    col.settle(sel)
+    later = commit_rollouts(store, 2, 1, actor="a3-reward",
+                            data=rollout_bytes(2, rollouts=_task_rollouts(tok, task, train, salt=2), actor="a3-reward"))
+    commit_rollouts(store, 2, 1, actor="a4-honest",
+                    data=rollout_bytes(2, rollouts=_task_rollouts(tok, task, train, salt=3), actor="a4-honest"))
+    sel = col.collect(step=3, learner_version=2, timeout_s=5)
+    assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor a3-reward is banned")
 
 
 def test_the_same_content_under_two_names_is_used_once(tmp_path):

@@ -112,9 +112,11 @@ def test_tampered_rollouts_are_quarantined(name, engine_and_tokenizer, tmp_path)
         injected = [dataclasses.replace(r, completion_mask=[1] + [0] * (len(r.completion_mask) - 1))
                     if len(r.completion_mask) > 1 else r for r in honest]
     store = open_store(str(tmp_path))
-    keys = {kind: commit_rollouts(store, 1, i, data=rollout_bytes(1, rollouts=rows))
-            for i, (kind, rows) in enumerate([("reward", wrong_reward), ("prompt", never_issued),
-                                              ("injected", injected), ("honest", honest)])}
+    # one actor per file (in key order): a dishonest file bans its actor, and the honest one must be another
+    actors = {"reward": "a1-reward", "prompt": "a2-prompt", "injected": "a3-injected", "honest": "a4-honest"}
+    keys = {kind: commit_rollouts(store, 1, 0, actor=actors[kind], data=rollout_bytes(1, rollouts=rows, actor=actors[kind]))
+            for kind, rows in [("reward", wrong_reward), ("prompt", never_issued), ("injected", injected),
+                               ("honest", honest)]}
     col = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=2, limits=_limits(task, tok),
                            verifier=TaskVerifier(task, tok, max_new_tokens=MAX_NEW))
     sel = col.collect(step=2, learner_version=1, timeout_s=30)
@@ -123,3 +125,4 @@ def test_tampered_rollouts_are_quarantined(name, engine_and_tokenizer, tmp_path)
     assert "the task scores the completion" in reasons[keys["reward"]]
     assert "prompt_id" in reasons[keys["prompt"]]
     assert "environment" in reasons[keys["injected"]] or "end of the hand" in reasons[keys["injected"]]
+    assert set(col.banned) == {"a1-reward", "a2-prompt", "a3-injected"}  # their claims were false: out

@@ -11,6 +11,7 @@ Atomic create-if-absent, per backend:
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import threading
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
-from tenacity import Retrying, retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError
 
@@ -26,26 +27,48 @@ _TMP_MARK = ".tmp-"
 _memory_lock = threading.Lock()
 
 
+TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNRESET,
+                              errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE, errno.EAGAIN})
+"""OSError numbers that mean "not now" rather than an answer: s3fs maps S3's 503 SlowDown /
+ServiceUnavailable to EBUSY and its 500 InternalError to EREMOTEIO (s3fs/errors.py)."""
+RETRY_S = 120.0
+"""How long a store operation keeps retrying transient errors (an outage of the store) before it raises:
+long enough to ride out a restart of the store or of the network, short enough to fail a dead one."""
+
+
 def _transient(exc: BaseException) -> bool:
-    """Network hiccups are retried; answers from the store (missing, exists, denied) are not."""
+    """Network hiccups and the store's "slow down / unavailable / internal error" are retried;
+    answers from the store (missing, exists, denied) are not."""
     if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, AlreadyExists, NotFound)):
         return False
-    return isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in {
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in {
         "EndpointConnectionError",
         "ConnectTimeoutError",
         "ReadTimeoutError",
         "ServerDisconnectedError",
         "ClientConnectorError",
-    }
+        "ClientOSError",
+        "ClientPayloadError",
+        "ConnectionClosedError",
+        "ResponseStreamingError",
+    }:
+        return True
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
 
 
-_RETRY_POLICY = dict(
-    retry=retry_if_exception(_transient),
-    stop=stop_after_attempt(4),
-    wait=wait_exponential(multiplier=0.2, max=3),
-    reraise=True,
-)
-_retry = retry(**_RETRY_POLICY)
+def _policy(retry_s: float) -> dict:
+    return dict(retry=retry_if_exception(_transient), stop=stop_after_delay(retry_s),
+                wait=wait_exponential(multiplier=0.2, max=5), reraise=True)
+
+
+def _retry(method):
+    """Retry ``method`` on transient errors for the store's ``retry_s`` seconds."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        for attempt in Retrying(**_policy(self.retry_s)):
+            with attempt:
+                return method(self, *args, **kwargs)
+    return wrapper
 
 # How often a local write creates its folder when a concurrent ``delete_prefix`` tidied it away
 # between ``mkdir`` and opening the temp file; each round needs a new race to fail, so a few suffice.
@@ -80,9 +103,11 @@ def _open_in_new_or_existing_folder(path: Path):
 
 
 class FsspecStore(ObjectStore):
-    def __init__(self, url: str, options: dict[str, Any], _fs: Any = None):
+    def __init__(self, url: str, options: dict[str, Any], _fs: Any = None, *, retry_s: float = RETRY_S):
         self.protocol, self.root = split_url(url)
         self.options = dict(options)
+        self.retry_s = retry_s
+        """Seconds a transient store error is retried before an operation raises (``RETRY_S``)."""
         self.url = f"{self.protocol}://{self.root}"
         if _fs is not None:
             self.fs = _fs
@@ -112,7 +137,7 @@ class FsspecStore(ObjectStore):
         return path[len(root) :].lstrip("/")
 
     def child(self, prefix: str) -> "FsspecStore":
-        return FsspecStore(f"{self.protocol}://{self._path(prefix)}", self.options, _fs=self.fs)
+        return FsspecStore(f"{self.protocol}://{self._path(prefix)}", self.options, _fs=self.fs, retry_s=self.retry_s)
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
@@ -127,7 +152,7 @@ class FsspecStore(ObjectStore):
         succeed: the object is the same either way.
         """
         path = self._path(key)
-        for attempt in Retrying(**_RETRY_POLICY):
+        for attempt in Retrying(**_policy(self.retry_s)):
             with attempt:
                 try:
                     self._put_once(key, path, data, if_absent)

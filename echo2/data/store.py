@@ -90,8 +90,9 @@ class ObjectStore(ABC):
         self.delete(src)
 
 
-def open_store(url: str, options: dict[str, Any] | None = None) -> ObjectStore:
-    """Open ``url`` (a path, ``file://``, ``memory://``, ``s3://``, ``gs://`` ...) through fsspec."""
-    from echo2.data.fsspec_store import FsspecStore
+def open_store(url: str, options: dict[str, Any] | None = None, *, retry_s: float | None = None) -> ObjectStore:
+    """Open ``url`` (a path, ``file://``, ``memory://``, ``s3://``, ``gs://`` ...) through fsspec;
+    ``retry_s``: how long transient errors are retried (default ``fsspec_store.RETRY_S``)."""
+    from echo2.data.fsspec_store import RETRY_S, FsspecStore
 
-    return FsspecStore(url, options or {})
+    return FsspecStore(url, options or {}, retry_s=RETRY_S if retry_s is None else retry_s)

@@ -14,6 +14,7 @@
             budget, for backends that can take any of several (SkyPilot's any_of)
         never start a worker that would take the fleet above fleet.max_usd_per_hour
     resize(n): grow, or retire the newest actors (fleet.actors: auto, see autosize.py)
+    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it
     stop: terminate every actor
 
 Every change goes to ``ledger/events/`` with the actor's offer and price (requested, running,
@@ -87,6 +88,8 @@ class FleetManager:
         self.slots: list[_Slot] = []
         self.revoked: set[str] = set()
         """Actors that ended or were retired: their relay tokens are revoked at the next publish."""
+        self.expelled: set[str] = set()
+        """Actors the learner banned (a dishonest file): retired and replaced once."""
         self.sized_at: int | None = None
         """The learner step at which ``fleet.actors: auto`` last sized the fleet (autosize.py)."""
         self._next_index = 0
@@ -145,6 +148,20 @@ class FleetManager:
         while len(self.slots) > n:
             self._retire(self.slots.pop())
         self._fill()
+
+    def expel(self, actor_id: str, reason: str) -> None:
+        """Retire ``actor_id`` for good (the learner caught it lying) and launch a replacement; once."""
+        if actor_id in self.expelled:
+            return
+        self.expelled.add(actor_id)
+        self.revoked.add(actor_id)
+        write_event(self.store, "expelled", actor_id, reason=reason[:500])
+        for slot in list(self.slots):
+            if slot.actor_id == actor_id:
+                log.error("expelling actor %s: %s", actor_id, reason)
+                self.slots.remove(slot)
+                self._retire(slot, reason="expelled")
+                self._launch(slot.index, crashes=slot.crashes, replaces=actor_id)
 
     def stop(self) -> None:
         if self._stopped:

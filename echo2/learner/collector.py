@@ -5,7 +5,9 @@ At learner version t, a committed rollout file of policy version v is
 - dropped if the same content was already used under another name (content hash in the ledger);
 - quarantined if it fails validation: moved to ``quarantine/<key>`` beside a ``.json`` reason.
   Validation bounds everything the loss relies on (``data/rollouts.py``), re-derives every prompt
-  from the task and re-scores verifiable rewards (``verify.py``);
+  from the task and re-scores verifiable rewards (``verify.py``), and spot-checks behavior logprobs
+  (``behavior_audit.py``); a file whose claims are false (``Dishonest``) also bans its actor, whose
+  later files are quarantined unread;
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
 A poll lists only the version folders a step can still use (and, once, the ones that just fell out of
@@ -32,6 +34,7 @@ from echo2.data.failpoints import failpoint
 from echo2.data.ledger import pending_rollouts, write_consumed
 from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, decode_rollouts, validate_rollouts
 from echo2.data.store import NotFound, ObjectStore
+from echo2.learner.behavior_audit import Dishonest
 
 log = logging.getLogger("echo2.learner")
 
@@ -75,7 +78,8 @@ class Selection:
 class RolloutCollector:
     def __init__(self, store: ObjectStore, *, run_id: str, staleness: int, groups_per_step: int,
                  limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
-                 settled: set[str] | None = None, used_hashes: set[str] | None = None):
+                 settled: set[str] | None = None, used_hashes: set[str] | None = None, auditor=None,
+                 banned: dict[str, str] | None = None):
         self.store = store
         self.run_id = run_id
         self.staleness = staleness
@@ -83,6 +87,10 @@ class RolloutCollector:
         self.limits = limits
         self.verifier = verifier
         self.max_file_bytes = max_file_bytes
+        self.auditor = auditor
+        """``behavior_audit.BehaviorAuditor`` (or None): spot checks of the behavior logprobs."""
+        self.banned: dict[str, str] = dict(banned or {})
+        """Actors caught with a dishonest file, and why: every later file of theirs is quarantined unread."""
         self.settled: set[str] = set(settled or ())
         """Keys settled by completed steps (what a checkpoint records)."""
         self.used_hashes: set[str] = set(used_hashes or ())
@@ -127,6 +135,8 @@ class RolloutCollector:
                                   expected_version=version, learner_version=learner_version, limits=self.limits)
         if self.verifier is not None:
             self.verifier.check(table)
+        if self.auditor is not None and self.auditor.wants(actor_id):
+            self.auditor.check(table, version, actor_id)
         return table
 
     def collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float = 0.25,
@@ -158,12 +168,18 @@ class RolloutCollector:
                     sel.dropped.append({"key": key, "policy_version": version, "lag": lag,
                                         "reason": f"stale: lag {lag} > S={self.staleness}"})
                     continue
+                if actor_id in self.banned:
+                    self._quarantine(sel, key, f"actor {actor_id} is banned: {self.banned[actor_id]}")
+                    continue
                 try:
                     table = self._check(key, version, actor_id, learner_version)
                 except NotFound:
                     taken.discard(key)
                     continue  # moved away meanwhile; gone from the next listing
                 except InvalidRollouts as exc:
+                    if isinstance(exc, Dishonest):
+                        log.error("banning actor %s: %s", actor_id, exc)
+                        self.banned[actor_id] = str(exc)
                     self._quarantine(sel, key, str(exc))
                     continue
                 digest = content_hash(table)

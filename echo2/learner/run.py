@@ -28,6 +28,7 @@ from echo2.data.rollouts import RolloutLimits
 from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
+from echo2.learner.behavior_audit import BehaviorAuditor
 from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
 from echo2.learner.distributed import make_learner
@@ -62,6 +63,13 @@ class LearnerRun:
                                                temperature=config.rollout.temperature)
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
+        t = config.train
+        model_dir = getattr(self.learner, "model_dir", None)
+        self.auditor = BehaviorAuditor(
+            model_dir, fraction=t.audit_fraction, max_gap=t.audit_max_gap, temperature=config.rollout.temperature,
+            pad_token_id=self.learner.pad_token_id, keep_versions=t.staleness + 1,
+            micro_batch_size=t.micro_batch_size) if t.audit_fraction > 0 and model_dir is not None else None
+        """Spot checks of actors' behavior logprobs (``behavior_audit.py``); None when off."""
         self.revoked: set[str] = set()
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
         self.wall_before = 0.0
@@ -86,7 +94,10 @@ class LearnerRun:
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
+            auditor=self.auditor, banned=state.get("banned", {}),
         )
+        if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
+            self.auditor.published(self.step, self.learner.policy_version_tensors()[0])
 
     # -- start -----------------------------------------------------------------------------
     def _resume(self) -> dict:
@@ -189,12 +200,15 @@ class LearnerRun:
     def publish(self) -> dict:
         """Publish the current version, signed, with the relay tree over the peers alive now."""
         tensors, meta = self.learner.policy_version_tensors()
+        if self.auditor is not None:  # what actors run as this version (an adapter merged into its base)
+            self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
         return publish(self.store, self.step, tensors, meta, extra_files=self.learner.extra_files,
                        train=self.config.train, broadcast=self.config.broadcast, key=self.key, revoked=self.revoked)
 
     def checkpoint(self) -> None:
         # only what completed steps settled: files chosen for a step still in flight are used again on resume
         state = {"settled": sorted(self.collector.settled), "used_hashes": sorted(self.collector.used_hashes),
+                 "banned": self.collector.banned,
                  "history": self.history, "evals": self.evals, "wall_seconds": self.wall_seconds(),
                  "run_id": self.run_id}
         learner = self.learner

@@ -9,6 +9,9 @@ policy on text of its choosing nor claim rewards it did not earn.
   task replays the episode: poker re-deals the hand from the prompt id, replays it from the policy's
   tokens with its deterministic opponents, and refuses any environment text it would not write.
 
+Each refusal here is a ``Dishonest`` file (an ``InvalidRollouts``): the content is well formed but its
+claims are false, so its actor is banned, not only the file (``behavior_audit.py``).
+
 Cost: a chat template render per prompt (cached), then per row a decode and a regex (arithmetic),
 one math-verify call in the grader process (math, about 2 ms), or a replayed hand (poker, about a
 millisecond plus a cached hand-strength estimate per street against the equity player).
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from echo2.data.rollouts import InvalidRollouts
+from echo2.learner.behavior_audit import Dishonest
 from echo2.tasks import ForgedEpisode, Problem, Task, UnknownProblem
 
 REWARD_TOLERANCE = 1e-5
@@ -40,12 +43,12 @@ class TaskVerifier:
             try:
                 problem = self.task.problem(prompt_id)
             except UnknownProblem as exc:
-                raise InvalidRollouts(f"prompt_id: {exc}") from None
+                raise Dishonest(f"prompt_id: {exc}") from None
             self._prompts[prompt_id] = (problem, self.task.prompt_tokens(self.tokenizer, problem))
         return self._prompts[prompt_id]
 
     def check(self, table: pa.Table) -> None:
-        """Raise ``InvalidRollouts`` if a prompt is not the task's, an episode is not one the task plays,
+        """Raise ``Dishonest`` if a prompt is not the task's, an episode is not one the task plays,
         or a reward is not what the task gives."""
         columns = table.select(["prompt_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
                                 "reward"]).to_pydict()
@@ -53,7 +56,7 @@ class TaskVerifier:
         for row, (prompt_id, prompt) in enumerate(zip(columns["prompt_id"], columns["prompt_token_ids"])):
             problem, issued = self._issued(prompt_id)
             if prompt != issued:
-                raise InvalidRollouts(f"row {row}: prompt tokens are not those the task issues for {prompt_id!r}")
+                raise Dishonest(f"row {row}: prompt tokens are not those the task issues for {prompt_id!r}")
             problems.append(problem)
         if not self.task.verifiable:
             return
@@ -61,7 +64,7 @@ class TaskVerifier:
             expected = self.task.score_episodes(self.tokenizer, problems, columns["completion_token_ids"],
                                                 columns["completion_mask"], self.max_new_tokens)
         except ForgedEpisode as exc:
-            raise InvalidRollouts(str(exc)) from None
+            raise Dishonest(str(exc)) from None
         for row, (claimed, score) in enumerate(zip(columns["reward"], expected)):
             if abs(score - claimed) > REWARD_TOLERANCE:
-                raise InvalidRollouts(f"row {row}: reward {claimed:g} but the task scores the completion {score:g}")
+                raise Dishonest(f"row {row}: reward {claimed:g} but the task scores the completion {score:g}")

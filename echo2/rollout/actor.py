@@ -75,6 +75,8 @@ class Actor:
         run = store.get_json(layout.RUN_JSON)
         self.run_id: str = run["run_id"]
         self.config: Config = config_from_dict(run["config"], f"{store.url}/run.json")
+        if hasattr(store, "retry_s"):  # ride out an outage of the store as long as the run says
+            store.retry_s = self.config.store.retry_s
         self.task = make_task(self.config.task)
         seed = self.config.run.seed * 1_000_003 + zlib.crc32(actor_id.encode())
         self.rng = random.Random(seed)
