@@ -1,4 +1,5 @@
-"""Transformers engine: batched sampling on CPU (or one GPU) with Hugging Face ``generate``.
+"""The transformers engine (``rollout.engine.kind: transformers``): batched sampling on CPU (or one
+GPU) with Hugging Face ``generate``.
 
 Behavior log-probabilities are computed in fp32 from the raw logits of every step
 (``output_logits``), divided by the temperature: exactly the distribution the token was drawn
