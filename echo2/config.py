@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from echo2.errors import Echo2InputError
 
@@ -200,6 +200,43 @@ TaskConfig = Annotated[
 ]
 """Which task (``echo2/tasks/``) supplies prompts, episodes and rewards, chosen by ``task.name``:
 ``arithmetic``, ``math`` or ``poker``; each has its own fields."""
+class TransformersEngineConfig(_Section):
+    kind: Literal["transformers"] = "transformers"
+    """Hugging Face ``generate`` inside the actor process (``echo2/rollout/transformers_engine.py``): CPU or
+    one GPU, fp32, nothing to install beyond echo2."""
+    batch_size: int = Field(64, ge=1)
+    """Sequences per ``generate`` call: a batch's groups_per_batch x group_size completions are sampled this many
+    at a time."""
+
+
+class VllmEngineConfig(_Section):
+    kind: Literal["vllm"]
+    """vLLM (``echo2/rollout/vllm_engine.py``): install ``echo2[vllm]`` in an actor-only environment (vLLM and
+    Prefect cannot share one). New versions are loaded into the running engine; LoRA versions become LoRA requests."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of vLLM's weights and activations ("auto": the model config's ``torch_dtype``; the embedded model's
+    is fp32). Behavior logprobs are those of the distribution sampled in this dtype."""
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    """Share of the GPU's memory vLLM takes for weights and KV cache (ignored on CPU)."""
+    kv_cache_gib: float | None = Field(None, gt=0)
+    """KV cache size, GiB (vLLM's ``kv_cache_memory_bytes``; on a GPU it replaces the share that
+    gpu_memory_utilization leaves). None: vLLM's default (on its CPU build, 4 GiB or ``$VLLM_CPU_KVCACHE_SPACE``)."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt plus completion (None: the model's ``max_position_embeddings``)."""
+    max_num_seqs: int | None = Field(None, ge=1)
+    """Sequences vLLM schedules at once (None: vLLM's default)."""
+    enforce_eager: bool = False
+    """Run without CUDA graphs: faster start, slower decoding."""
+    native_lora: bool = True
+    """LoRA runs (``train.lora_rank > 0``): apply each adapter version as a vLLM LoRA request on the base weights
+    (False: the actor merges the adapter and loads full weights, as for the transformers engine)."""
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+    """More keyword arguments of ``vllm.LLM(...)``, passed as they are (e.g. ``tensor_parallel_size: 2``); they
+    override echo2's own."""
+
+
+EngineConfig = Annotated[TransformersEngineConfig | VllmEngineConfig, Field(discriminator="kind")]
+"""Which inference engine the actors run (``echo2/rollout/engine.py: make_engine``), with its own settings."""
 
 
 class RolloutConfig(_Section):
@@ -218,8 +255,9 @@ class RolloutConfig(_Section):
     """How often an idle actor looks for a new policy version or free capacity."""
     num_threads: int | None = Field(1, ge=1)
     """torch threads per actor process (None = torch's default)."""
-    engine: Literal["transformers"] = "transformers"
-    """Inference engine of the actors (``echo2/rollout/``)."""
+    engine: EngineConfig = Field(default_factory=TransformersEngineConfig)
+    """Inference engine of the actors (``echo2/rollout/``, built by ``make_engine``): ``{kind: transformers, ...}``
+    or ``{kind: vllm, ...}``; a bare name (``engine: vllm``) is that engine with its defaults."""
     preemption_source: Literal["off", "aws", "gcp", "auto"] = "off"
     """Poll this cloud's instance metadata for a spot preemption notice (AWS IMDSv2 spot/instance-action,
     GCP instance/preempted) and stop cleanly on one; ``$ECHO2_PREEMPTION_SOURCE`` on the actor's machine
@@ -230,6 +268,16 @@ class RolloutConfig(_Section):
     ``$ECHO2_PREEMPTION_ENDPOINT`` overrides it."""
     preemption_poll_s: float = Field(5.0, gt=0)
     """How often the preemption watcher asks the metadata (AWS warns ~120 s ahead, GCP ~30 s)."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_shorthand(cls, value: Any) -> Any:
+        """``engine: vllm`` means ``{kind: vllm}``; a mapping without ``kind`` is the transformers engine's."""
+        if isinstance(value, str):
+            return {"kind": value}
+        if isinstance(value, dict) and "kind" not in value:
+            return {"kind": "transformers", **value}
+        return value
 
 
 class TrainConfig(_Section):
@@ -392,6 +440,10 @@ class LocalFleetConfig(_Section):
     have cost there, and its title says "simulated prices". None: local actors cost $0."""
     price_as_spot: bool = True
     """With ``price_as``: bill the offer's spot price (True) or its on-demand price."""
+    actor_python: str | None = None
+    """Python interpreter that runs the local actors (``PY -m echo2.cli actor``); None: the learner's own.
+    Point it at an actor-only environment for an engine that cannot live beside Prefect, e.g.
+    ``.venv-vllm/bin/python`` with ``rollout.engine.kind: vllm`` (README "vLLM actors")."""
 
 
 class SkyPilotFleetConfig(_Section):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import torch
 import pytest
 
 from conftest import REPO

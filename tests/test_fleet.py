@@ -161,3 +161,16 @@ def test_an_ended_actor_is_released_and_a_launch_names_interchangeable_offers_wi
     cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.CRASHED, "job FAILED")
     fleet.reconcile()
     assert cloud.terminated == [cloud.launched[0].actor_id]  # what is left of it (a VM) goes too
+
+
+def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch):
+    """``fleet.local.actor_python``: local actors in an actor-only environment (vLLM's), the learner in its own."""
+    import sys
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    store = FsspecStore(str(tmp_path / "run"), {})
+    for python, expected in ((None, sys.executable), ("/opt/actor-env/bin/python", "/opt/actor-env/bin/python")):
+        config = FleetConfig(local=LocalFleetConfig(actor_python=python))
+        fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True))
+        spec = fleet.launch_spec("a0", None)  # an unpriced local actor
+        assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]

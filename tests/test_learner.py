@@ -74,7 +74,7 @@ def test_recomputed_logprobs_on_a_right_padded_batch_equal_the_engines(tiny_mode
     from transformers import AutoTokenizer
 
     from echo2.rollout.engine import SamplingParams
-    from echo2.rollout.hf_engine import TransformersEngine
+    from echo2.rollout.transformers_engine import TransformersEngine
 
     learner = Learner(tiny_model, TrainConfig(), temperature=0.8)
     tok = AutoTokenizer.from_pretrained(tiny_model)

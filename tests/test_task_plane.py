@@ -15,7 +15,7 @@ from echo2.data.store import open_store
 from echo2.learner.collector import RolloutCollector
 from echo2.learner.verify import TaskVerifier
 from echo2.rollout.engine import SamplingParams
-from echo2.rollout.hf_engine import TransformersEngine
+from echo2.rollout.transformers_engine import TransformersEngine
 from echo2.tasks import make_task
 from helpers import commit_rollouts, rollout_bytes
 

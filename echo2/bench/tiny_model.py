@@ -16,8 +16,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tiny_model(path: Path) -> Path:
-    """A 2-layer Llama with a 300-token byte-level BPE tokenizer trained on arithmetic chats."""
+def make_tiny_model(path: Path, *, hidden_size: int = 32, num_attention_heads: int = 2) -> Path:
+    """A 2-layer Llama with a 300-token byte-level BPE tokenizer trained on arithmetic chats.
+
+    The default heads are 16 wide; vLLM's CPU attention needs at least 32 (``hidden_size=64``)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -34,8 +36,9 @@ def make_tiny_model(path: Path) -> Path:
                                    pad_token="<|im_end|>", unk_token="<|endoftext|>")
     fast.chat_template = CHAT_TEMPLATE
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=num_attention_heads,
+                         num_key_value_heads=num_attention_heads, max_position_embeddings=256,
                          tie_word_embeddings=True, bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
                          pad_token_id=fast.pad_token_id)
     model = LlamaForCausalLM(config)

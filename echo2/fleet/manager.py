@@ -316,7 +316,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     from echo2.fleet.local import LocalBackend
 
     backend = LocalBackend(config.local, log_dir, seed=seed + config.local.seed)
-    command = actor_command or [sys.executable, "-m", "echo2.cli", "actor"]
+    command = actor_command or [config.local.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
 
     def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
         return ActorLaunch(actor_id=actor_id, run_url=store.url,

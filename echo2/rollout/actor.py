@@ -43,7 +43,7 @@ from echo2.data.ledger import ConsumedIndex, pending_rollouts
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
-from echo2.rollout.engine import Engine, SamplingParams
+from echo2.rollout.engine import Engine, SamplingParams, make_engine
 from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task
@@ -78,9 +78,10 @@ class Actor:
         if hasattr(store, "retry_s"):  # ride out an outage of the store as long as the run says
             store.retry_s = self.config.store.retry_s
         self.task = make_task(self.config.task)
-        seed = self.config.run.seed * 1_000_003 + zlib.crc32(actor_id.encode())
-        self.rng = random.Random(seed)
-        torch.manual_seed(seed)
+        self.seed = self.config.run.seed * 1_000_003 + zlib.crc32(actor_id.encode())
+        """This actor's own seed: its problem draws, torch's generator and the engine's sampling."""
+        self.rng = random.Random(self.seed)
+        torch.manual_seed(self.seed)
         self.consumed = ConsumedIndex(store)
         # what an actor holds: the run's public key (verifies versions and peers' tokens) and its own
         # relay token (talks to peers); neither signs anything, and the learner's private key is never read here
@@ -103,6 +104,9 @@ class Actor:
         self.previous_batch_seconds: float | None = None
         """The previous batch's whole turn: swap, flow control, sampling, scoring, encoding, commit."""
         self._base: tuple[int, dict[str, torch.Tensor]] | None = None
+        """(version, full weights) that adapter versions are merged into, where the engine does not apply them."""
+        self._engine_base_version: int | None = None
+        """The full version whose weights the engine holds now (None: a merged adapter version)."""
         self.seq = 0
         self._stopping = False
         self._committing = False
@@ -163,6 +167,8 @@ class Actor:
             if watcher is not None:
                 watcher.close()
             self.receiver.close()
+            if self.engine is not None:
+                self.engine.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
         if self.notice is not None:
             log.warning("actor %s leaves on a preemption notice (%s) after %d batches",
@@ -186,7 +192,7 @@ class Actor:
                     (model_dir / entry["name"]).write_bytes(files[entry["name"]])
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self._build_engine(model_dir)
-        self.engine.load_weights(self._weights_of(buffer.manifest, files).items())
+        self._load_into_engine(buffer.manifest, files)
         self.version = buffer.version
         created = buffer.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
@@ -195,11 +201,27 @@ class Actor:
         log.info("now generating with policy v%d (loaded in %.1fs)", self.version, self.swap_seconds)
         return True
 
+    def _load_into_engine(self, manifest: dict, files: dict[str, bytes]) -> None:
+        """Load a received version: full weights, or an adapter the engine applies itself (``native_lora``:
+        its base is loaded once, each adapter on top of it) or that is merged here into its base."""
+        if manifest.get("weights") == "lora" and self.engine.native_lora:
+            base_version = manifest["base_version"]
+            if self._engine_base_version != base_version:
+                log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
+                base = self.receiver.fetch_blocking(base_version)
+                self.engine.load_weights(_shard_tensors(base.manifest, base.files()).items())
+                self._engine_base_version = base_version
+            self.engine.load_lora(_shard_tensors(manifest, files), version=manifest["version"],
+                                  rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
+            return
+        self.engine.load_weights(self._weights_of(manifest, files).items())
+        self._engine_base_version = manifest["version"] if manifest.get("weights") != "lora" else None
+
     def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
         """Full weights of a received version; a LoRA version is merged into its base version."""
-        tensors = {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
+        tensors = _shard_tensors(manifest, files)
         if manifest.get("weights") != "lora":
-            if self.config.train.lora_rank > 0:
+            if self.config.train.lora_rank > 0 and not self.engine.native_lora:
                 self._base = (manifest["version"], tensors)  # later adapter versions apply to it
             return tensors
         base_version = manifest["base_version"]
@@ -212,14 +234,8 @@ class Actor:
     def _build_engine(self, model_dir: Path) -> None:
         if self.engine_factory is not None:
             self.engine = self.engine_factory(model_dir, self.tokenizer)
-        elif self.config.rollout.engine == "transformers":
-            from echo2.rollout.hf_engine import TransformersEngine
-
-            eos = self.tokenizer.eos_token_id
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else eos
-            self.engine = TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad)
         else:
-            raise ValueError(f"unknown engine {self.config.rollout.engine!r}")
+            self.engine = make_engine(self.config, model_dir, self.tokenizer, seed=self.seed)
 
     def _has_capacity(self) -> bool:
         """Whether a batch started now can still be used: flow control, so no generation is thrown away.
@@ -284,6 +300,11 @@ class Actor:
         self.seq += 1
         if self._stopping:
             raise _Stop()
+
+
+def _shard_tensors(manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
+    """The tensors of a version's shards (verified bytes: safetensors, never pickle)."""
+    return {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
 
 
 def run_actor(run_url: str, actor_id: str, store_options: dict, parent_pid: int | None = None, *,

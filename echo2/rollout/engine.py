@@ -1,16 +1,27 @@
-"""The ``Engine`` interface: sample completions with per-token behavior log-probabilities.
+"""The ``Engine`` interface: sample completions with per-token behavior log-probabilities, and
+``make_engine``, which builds the engine ``rollout.engine`` names.
 
 An engine owns the policy weights of one actor. It is told about new weights as (name, tensor)
-pairs in Hugging Face naming, so the same dissemination code feeds every engine.
+pairs in Hugging Face naming, so the same dissemination code feeds every engine. A LoRA version
+is merged into its base by the actor, unless the engine says it applies adapters itself
+(``native_lora``, e.g. vLLM's LoRA requests): then the actor loads the base once and hands the
+engine each adapter as it arrives.
+
+Engines:
+    transformers  Hugging Face ``generate`` in the actor process (``transformers_engine.py``)
+    vllm          vLLM, weights reloaded in place (``vllm_engine.py``; the ``vllm`` extra)
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import torch
+
+from echo2.config import Config
 
 
 @dataclass(frozen=True)
@@ -33,10 +44,54 @@ class Completion:
 
 
 class Engine(ABC):
+    native_lora: bool = False
+    """Whether this engine applies LoRA adapter versions itself (``load_lora``). If not, the actor
+    merges each adapter into its base and calls ``load_weights`` with the full weights."""
+
     @abstractmethod
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the policy weights (all of them) with verified tensors."""
+        """Replace the policy weights (all of them) with verified tensors; any adapter is dropped."""
+
+    def load_lora(self, adapter: dict[str, torch.Tensor], *, version: int, rank: int, alpha: float) -> None:
+        """Generate from now on with the weights of the last ``load_weights`` plus this peft adapter
+        (``W + (alpha / rank) B A``; keys as ``get_peft_model_state_dict`` names them). Called only
+        where ``native_lora`` is true."""
+        raise NotImplementedError(f"{type(self).__name__} does not apply LoRA adapters itself")
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """For each prompt, ``params.n`` sampled completions."""
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process (vLLM's engine process); idempotent."""
+
+
+def check_weights_fit(shapes: dict[str, torch.Size], state: dict[str, torch.Tensor], *, tied: bool) -> None:
+    """Raise unless ``state`` holds exactly the model's tensors (``shapes``: its Hugging Face state dict),
+    each of its shape; a tied ``lm_head.weight`` may be absent. Engines call it before loading anything,
+    so a half-applied version is never generated from."""
+    missing = [k for k in shapes if k not in state and not (tied and k == "lm_head.weight")]
+    unexpected = [k for k in state if k not in shapes]
+    misshapen = [k for k in state if k in shapes and state[k].shape != shapes[k]]
+    if missing or unexpected or misshapen:
+        raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                         f"wrong shape {misshapen[:3]}")
+
+
+def make_engine(config: Config, model_dir: Path, tokenizer, *, seed: int) -> Engine:
+    """The engine ``config.rollout.engine`` names, for the model whose config and tokenizer files are
+    in ``model_dir`` (weights come later, through ``load_weights``). ``seed`` is the actor's own: the
+    transformers engine samples from torch's global generator, which the actor seeds with it; vLLM
+    takes it as its engine seed."""
+    engine = config.rollout.engine
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    if engine.kind == "transformers":
+        from echo2.rollout.transformers_engine import TransformersEngine
+
+        return TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad, batch_size=engine.batch_size)
+    if engine.kind == "vllm":
+        from echo2.rollout.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, engine, eos_token_id=eos, seed=seed, lora_rank=config.train.lora_rank)
+    raise ValueError(f"unknown engine kind {engine.kind!r}")

@@ -1,4 +1,5 @@
-"""Transformers engine: batched sampling on CPU (or one GPU) with Hugging Face ``generate``.
+"""The transformers engine (``rollout.engine.kind: transformers``): batched sampling on CPU (or one
+GPU) with Hugging Face ``generate``.
 
 Behavior log-probabilities are computed in fp32 from the raw logits of every step
 (``output_logits``), divided by the temperature: exactly the distribution the token was drawn
@@ -13,7 +14,7 @@ from typing import Iterable
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from echo2.rollout.engine import Completion, Engine, SamplingParams
+from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weights_fit
 
 
 class TransformersEngine(Engine):
@@ -26,15 +27,9 @@ class TransformersEngine(Engine):
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         state = dict(tensors)
-        current = self.model.state_dict()
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         # check everything before copying anything: a half-applied version is never generated from
-        missing = [k for k in current if k not in state and not (tied and k == "lm_head.weight")]
-        unexpected = [k for k in state if k not in current]
-        misshapen = [k for k in state if k in current and state[k].shape != current[k].shape]
-        if missing or unexpected or misshapen:
-            raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
-                             f"wrong shape {misshapen[:3]}")
+        check_weights_fit({k: v.shape for k, v in self.model.state_dict().items()}, state, tied=tied)
         self.model.load_state_dict(state, strict=False)
         if tied:
             self.model.tie_weights()

