@@ -1,0 +1,154 @@
+"""The learner's audit of behavior logprobs (echo2/learner/behavior_audit.py): honest actors pass (fp32 and
+a bf16 engine), a lying one is caught and banned, and the fleet expels and replaces it."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from echo2.config import FleetConfig, load_config
+from echo2.data.rollouts import Rollout, RolloutLimits, decode_rollouts
+from echo2.data.store import open_store
+from echo2.learner.batch import assemble, policy_logprobs
+from echo2.learner.behavior_audit import BehaviorAuditor, Dishonest
+from echo2.learner.collector import RolloutCollector
+from echo2.rollout.engine import SamplingParams
+from echo2.rollout.transformers_engine import TransformersEngine
+from echo2.tasks import make_task, prompt_token_ids
+from helpers import commit_rollouts, rollout_bytes
+
+THRESHOLD = 0.15  # train.audit_max_gap's default
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    engine = TransformersEngine(tiny_model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    weights = load_file(tiny_model / "model.safetensors")
+    engine.load_weights(weights.items())
+    task = make_task(load_config(None).task)
+    return tiny_model, tok, engine, weights, task
+
+
+def honest_rows(setup, seed=0, groups=3, n=4) -> list[Rollout]:
+    _, tok, engine, _, task = setup
+    problems = task.sample_train(random.Random(seed), groups)
+    prompts = [prompt_token_ids(tok, p) for p in problems]
+    torch.manual_seed(seed)
+    out = []
+    for gi, (problem, prompt, comps) in enumerate(zip(problems, prompts, engine.generate(
+            prompts, SamplingParams(n=n, max_new_tokens=8)))):
+        for si, c in enumerate(comps):
+            reward = task.reward(problem, tok.decode(c.token_ids, skip_special_tokens=True))[0]
+            out.append(Rollout(prompt_id=problem.id, group_id=f"g{gi}", sample_index=si, prompt_token_ids=prompt,
+                               completion_token_ids=c.token_ids, behavior_logprobs=c.logprobs, reward=reward,
+                               finish_reason=c.finish_reason))
+    return out
+
+
+def table_of(rows, actor="a") -> pa.Table:
+    return decode_rollouts(rollout_bytes(1, rollouts=rows, actor=actor))
+
+
+def auditor(setup, fraction=0.0) -> BehaviorAuditor:
+    model_dir, tok, _, weights, _ = setup
+    a = BehaviorAuditor(model_dir, fraction=fraction, max_gap=THRESHOLD, temperature=1.0,
+                        pad_token_id=tok.pad_token_id, keep_versions=3)
+    a.published(1, weights)
+    return a
+
+
+def bf16_engine_rows(setup, rows) -> list[Rollout]:
+    """The same completions with the behavior logprobs a bf16 engine reports (weights and compute in bf16)."""
+    model_dir, tok, _, _, _ = setup
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    out = []
+    with torch.no_grad():
+        for r in rows:
+            batch = assemble([{"prompt_token_ids": r.prompt_token_ids, "completion_token_ids": r.completion_token_ids,
+                               "completion_mask": [1] * len(r.completion_token_ids),
+                               "behavior_logprobs": r.behavior_logprobs}], tok.pad_token_id)
+            lp = policy_logprobs(model, batch, 1.0)[0][batch.mask[0] > 0].tolist()
+            out.append(dataclasses.replace(r, behavior_logprobs=lp))
+    return out
+
+
+def test_honest_actors_pass_and_a_lying_one_is_caught(setup, capsys):
+    a = auditor(setup)
+    rows = honest_rows(setup)
+    fp32 = a.gap(table_of(rows), a._model_of(1, a.versions[1]))
+    bf16 = a.gap(table_of(bf16_engine_rows(setup, rows)), a._model_of(1, a.versions[1]))
+    # an actor that claims its tokens were likelier than they were (a smaller ratio pi/mu on the tokens it
+    # wants pushed down, or a larger one where it wants them pushed up), or makes its numbers up
+    inflated = [dataclasses.replace(r, behavior_logprobs=[min(0.0, x + 0.7) for x in r.behavior_logprobs]) for r in rows]
+    made_up = [dataclasses.replace(r, behavior_logprobs=[-0.05] * len(r.behavior_logprobs)) for r in rows]
+    with capsys.disabled():
+        print(f"\nbehavior audit gaps (nats/token): honest fp32 {fp32:.2e}, honest bf16 engine {bf16:.2e}, "
+              f"threshold {THRESHOLD}")
+    assert fp32 < 1e-4 and bf16 < THRESHOLD / 3  # honest actors pass with a wide margin
+    assert a.check(table_of(rows), 1, "honest") is not None
+    assert a.check(table_of(bf16_engine_rows(setup, rows)), 1, "bf16") is not None
+    for lie in (inflated, made_up):
+        with pytest.raises(Dishonest, match="behavior logprobs are"):
+            a.check(table_of(lie), 1, "liar")
+    assert a.check(table_of(rows), 7, "someone") is None  # a version no longer held is not judged
+
+
+def test_the_first_file_of_every_actor_is_audited_then_a_hidden_sample(setup):
+    a = auditor(setup, fraction=0.0)
+    assert a.wants("new") and a.wants("new")  # not audited yet: wanted until it is
+    a.check(table_of(honest_rows(setup)), 1, "new")
+    assert not any(a.wants("new") for _ in range(50))  # fraction 0: only the first
+    b = auditor(setup, fraction=1.0)
+    b.audited_actors.add("x")
+    assert all(b.wants("x") for _ in range(20))
+
+
+def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quarantined(setup, tmp_path):
+    model_dir, tok, _, _, task = setup
+    store = open_store(str(tmp_path))
+    rows = honest_rows(setup, groups=2, n=2)
+    liar = [dataclasses.replace(r, behavior_logprobs=[-0.01] * len(r.behavior_logprobs)) for r in rows]
+    commit_rollouts(store, 1, 0, actor="a1-liar", data=rollout_bytes(1, rollouts=liar, actor="a1-liar"))
+    honest = commit_rollouts(store, 1, 0, actor="a2-honest", data=rollout_bytes(1, rollouts=rows, actor="a2-honest"))
+    limits = RolloutLimits(vocab_size=len(tok), group_size=2, max_completion_tokens=8, max_prompt_tokens=4096,
+                           reward_range=(0.0, 1.0))
+    col = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=limits, auditor=auditor(setup))
+    sel = col.collect(step=2, learner_version=1, timeout_s=10)
+    assert [u["key"] for u in sel.used] == [honest]
+    assert "behavior logprobs are" in sel.quarantined[0]["reason"] and set(col.banned) == {"a1-liar"}
+    col.settle(sel)
+    later = commit_rollouts(store, 1, 1, actor="a1-liar", data=rollout_bytes(1, rollouts=rows, actor="a1-liar"))
+    commit_rollouts(store, 1, 1, actor="a2-honest", data=rollout_bytes(1, rollouts=honest_rows(setup, seed=1, groups=2,
+                                                                                                n=2), actor="a2-honest"))
+    sel = col.collect(step=3, learner_version=1, timeout_s=10)
+    assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor a1-liar is banned")
+
+
+def test_the_fleet_expels_a_banned_actor_once_and_replaces_it(tmp_path):
+    from echo2.data.ledger import read_events
+    from test_fleet import FakeCloud, manager
+
+    cloud = FakeCloud()
+    fleet, store = manager(tmp_path, cloud, actors=2)
+    fleet.start()
+    liar = fleet.slots[0].actor_id
+    for _ in range(3):  # the flow tells it at every reconcile; it acts once
+        fleet.expel(liar, "behavior logprobs are 0.9 nats/token off")
+    assert cloud.terminated == [liar] and liar in fleet.revoked and len(fleet.slots) == 2
+    assert liar not in [s.actor_id for s in fleet.slots] and len(cloud.launched) == 3
+    kinds = [e["kind"] for e in read_events(store)]
+    assert kinds.count("expelled") == 1
+    fleet.stop()
+
+
+def test_the_audit_config_is_documented_and_off_means_off():
+    cfg = load_config(None, ["train.audit_fraction=0"])
+    assert cfg.train.audit_fraction == 0 and FleetConfig().max_restarts >= 0
+    assert load_config(None).train.audit_max_gap == THRESHOLD
