@@ -89,7 +89,8 @@ def make_engine(config: Config, model_dir: Path, tokenizer, *, seed: int) -> Eng
     if engine.kind == "transformers":
         from echo2.rollout.transformers_engine import TransformersEngine
 
-        return TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad, batch_size=engine.batch_size)
+        return TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad, batch_size=engine.batch_size,
+                                  dtype=engine.dtype)
     if engine.kind == "vllm":
         from echo2.rollout.vllm_engine import VllmEngine
 

@@ -1,7 +1,8 @@
 """The transformers engine (``rollout.engine.kind: transformers``): batched sampling on CPU (or one
 GPU) with Hugging Face ``generate``.
 
-Behavior log-probabilities are computed in fp32 from the raw logits of every step
+Weights and arithmetic are fp32 or bf16 (``dtype``). Behavior log-probabilities are computed in fp32
+from the raw logits of every step
 (``output_logits``), divided by the temperature: exactly the distribution the token was drawn
 from, since sampling runs with no top-k/top-p truncation.
 """
@@ -18,9 +19,11 @@ from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weigh
 
 
 class TransformersEngine(Engine):
-    def __init__(self, model_dir: Path, *, eos_token_id: int, pad_token_id: int, batch_size: int = 64):
+    def __init__(self, model_dir: Path, *, eos_token_id: int, pad_token_id: int, batch_size: int = 64,
+                 dtype: str = "float32"):
         config = AutoConfig.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype).eval()
         self.eos = eos_token_id
         self.pad = pad_token_id
         self.batch_size = batch_size
@@ -30,7 +33,8 @@ class TransformersEngine(Engine):
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         # check everything before copying anything: a half-applied version is never generated from
         check_weights_fit({k: v.shape for k, v in self.model.state_dict().items()}, state, tied=tied)
-        self.model.load_state_dict(state, strict=False)
+        self.model.load_state_dict({k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()},
+                                   strict=False)
         if tied:
             self.model.tie_weights()
 
