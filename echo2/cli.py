@@ -378,6 +378,7 @@ def bench_broadcast(
     chunk_mb: float = typer.Option(1.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
     fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
     loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
+    tls: bool = typer.Option(False, "--tls", help="Also run the relay chain over mutual TLS, beside the plain one."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
 ) -> None:
     """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
@@ -387,7 +388,7 @@ def bench_broadcast(
     shaped = False if loopback else namespaces_available()
     results = []
     for n in counts:
-        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped)
+        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped, tls=tls)
         results.append(result)
         if as_json:
             typer.echo(json.dumps(result))
@@ -398,11 +399,13 @@ def bench_broadcast(
 
     table = Table(title=f"broadcast of {size_mb:g} MB, {link_mbit:g} Mbit/s links, {chunk_mb:g} MB chunks, "
                         f"fan-out {fanout} ({results[0]['network']})")
-    for col in ("receivers", "relay s", "store-only s", "ideal s", "relay/ideal", "store-only/relay", "verified"):
+    columns = ["receivers", "relay s", "store-only s", "ideal s", "relay/ideal", "store-only/relay", "verified"]
+    for col in columns[:-1] + (["relay TLS s", "TLS/plain"] if tls else []) + columns[-1:]:
         table.add_column(col, justify="right")
     for r in results:
+        over_tls = [f"{r['relay_tls_s']:.2f}", f"{r['tls_over_plain']:.2f}"] if tls else []
         table.add_row(str(r["receivers"]), f"{r['relay_s']:.2f}", f"{r['store_only_s']:.2f}", f"{r['ideal_s']:.2f}",
-                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", str(r["verified"]))
+                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", *over_tls, str(r["verified"]))
     Console().print(table)
     by_n = {r["receivers"]: r for r in results}
     if 4 in by_n and 16 in by_n:

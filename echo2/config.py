@@ -426,6 +426,17 @@ class BroadcastConfig(_Section):
     """How often an actor refreshes its record under peers/."""
     peer_timeout_s: float = Field(10.0, gt=0)
     """A peer whose heartbeat is older than this is not given children."""
+    tls: Literal["auto", "on", "off"] = "auto"
+    """Mutual TLS between relay peers, with certificates from the run's CA (``broadcast/relay_tls.py``):
+    ``auto`` = on whenever the relay binds a non-loopback address (a cloud VM), off on 127.0.0.1;
+    ``on``; ``off`` (refused with the SkyPilot backend, whose relay port is open to the internet).
+    Only peer-to-peer traffic: the store keeps its own transport."""
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value):
+        """YAML reads a bare ``on`` / ``off`` as a boolean: take it as the word the user wrote."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 class LocalFleetConfig(_Section):
@@ -556,6 +567,9 @@ class Config(_Section):
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
         if self.train.nproc > 1 and self.train.lora_rank > 0:
             raise ValueError("train.nproc > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) runs in one process")
+        if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
+            raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
+                             "open to the internet (use auto or on)")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -80,3 +80,35 @@ def raw_peer(answer: bytes | None):
 
     threading.Thread(target=serve, daemon=True).start()
     return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close(), [c.close() for c in conns])
+
+
+def env_of_a_launched_actor(store, key, tmp_path, names, **fleet_kwargs):
+    """Start one actor through the real local fleet with a command that prints the environment variables
+    ``names``; returns (its actor id, those variables, its log's text)."""
+    import json
+    import sys
+
+    from echo2.config import FleetConfig
+    from echo2.fleet.manager import make_fleet
+
+    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {tuple(names)!r}}}))"
+    fleet = make_fleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
+                       actor_command=[sys.executable, "-c", show], **fleet_kwargs)
+    try:
+        fleet.start()
+        actor_id = fleet.slots[0].actor_id
+        fleet.backend.procs[actor_id].wait(timeout=60)
+        log_text = fleet.backend.logs[actor_id].read_text()
+    finally:
+        fleet.stop()
+    return actor_id, json.loads(log_text.splitlines()[-1]), log_text
+
+
+def poll_until(receiver, version, timeout=20.0):
+    """Poll a ``PolicyReceiver`` until it hands over ``version``; returns its buffer."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (buf := receiver.poll()) is not None and buf.version == version:
+            return buf
+        time.sleep(0.02)
+    raise AssertionError(f"v{version} never arrived")

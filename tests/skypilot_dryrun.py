@@ -61,7 +61,8 @@ def main(root: Path) -> None:
     west = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
                  usd_per_hour=0.28)
     spec = ActorLaunch("actor0-abc123", "s3://bucket/runs/r1", ["echo2", "actor"], env={"ECHO2_STORE_OPTIONS": "{}"},
-                       secrets={"ECHO2_RELAY_TOKEN": SECRET}, offer=east, alternatives=(west,))
+                       secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": "e2rc1." + SECRET},
+                       offer=east, alternatives=(west,))
     task = build_task(spec, SkyPilotFleetConfig(), run_id="r1")
     started = time.time()
     printed, error = "", None

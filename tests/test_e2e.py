@@ -254,11 +254,14 @@ def test_two_actors_relay_versions_to_each_other(tiny_model, tmp_path):
           # tiny steps take well under a poll interval: publish every 3rd step so that both actors see
           # each version, instead of racing past versions the other one never fetched
           *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=relay", *TINY, "train.max_steps=9",
-                "train.publish_every=3", "train.checkpoint_every=9", "rollout.groups_per_batch=1"))
+                "train.publish_every=3", "train.checkpoint_every=9", "rollout.groups_per_batch=1",
+                # mutual TLS as across hosts (loopback alone would be plain HTTP): certificates from the fleet
+                "broadcast.tls=on"))
     run = tmp_path / "runs" / "relay"
     logs = "\n".join(p.read_text() for p in (run / "logs").glob("*.log"))
     assert logs.count("received and verified") >= 6
-    assert "from http://127.0.0.1" in logs  # at least one version came through a peer, not the store
+    assert re.search(r"from actor\d-\w+ at https://127\.0\.0\.1", logs)  # at least one version came through a peer
+    assert "relay refused" not in logs
     manifest = json.loads((run / "policy" / "v000009" / "manifest.json").read_text())
     assert manifest["signature"] and {p["id"][:6] for p in manifest["relay"]["peers"]} == {"actor0", "actor1"}
     assert not list(run.glob("peers/*.json"))  # actors unregister when they stop

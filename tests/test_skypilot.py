@@ -29,11 +29,13 @@ L4_GCP = Offer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_coun
 A10G = Offer(provider="aws", instance_type="g5.xlarge", gpu="A10G", gpu_count=1, region="us-east-1", spot=True,
              usd_per_hour=0.45, on_demand_usd_per_hour=1.006, tokens_per_second=1100.0)
 SECRET = "relay-s3cr3t-value"
+TLS_SECRET = "e2rc1.relay-cert-and-k3y"
 
 
 def spec(actor_id="actor0-abc123", offer=L4_EAST, alternatives=(L4_WEST, L4_GCP)) -> ActorLaunch:
     return ActorLaunch(actor_id, f"s3://bucket/prefix/runs/{RUN}", ["echo2", "actor"],
-                       env={"ECHO2_STORE_OPTIONS": "{}"}, secrets={"ECHO2_RELAY_TOKEN": SECRET}, offer=offer,
+                       env={"ECHO2_STORE_OPTIONS": "{}"}, secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": TLS_SECRET},
+                       offer=offer,
                        alternatives=alternatives)
 
 
@@ -122,7 +124,9 @@ def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_sec
     assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto" and task.envs["ECHO2_ADVERTISE_HOST"] == "auto"
     # the secret travels as a SkyPilot secret only: never an env, and redacted where SkyPilot shows the task
     assert SECRET not in str(task.envs) and "ECHO2_RELAY_TOKEN" in task.secrets
+    assert TLS_SECRET not in str(task.envs) and "ECHO2_RELAY_TLS" in task.secrets  # the relay's certificate + key
     assert SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
+    assert TLS_SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
     assert task.run.strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
 
 
@@ -304,6 +308,7 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
 
     import boto3
 
+    from echo2.data.relay_certs import RELAY_TLS_ENV, ActorCertificate
     from echo2.data.relay_tokens import RELAY_TOKEN_ENV
     from echo2.data.run_key import run_key
     from echo2.fleet.manager import make_fleet
@@ -325,8 +330,13 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     assert offers and {o.provider for o in offers} == {"aws"} and all(o.spot and o.gpu in ("L4", "A10G") for o in offers)
     assert [o.usd_per_throughput for o in offers] == sorted(o.usd_per_throughput for o in offers)
     launch = fleet.launch_spec("actor0-abc123", offers[0])
-    assert set(launch.secrets) == {RELAY_TOKEN_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+    assert set(launch.secrets) == {RELAY_TOKEN_ENV, RELAY_TLS_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                   "AWS_SESSION_TOKEN"}
     assert launch.expires_at is not None and 3000 < launch.expires_at - time.time() <= 3600
+    # the relay certificate names the actor and stops working with its token and credentials
+    cert = ActorCertificate(launch.secrets[RELAY_TLS_ENV])
+    assert cert.actor_id == "actor0-abc123"
+    assert abs(cert.certificate.not_valid_after_utc.timestamp() - launch.expires_at) < 1
     # the learner's own credentials never travel, not even nested in the store options
     assert json.loads(launch.env["ECHO2_STORE_OPTIONS"]) == {"endpoint_url": s3_server, "client_kwargs": {}}
     assert "learner-key" not in repr(launch.env)

@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import sys
 import time
 
 import aiohttp
@@ -20,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.config import BroadcastConfig, Config, FleetConfig
+from echo2.config import BroadcastConfig, Config
 from echo2.data import layout
 from echo2.data.manifest import ManifestRejected, check_manifest, chunk_hashes, sign
 from echo2.data.run_folder import create_run
@@ -28,6 +27,8 @@ from echo2.data.relay_tokens import RELAY_TOKEN_ENV, RelayAuth, TokenRefused, mi
 from echo2.data.run_key import KEY_ENV, public_key_of, run_key
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version, sha256, write_weights
+
+from relay_helpers import env_of_a_launched_actor, poll_until as _poll_until
 
 
 def _seed(key: Ed25519PrivateKey) -> str:
@@ -63,15 +64,6 @@ def _receiver(store, actor_id: str, token: str) -> PolicyReceiver:
 def _relay(a: PolicyReceiver, b: PolicyReceiver) -> dict:
     """A relay plan in which b (a1) pulls from a (a0)."""
     return {"fanout": 1, "roots": 1, "peers": [{"id": "a0", "url": a.url}, {"id": "a1", "url": b.url}]}
-
-
-def _poll_until(receiver, version, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (buf := receiver.poll()) is not None and buf.version == version:
-            return buf
-        time.sleep(0.02)
-    raise AssertionError(f"v{version} never arrived")
 
 
 def _chunk_status(url: str, token: str, version: int) -> int:
@@ -140,23 +132,11 @@ def test_an_actor_cannot_publish_a_version_the_others_accept(run):
 
 
 def test_an_actor_is_started_with_its_own_relay_token_and_never_the_signing_key(run, tmp_path, monkeypatch):
-    from echo2.fleet.manager import make_fleet
-
     store, key = run
     monkeypatch.setenv(KEY_ENV, _seed(key))  # a learner that got its key from the environment
-    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in ({KEY_ENV!r}, {RELAY_TOKEN_ENV!r})}}))"
-    fleet = make_fleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
-                       actor_command=[sys.executable, "-c", show])
-    try:
-        fleet.start()
-        actor_id = fleet.slots[0].actor_id
-        fleet.backend.procs[actor_id].wait(timeout=60)
-        log_path = fleet.backend.logs[actor_id]
-        env = json.loads(log_path.read_text().splitlines()[-1])
-    finally:
-        fleet.stop()
+    actor_id, env, log_text = env_of_a_launched_actor(store, key, tmp_path, (KEY_ENV, RELAY_TOKEN_ENV))
     assert env[KEY_ENV] is None and RelayAuth(key.public_key(), "r1").actor_of(env[RELAY_TOKEN_ENV]) == actor_id
-    assert _seed(key) not in log_path.read_text()
+    assert _seed(key) not in log_text
 
 
 def test_a_relay_token_speaks_for_one_actor_of_one_run_until_it_expires():

@@ -5,7 +5,9 @@ network namespace, joined through veth pairs to a bridge in a hub namespace; ``t
 each node's egress to the link rate (the origin's too). Receivers run the real relay code. The
 same payload is sent twice: through a relay chain (fan-out configurable) and store-only (every
 receiver reads the origin). Where namespaces cannot be made (no root, no ``ip``/``tc``) the
-nodes run on unshaped loopback and the result says so.
+nodes run on unshaped loopback and the result says so. With ``tls`` the relay chain also runs a
+third time over mutual TLS (``broadcast/relay_tls.py``; every receiver holds one certificate of a
+bench CA), measured beside the plain chain: ``tls_over_plain`` is the overhead.
 
 Namespaces, veths and the bridge are created with a per-run prefix and removed at the end.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.data.manifest import chunk_hashes, sign
+from echo2.data.relay_certs import RelayCA
 from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.run_key import public_key_text
 from echo2.broadcast.topology import parent_index
@@ -150,7 +153,8 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
 
 
 def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 1.0,
-                        fanout: int = 1, shaped: bool | None = None, store_only: bool = True) -> dict:
+                        fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
+                        tls: bool = False) -> dict:
     """One measurement: relay and store-only for ``receivers`` nodes and a ``size_mb`` payload."""
     if shaped is None:
         shaped = namespaces_available()
@@ -171,6 +175,10 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         token_file = workdir / "relay-auth.json"  # every receiver speaks as one bench actor, checked as actors are
         token_file.write_text(json.dumps({"run_id": "bench", "public_key": public_key_text(key),
                                           "token": mint_relay_token(key, "bench", "bench-node", time.time() + 86400)}))
+        tls_file = workdir / "relay-auth-tls.json"  # the same, plus a certificate from a bench CA: mutual TLS
+        tls_file.write_text(json.dumps({**json.loads(token_file.read_text()), "tls": {
+            "actor": "bench-node", "ca": RelayCA(key, "bench").certificate_pem(),
+            "bundle": RelayCA(key, "bench").issue("bench-node", time.time() + 86400)}}))
         network = shaped_network if shaped else loopback_network
         with network(receivers + 1, link_mbit) as hosts:
             origin = Node(hosts[0], ["origin", "--host", hosts[0].address, "--port", str(hosts[0].port),
@@ -178,6 +186,8 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
             try:
                 args = (hosts[1:], workdir, manifest_path, token_file, origin.url)
                 relay = _transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit)
+                over_tls = (_transfer(hosts[1:], workdir, manifest_path, tls_file, origin.url, relay=True,
+                                      fanout=fanout, link_mbit=link_mbit) if tls else None)
                 baseline = _transfer(*args, relay=False, fanout=fanout, link_mbit=link_mbit) if store_only else None
             finally:
                 origin.close()
@@ -193,5 +203,8 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         "relay_store_chunks": relay["store_chunks"],
         **({"store_only_s": round(baseline["seconds"], 3),
             "store_only_over_relay": round(baseline["seconds"] / relay["seconds"], 3)} if baseline else {}),
-        "verified": relay["verified"] and (baseline is None or baseline["verified"]),
+        **({"relay_tls_s": round(over_tls["seconds"], 3), "tls_over_plain": round(over_tls["seconds"] / relay["seconds"], 3),
+            "relay_tls_store_chunks": over_tls["store_chunks"]} if over_tls else {}),
+        "verified": (relay["verified"] and (baseline is None or baseline["verified"])
+                     and (over_tls is None or over_tls["verified"])),
     }

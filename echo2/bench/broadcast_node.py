@@ -23,7 +23,9 @@ from pathlib import Path
 import fsspec
 from aiohttp import web
 
-from echo2.broadcast.relay import FetchPolicy, RelayNode
+from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.relay_tls import RelayTLS
+from echo2.data.relay_certs import ActorCertificate
 from echo2.data.relay_tokens import RelayAuth
 from echo2.data.run_key import public_key_of
 
@@ -56,11 +58,15 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
         return http.cat_file(f"{origin}/{chunk.file}", start=chunk.offset, end=chunk.offset + chunk.size)
 
     public = public_key_of({"public_key": auth["public_key"], "run_id": auth["run_id"]})
-    node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=host, port=port, policy=policy)
+    tls = RelayTLS(ActorCertificate(auth["tls"]["bundle"]), auth["tls"]["ca"]) if "tls" in auth else None
+    node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=host, port=port, policy=policy,
+                     tls=tls)
     _say({"ready": node.url})
     command = json.loads(sys.stdin.readline())
+    # over TLS every receiver is the one bench actor: each parent must prove it is that actor
+    sources = [Peer(url, auth["tls"]["actor"]) for url in command["sources"]] if tls else command["sources"]
     started = time.time()
-    buffer = node.start_fetch(manifest, command["sources"]).result()
+    buffer = node.start_fetch(manifest, sources).result()
     done = time.time()
     # whole-file check on top of the per-chunk checks: every byte matches the manifest
     verified = True

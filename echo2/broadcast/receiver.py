@@ -7,6 +7,8 @@ files of its own folder, is rejected: never fetched, never loaded, never relayed
 only serves versions this receiver started). The receiver holds no key that signs: the public
 key verifies manifests and peers' relay tokens; the actor's own token only authenticates its
 requests. The newest signed manifest's ``revoked`` list says whose tokens this relay refuses.
+With ``tls`` (``relay_tls.py``) the relay speaks mutual TLS with the actor's certificate, and the
+revoked list also covers certificates and the parents this node will fetch from.
 
 Which version to receive, with S the run's staleness bound (``train.staleness``): while version
 p is being fetched and LATEST says L > p, the fetch goes on if L - p < S (a rollout generated
@@ -35,7 +37,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from echo2.broadcast import topology
 from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
 from echo2.data.relay_tokens import RelayAuth
-from echo2.broadcast.relay import FetchPolicy, RelayNode, VersionBuffer
+from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, VersionBuffer
+from echo2.broadcast.relay_tls import RelayTLS
 from echo2.config import BroadcastConfig
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore
@@ -46,9 +49,10 @@ log = logging.getLogger("echo2.broadcast")
 
 class PolicyReceiver:
     def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_token: str,
-                 config: BroadcastConfig, *, staleness: int, run_id: str):
+                 config: BroadcastConfig, *, staleness: int, run_id: str, tls: RelayTLS | None = None):
         """``public_key``: the run's, from ``run.json`` (verifies manifests and peers' tokens);
-        ``relay_token``: this actor's own, which its requests to peers carry (it cannot sign anything)."""
+        ``relay_token``: this actor's own, which its requests to peers carry (it cannot sign anything);
+        ``tls``: this actor's certificate and the run's CA, where the relay speaks TLS (``relay_tls``)."""
         self.store = store
         self.actor_id = actor_id
         self.public_key = public_key
@@ -58,7 +62,7 @@ class PolicyReceiver:
                              pipeline_wait_s=config.pipeline_wait_s, window=config.window)
         self.auth = RelayAuth(public_key, run_id)
         self.node = RelayNode(relay_token, self.auth, self._store_read, host=config.host, port=config.port,
-                              policy=policy)
+                              policy=policy, tls=tls)
         self._revocations_of: int | None = None  # the version whose revoked list is in force
         self.current: int | None = None
         self.last_fetch_seconds: float | None = None
@@ -76,7 +80,8 @@ class PolicyReceiver:
     @property
     def url(self) -> str:
         advertised = self.config.advertise_host or self.config.host
-        return f"http://{advertised}:{self.node.server.port}"
+        scheme = "https" if self.node.server.tls is not None else "http"
+        return f"{scheme}://{advertised}:{self.node.server.port}"
 
     def _store_read(self, chunk: Chunk, manifest: dict) -> bytes:
         key = f"{layout.policy_dir(int(manifest['version']))}/{chunk.file}"
@@ -175,7 +180,8 @@ class PolicyReceiver:
             return
         except NotFound:
             return  # garbage-collected between LATEST and now: a newer one is coming
-        peers = topology.sources(manifest.get("relay", {}), self.actor_id) if self.config.mode == "relay" else []
+        peers = ([Peer(url, peer) for url, peer in topology.source_peers(manifest.get("relay", {}), self.actor_id)]
+                 if self.config.mode == "relay" else [])
         if self._pending is not None:
             log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()

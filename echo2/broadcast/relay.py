@@ -22,6 +22,11 @@ bad chunk is never served on and never loaded. Requests need ``Authorization: Be
 an actor's own token, signed by the learner and checked with the run's public key
 (``data/relay_tokens.py``); a refusal is a 401, logged with its reason but never the token.
 
+Across hosts the relay speaks mutual TLS with certificates of the run's CA (``relay_tls.py``): a
+client must present an actor's certificate, the token must name the same actor, a revoked actor is
+refused by certificate as by token, and a client checks that the server is the peer the signed plan
+names (``Peer``). A fetch also skips a parent that the newest signed manifest revoked.
+
 Everything runs on one asyncio loop in a background thread (``RelayNode``), so an actor keeps
 relaying to its children while it generates.
 """
@@ -34,10 +39,11 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, web
 
+from echo2.broadcast.relay_tls import RelayTLS, TLSListener
 from echo2.data.manifest import Chunk, chunk_table
 from echo2.data.relay_tokens import RelayAuth, TokenRefused
 
@@ -46,6 +52,16 @@ log = logging.getLogger("echo2.relay")
 
 class SourceFailed(Exception):
     """A source (peer) was dead, slow, or served a chunk that failed verification."""
+
+
+class Peer(NamedTuple):
+    """A parent from the signed relay plan: where it says it listens, and who it must prove to be (TLS)."""
+
+    url: str
+    actor_id: str
+
+    def __str__(self) -> str:
+        return f"{self.actor_id} at {self.url}"
 
 
 @dataclass
@@ -113,10 +129,15 @@ class FetchPolicy:
 
 
 class RelayServer:
-    def __init__(self, auth: RelayAuth, *, host: str = "127.0.0.1", port: int = 0, keep_versions: int = 2):
+    def __init__(self, auth: RelayAuth, *, host: str = "127.0.0.1", port: int = 0, keep_versions: int = 2,
+                 tls: RelayTLS | None = None):
         self.auth = auth
+        self.tls = tls
         self.refusals = 0
-        """Requests refused for their token (the chaos suite counts them)."""
+        """Requests refused for their token or certificate (the chaos suite counts them)."""
+        self.handshake_refusals = 0
+        """Connections refused in the TLS handshake (no or a foreign certificate, plain HTTP)."""
+        self._listener: TLSListener | None = None
         self._refusals_logged: set[tuple] = set()
         self.host = host
         self.port = port
@@ -128,7 +149,7 @@ class RelayServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def start(self) -> None:
         self._version_added = asyncio.Event()
@@ -138,11 +159,17 @@ class RelayServer:
         # held (pipelined) requests must not keep a stopping relay alive for long
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
+        if self.tls is not None:
+            self._listener = TLSListener(self._runner.server, self.tls.server_context, self._refused_handshake)
+            self.port = await self._listener.start(self.host, self.port)
+            return
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            await self._listener.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -157,16 +184,34 @@ class RelayServer:
     def _authorized(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
         try:
+            certified = None
+            if self.tls is not None:  # the handshake verified the chain; who it names, and whether they still count
+                certified = RelayTLS.client_actor(request.transport)
+                if certified is None:
+                    raise TokenRefused("the client certificate names no actor")
+                if certified in self.auth.revoked:
+                    raise TokenRefused(f"the certificate of {certified} is revoked")
             if not header.startswith("Bearer "):
                 raise TokenRefused("no bearer token")
-            self.auth.actor_of(header[7:])
+            actor = self.auth.actor_of(header[7:])
+            if certified is not None and actor != certified:
+                raise TokenRefused(f"a token of {actor} over the certificate of {certified}")
             return True
         except TokenRefused as exc:  # the reason names the actor, never the token
             self.refusals += 1
-            if (request.remote, str(exc)) not in self._refusals_logged:  # once each: a flood must not flood the log
-                self._refusals_logged.add((request.remote, str(exc)))
-                log.warning("relay refused a request from %s for %s: %s", request.remote, request.path, exc)
+            self._log_refusal(request.remote, f"a request for {request.path}", str(exc))
             return False
+
+    def _refused_handshake(self, remote: str, reason: str) -> None:
+        self.handshake_refusals += 1
+        self._log_refusal(remote, "a TLS connection", reason)
+
+    def _log_refusal(self, remote: str | None, what: str, reason: str) -> None:
+        if (remote, reason) not in self._refusals_logged:  # once each: a flood must not flood the log
+            if len(self._refusals_logged) >= 4096:  # bounded, as RelayAuth's cache is
+                self._refusals_logged.clear()
+            self._refusals_logged.add((remote, reason))
+            log.warning("relay refused %s from %s: %s", what, remote, reason)
 
     async def _health(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -215,20 +260,39 @@ class RelayServer:
 class Fetcher:
     """Fills a ``VersionBuffer`` from an ordered list of sources: parent peer(s) first, the store last."""
 
-    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], policy: FetchPolicy):
+    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], policy: FetchPolicy, *,
+                 tls: RelayTLS | None = None, auth: RelayAuth | None = None):
+        """``tls``: speak TLS to peers (only to ``Peer``s on https URLs, each checked to be its actor);
+        ``auth``: whose revocations to honour when choosing parents."""
         self.token = token
         self.store_read = store_read  # blocking; runs in a worker thread
         self.policy = policy
+        self.tls = tls
+        self.auth = auth
 
-    async def fetch(self, buffer: VersionBuffer, peers: list[str]) -> VersionBuffer:
+    def _dialable(self, peer: str | Peer, version: int) -> bool:
+        """Whether ``peer`` may be asked at all: a peer this node cannot verify, or a revoked one, is not."""
+        url = peer.url if isinstance(peer, Peer) else peer
+        why = None
+        if self.tls is not None and not (isinstance(peer, Peer) and url.startswith("https://")):
+            why = "this relay speaks TLS, and the peer is not an https:// peer of the relay plan"
+        elif self.tls is None and not url.startswith("http://"):
+            why = "this relay speaks plain HTTP (broadcast.tls)"
+        elif isinstance(peer, Peer) and self.auth is not None and peer.actor_id in self.auth.revoked:
+            why = f"{peer.actor_id} is revoked"
+        if why is not None:
+            log.warning("v%d: skipping %s: %s", version, peer, why)
+        return why is None
+
+    async def fetch(self, buffer: VersionBuffer, peers: list[str | Peer]) -> VersionBuffer:
         try:
             return await self._fill(buffer, peers)
         except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
             buffer.abandon(exc)
             raise
 
-    async def _fill(self, buffer: VersionBuffer, peers: list[str]) -> VersionBuffer:
-        sources = list(peers) + ["store"]
+    async def _fill(self, buffer: VersionBuffer, peers: list[str | Peer]) -> VersionBuffer:
+        sources = [p for p in peers if self._dialable(p, buffer.version)] + ["store"]
         dead: set[str] = set()
         queue: asyncio.Queue[int] = asyncio.Queue()
         for chunk in buffer.chunks:
@@ -252,7 +316,7 @@ class Fetcher:
                                 if source in dead:
                                     continue  # another worker gave up on it while we queued
                                 data = await self._get(session, source, buffer, index)
-                            buffer.put(index, data, source)
+                            buffer.put(index, data, str(source))
                         # ClientError: a peer that dies mid-chunk (ServerDisconnectedError, ClientPayloadError)
                         except (SourceFailed, OSError, asyncio.TimeoutError, ValueError, ClientError) as exc:
                             if source == "store":
@@ -265,15 +329,18 @@ class Fetcher:
             await asyncio.gather(*(worker() for _ in range(self.policy.window)))
         return buffer
 
-    async def _get(self, session: ClientSession, source: str, buffer: VersionBuffer, index: int) -> bytes:
+    async def _get(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, index: int) -> bytes:
         chunk = buffer.chunks[index]
         if source == "store":
             return await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
-        url = f"{source}/v1/versions/{buffer.version}/chunks/{index}"
+        base = source.url if isinstance(source, Peer) else source
+        url = f"{base}/v1/versions/{buffer.version}/chunks/{index}"
+        tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
+            "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
         # the parent may legitimately wait for its own upstream: allow the pipeline wait plus one slow chunk
         limit = self.policy.pipeline_wait_s + self.policy.chunk_timeout(chunk.size)
         async with asyncio.timeout(limit):
-            async with session.get(url) as resp:
+            async with session.get(url, **tls) as resp:
                 if resp.status != 200:
                     raise SourceFailed(f"{url} answered {resp.status}")
                 if resp.content_length is not None and resp.content_length != chunk.size:
@@ -309,15 +376,16 @@ class RelayNode:
 
     def __init__(self, token: str, auth: RelayAuth, store_read: Callable[[Chunk, dict], bytes], *,
                  host: str = "127.0.0.1", port: int = 0, policy: FetchPolicy | None = None,
-                 server_cls: type[RelayServer] = RelayServer):
-        """``token``: this node's own (what it sends to its parents); ``auth``: what it accepts."""
+                 server_cls: type[RelayServer] = RelayServer, tls: RelayTLS | None = None):
+        """``token``: this node's own (what it sends to its parents); ``auth``: what it accepts;
+        ``tls``: this node's certificate and the run's CA (mutual TLS both ways), None for plain HTTP."""
         self.policy = policy or FetchPolicy()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="echo2-relay", daemon=True)
         self.thread.start()
-        self.server = server_cls(auth, host=host, port=port)
+        self.server = server_cls(auth, host=host, port=port, tls=tls)
         self.server.pipeline_wait_s = self.policy.pipeline_wait_s
-        self.fetcher = Fetcher(token, store_read, self.policy)
+        self.fetcher = Fetcher(token, store_read, self.policy, tls=tls, auth=auth)
         self._call(self.server.start())
 
     def _call(self, coro, timeout: float | None = None):
@@ -327,7 +395,7 @@ class RelayNode:
     def url(self) -> str:
         return self.server.url
 
-    def start_fetch(self, manifest: dict, peers: list[str]):
+    def start_fetch(self, manifest: dict, peers: list[str | Peer]):
         """Begin receiving a version in the background; returns a concurrent future of its buffer."""
 
         async def run() -> VersionBuffer:

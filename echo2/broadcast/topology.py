@@ -39,8 +39,9 @@ def parent_index(k: int, *, fanout: int, roots: int) -> int | None:
     return None if k < roots else (k - roots) // fanout
 
 
-def sources(relay: dict, actor_id: str) -> list[str]:
-    """URLs to fetch from, best first: parent, then its ancestors up to a root. Empty = store only."""
+def source_peers(relay: dict, actor_id: str) -> list[tuple[str, str]]:
+    """(url, peer id) to fetch from, best first: parent, then its ancestors up to a root. Empty = store only.
+    The id is who the peer must prove to be over TLS (``relay_tls.py``): the url is only where it says it is."""
     peers: list[dict] = relay.get("peers", [])
     ids = [p["id"] for p in peers]
     if actor_id not in ids:
@@ -48,8 +49,13 @@ def sources(relay: dict, actor_id: str) -> list[str]:
     out = []
     k: int | None = ids.index(actor_id)
     while (k := parent_index(k, fanout=relay["fanout"], roots=relay["roots"])) is not None:
-        out.append(peers[k]["url"])
+        out.append((peers[k]["url"], peers[k]["id"]))
     return out
+
+
+def sources(relay: dict, actor_id: str) -> list[str]:
+    """URLs to fetch from, best first (``source_peers`` without the ids)."""
+    return [url for url, _ in source_peers(relay, actor_id)]
 
 
 def plan(live: dict[str, str], version: int, *, fanout: int, roots: int) -> dict:

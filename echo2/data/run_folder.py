@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from echo2.data import layout
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.data.relay_certs import RelayCA
 from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_text
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 from echo2.errors import Echo2InputError
@@ -55,9 +56,11 @@ def read_run_record(runs: ObjectStore, run_id: str) -> dict:
 def create_run(store: ObjectStore, run_id: str, config: dict, *, key: Ed25519PrivateKey,
                echo2_version: str) -> dict:
     """Write ``run.json`` once: the resolved config, and the public half of the signing key with its
-    fingerprint (actors verify versions with it; the private key stays with the learner)."""
+    fingerprint (actors verify versions with it; the private key stays with the learner), and the relay
+    CA's certificate (peers verify each other's with it; the CA key is derived from the run key)."""
     record = {"run_id": run_id, "created_at": time.time(), "echo2_version": echo2_version, "config": config,
-              "public_key": public_key_text(key), "key_fingerprint": fingerprint(key)}
+              "public_key": public_key_text(key), "key_fingerprint": fingerprint(key),
+              "relay_ca": RelayCA(key, run_id).certificate_pem()}
     try:
         store.put_json(layout.RUN_JSON, record)
     except AlreadyExists:

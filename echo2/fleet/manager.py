@@ -39,6 +39,7 @@ from echo2.config import FleetConfig
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.data.ledger import write_event
+from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
 from echo2.data.store import ObjectStore
 from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetBackend, Offer
@@ -282,13 +283,16 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     decides the GPUs it fits and their speed) are what a cloud backend needs beside."""
     from echo2.fleet.offers import local_offers, skypilot_offers
 
-    # each actor gets its own relay token, signed with the learner's key (never the key itself);
+    # each actor gets its own relay token, signed with the learner's key (never the key itself), and its
+    # own relay certificate and key from the run's CA (data/relay_certs.py), valid as long as the token;
     # secrets go through the backend's secret channel (local processes: their environment; SkyPilot:
     # its secrets), never argv or the store
     run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
+    relay_ca = RelayCA(run_key, run_id)
 
-    def token(actor_id: str, expires_at: float) -> dict[str, str]:
-        return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at)}
+    def relay_secrets(actor_id: str, expires_at: float) -> dict[str, str]:
+        return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at),
+                RELAY_TLS_ENV: relay_ca.issue(actor_id, expires_at)}
 
     if config.backend == "skypilot":
         from echo2.fleet.credentials import mint_actor_credentials
@@ -306,7 +310,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
                                                hours=sk.credentials_hours, sts_endpoint_url=sk.sts_endpoint_url)
                 secrets_.update(creds.env)
                 expires = min(expires, creds.expires_at.timestamp())
-            secrets_.update(token(actor_id, expires))  # both stop working together: the actor is replaced before
+            secrets_.update(relay_secrets(actor_id, expires))  # both stop working together: the actor is replaced before
             return ActorLaunch(actor_id=actor_id, run_url=store.url, command=["echo2", "actor"], env=env,
                                secrets=secrets_, offer=offer, expires_at=expires)
 
@@ -322,6 +326,6 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
         return ActorLaunch(actor_id=actor_id, run_url=store.url,
                            command=[*command, "--run", store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())],
                            env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, offer=offer,
-                           secrets=token(actor_id, time.time() + LOCAL_TOKEN_S))
+                           secrets=relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
 
     return FleetManager(backend, config, store, launch_spec=local_spec, offers=local_offers(config))

@@ -25,6 +25,7 @@ def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], 
     """Commit ``version`` (signed with ``key``, the learner's Ed25519 key), move LATEST to it, collect
     garbage; returns the manifest. ``revoked``: actors whose relay tokens peers refuse from this version on."""
     live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
+    live = {actor: url for actor, url in live.items() if actor not in revoked}  # no children for a revoked actor
     relay = plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
     manifest = publish_version(store, version, tensors, extra_files=extra_files, shard_mb=train.shard_mb,
                                chunk_size=int(broadcast.chunk_mb * 2**20), key=key, meta={"relay": relay, "revoked": sorted(revoked), **meta})

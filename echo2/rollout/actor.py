@@ -37,6 +37,7 @@ from transformers import AutoTokenizer
 from echo2.data.relay_tokens import token_from_env
 from echo2.data.run_key import public_key_of
 from echo2.broadcast.receiver import PolicyReceiver
+from echo2.broadcast.relay_tls import relay_tls
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex, pending_rollouts
@@ -88,8 +89,10 @@ class Actor:
         r = self.config.rollout  # the relay binds and advertises this machine's address (machine.py)
         broadcast = machine_broadcast(self.config.broadcast, preemption_source=r.preemption_source,
                                       preemption_endpoint=r.preemption_endpoint)
+        # across hosts the relay speaks mutual TLS with this actor's certificate ($ECHO2_RELAY_TLS) and run.json's CA
         self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
-                                       broadcast, staleness=self.config.train.staleness, run_id=self.run_id)
+                                       broadcast, staleness=self.config.train.staleness, run_id=self.run_id,
+                                       tls=relay_tls(broadcast, run, actor_id))
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
