@@ -1,95 +1,136 @@
-"""The learner killed with SIGKILL in the middle of a checkpoint write, a publish and a step, again and
-again, always resumes and finishes, and the ledger accounts for every committed rollout file once.
-
-The kills come from failpoints (``echo2/data/failpoints.py``): the learner SIGKILLs itself the n-th
-time it passes a point of the chosen kind, n drawn at random, so every moment of each operation is
-reachable (between any two files of a version or a checkpoint, before LATEST moves, after a step's
-files are chosen, after its optimizer step). ``make test`` runs 3 kills (one of each kind);
-``make chaos`` runs ``ECHO2_CHAOS_KILLS=21``.
+"""The chaos suite's scenarios in their smaller forms (``make chaos`` runs them all at full size with
+``echo2 chaos``; echo2/chaos/). The other scenarios' small forms live beside the code they test:
+reclaims (test_e2e), hostile peers and truncated shards (test_relay_hostile, test_broadcast), forged
+manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config), dishonest actors
+(test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load (test_collector).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
 
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
 from conftest import REPO
+from echo2.chaos import fuzz
+from echo2.chaos.runner import failed
+from echo2.chaos.scenarios import learner_kills
 from echo2.data.store import open_store
-from helpers import ledger_audit, reap_session
-
-QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
-SETTINGS = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_step=2",
-            "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10", "train.lr=1e-3",
-            "eval.before=false", "eval.after=false", "train.checkpoint_every=2", "train.keep_checkpoints=2"]
-# hits of each failpoint in about six steps (three checkpoints) of work; the tiny model's folders hold
-# ~8 files. n is drawn in that range, so kills land at every stage and the run progresses between them
-HITS_PER_SIX_STEPS = {"step": 12, "publish": 54, "checkpoint": 27}
-
-
-def _attempt(args: list[str], failpoint: str | None, timeout: float, log_path) -> int:
-    env = dict(os.environ)
-    env.pop("ECHO2_FAILPOINTS", None)
-    if failpoint:
-        env["ECHO2_FAILPOINTS"] = failpoint
-    # its own session: what SIGKILL leaves behind (Prefect's ephemeral server) is reaped with the group.
-    # Output goes to a file: a pipe would stay open in that orphan after the learner died
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            reap_session(proc)
-    if proc.returncode not in (0, -signal.SIGKILL):
-        raise AssertionError(f"attempt with {failpoint} exited {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-    return proc.returncode
-
-
-def run_chaos(store_dir, model, *, kills: int, max_steps: int, seed: int = 0) -> dict:
-    rng = random.Random(seed)
-    kinds = ["checkpoint", "publish", "step"]
-    base = ["run", QUICKSTART, "--set", f"model.name={model}", "--set", f"store.url={store_dir}",
-            "--set", "run.id=chaos", *[a for s in SETTINGS for a in ("--set", s)],
-            "--set", f"train.max_steps={max_steps}"]
-    killed: dict[str, int] = {k: 0 for k in kinds}
-    attempts = 0
-    started = time.time()
-    finished = False
-    while sum(killed.values()) < kills:
-        kind = kinds[sum(killed.values()) % len(kinds)]
-        point = f"{kind}:{rng.randint(1, HITS_PER_SIX_STEPS[kind])}"
-        code = _attempt(base + (["--resume"] if attempts else []), point, 600, store_dir / f"attempt-{attempts}.log")
-        attempts += 1
-        if code == 0:  # the run finished before the failpoint was reached: start over on a new run
-            finished = True
-            break
-        killed[kind] += 1
-    if not finished:
-        assert _attempt(base + ["--resume"], None, 600, store_dir / f"attempt-{attempts}.log") == 0
-        attempts += 1
-    return {"kills": killed, "attempts": attempts, "seconds": round(time.time() - started, 1)}
+from helpers import ledger_audit
 
 
 def test_sigkill_during_checkpoints_publishes_and_steps_always_resumes(tiny_model, tmp_path):
-    kills = int(os.environ.get("ECHO2_CHAOS_KILLS", "3"))
-    max_steps = 6 * kills + 4  # more than the kills can reach: each attempt dies within ~6 steps
-    result = run_chaos(tmp_path, tiny_model, kills=kills, max_steps=max_steps)
-    print("chaos:", json.dumps(result))
-    assert sum(result["kills"].values()) == kills, result
-    run = open_store(str(tmp_path / "runs" / "chaos"))
+    """The learner SIGKILLed mid-checkpoint, mid-publish and mid-step (failpoints at random passes), resumed
+    each time: it finishes, LATEST never names an uncommitted version, every rollout file is in the ledger once."""
+    (tmp_path / "tiny-model").symlink_to(tiny_model)
+    row = learner_kills(tmp_path, kills=3)
+    print("chaos:", json.dumps(row))
+    assert not failed(row), row
+    run = open_store(str(tmp_path / "runs" / "kill"))
+    max_steps = 6 * 3 + 4
     summary = run.get_json("reports/summary.json")
     assert summary["steps"] == max_steps and run.get_json("policy/LATEST") == {"version": max_steps}
     assert run.exists(f"checkpoints/step-{max_steps:06d}/manifest.json")
     problems, counts = ledger_audit(run)
-    print("ledger:", json.dumps(counts))
-    assert not problems, problems
-    assert counts["used"] >= max_steps  # at least one file per step
+    assert not problems and counts["used"] >= max_steps, problems
     assert 0 <= summary["max_lag_used"] <= 2
-    # every step's ledger entry is there once, none from a lost timeline
-    steps = sorted(k for k in run.list("ledger/consumed/") if k.endswith(".json") and "step-" in k and k.count(".") == 1)
-    assert steps == [f"ledger/consumed/step-{i:06d}.json" for i in range(1, max_steps + 1)]
+
+
+@pytest.fixture(scope="module")
+def fuzz_context(tiny_model, tmp_path_factory):
+    """A run's worth of honest rows and a collector that validates as the learner does (tiny model)."""
+    from transformers import AutoTokenizer
+
+    from echo2.config import load_config
+    from echo2.tasks import make_task
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    task = make_task(load_config(None, ["task.eval_size=10"]).task)
+    rows = fuzz.honest(task.sample_train(random.Random(1), 2), tok, group_size=4, salt=0)
+    return tok, task, rows
+
+
+def _collect(tmp_path, tok, task, cases, used):
+    from echo2.data.rollouts import RolloutLimits, content_hash, decode_rollouts
+    from echo2.learner.collector import RolloutCollector
+    from echo2.learner.verify import TaskVerifier
+
+    store = open_store(str(tmp_path))
+    store.put("rollouts/v000003/a9-used-000000.arrow", used)
+    for c in cases:
+        store.put(f"rollouts/v{c.version:06d}/{c.actor}-000000.arrow", c.data, if_absent=False)
+    limits = RolloutLimits(vocab_size=len(tok), group_size=4, max_completion_tokens=6, max_prompt_tokens=4096,
+                           reward_range=task.reward_range)
+    col = RolloutCollector(store, run_id="fuzz", staleness=2, groups_per_step=2, limits=limits,
+                           verifier=TaskVerifier(task, tok, max_new_tokens=6), max_file_bytes=1 << 20)
+    col.used_hashes.add(content_hash(decode_rollouts(used)))  # a step already used it
+    col.settled.add("rollouts/v000003/a9-used-000000.arrow")
+    store.put("rollouts/v000003/zz-honest-000000.arrow", fuzz._encode(fuzz.honest(
+        task.sample_train(random.Random(9), 2), tok, group_size=4, salt=1), "fuzz", "zz-honest", 3))
+    return col.collect(step=4, learner_version=3, timeout_s=20)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(fuzz.KINDS), min_size=3, max_size=12), seed=st.integers(0, 2**31))
+def test_every_hostile_rollout_file_is_quarantined_with_its_reason(fuzz_context, tmp_path_factory, kinds, seed):
+    tok, task, rows = fuzz_context
+    tmp = tmp_path_factory.mktemp("fuzz")
+    used = fuzz._encode(rows, "fuzz", "a9-used", 3)
+    rng = random.Random(seed)
+    cases = [fuzz.case(kind, i, rng, rows=rows, run_id="fuzz", version=3, vocab=len(tok), max_file_bytes=1 << 20,
+                       used_data=used) for i, kind in enumerate(kinds)]
+    sel = _collect(tmp, tok, task, cases, used)
+    reasons = {q["key"]: q["reason"] for q in sel.quarantined}
+    dropped = {d["key"]: d["reason"] for d in sel.dropped}
+    for c in cases:
+        key = f"rollouts/v{c.version:06d}/{c.actor}-000000.arrow"
+        if c.expect == "duplicate":
+            assert dropped.get(key, "").startswith("duplicate"), (c.kind, reasons.get(key), dropped.get(key))
+        else:
+            assert key in reasons, (c.kind, dropped.get(key))
+            assert c.expect.lower() in reasons[key].lower(), (c.kind, reasons[key])
+    assert [u["key"] for u in sel.used] == ["rollouts/v000003/zz-honest-000000.arrow"]  # training goes on
+
+
+def test_store_operations_ride_out_a_faulty_store_and_an_outage(s3_server):
+    """10% of S3 requests failing (503 SlowDown, 500, dropped connections) and a 5 s outage: every put, get
+    and list still succeeds, and the objects are what was written."""
+    import boto3
+
+    from echo2.chaos.s3_proxy import FaultyS3Proxy
+
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="echo2-faults")
+    proxy = FaultyS3Proxy(s3_server, fail_rate=0.1, seed=1)
+    url = proxy.start()
+    try:
+        store = open_store("s3://echo2-faults/x", {"endpoint_url": url, "key": "testing", "secret": "testing"},
+                           retry_s=60)
+        started = time.time()
+        for i in range(30):
+            store.put(f"k/{i:03d}", bytes([i]) * 100)
+            if i == 10:
+                proxy.outage(5)
+        assert [store.get(f"k/{i:03d}") for i in range(30)] == [bytes([i]) * 100 for i in range(30)]
+        assert len(store.list("k/")) == 30 and store.list_folders("") == ["k"]
+        assert proxy.failed >= 5 and time.time() - started >= 5  # the faults and the outage did happen
+    finally:
+        proxy.stop()
+
+
+def test_echo2_chaos_prints_one_json_object_per_scenario_and_exits_by_the_result(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "bad-input", "--json",
+                           "--keep", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["scenario"] for r in rows] == ["bad-input"]
+    assert set(rows[0]) >= {"scenario", "injected", "detected", "lost", "bad_loaded", "finished"}
+    assert rows[0]["injected"] == rows[0]["detected"] >= 9 and rows[0]["finished"]
+    bad = subprocess.run([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "nope"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown scenario nope" in bad.stderr

@@ -58,7 +58,8 @@ class BehaviorAuditor:
         self.audited_actors: set[str] = set()
         self.sampled = 0
         self.seen = 0
-        self.largest_gap = 0.0
+        self.largest_pass = 0.0
+        """The largest gap of a file that passed (how close honest actors came to the threshold)."""
         self._rng = random.SystemRandom()  # never the run's seeded RNG: an actor must not predict the sample
         self._model = None
         self._model_version: int | None = None
@@ -81,10 +82,10 @@ class BehaviorAuditor:
         self.sampled += 1
         self.audited_actors.add(actor_id)
         gap = self.gap(table, self._model_of(version, weights))
-        self.largest_gap = max(self.largest_gap, gap)
         if gap > self.max_gap:
             raise Dishonest(f"actor {actor_id}: behavior logprobs are {gap:.3f} nats/token from what version {version} "
                             f"gives (audit threshold {self.max_gap:g})")
+        self.largest_pass = max(self.largest_pass, gap)
         log.debug("audited a file of %s at v%d: gap %.2e", actor_id, version, gap)
         return gap
 

@@ -61,6 +61,8 @@ class Selection:
     dropped: list[dict] = field(default_factory=list)
     quarantined: list[dict] = field(default_factory=list)
     waited_s: float = 0.0
+    list_seconds: float = 0.0
+    """Time spent listing the backlog (what must not grow with the files older versions hold)."""
 
     @property
     def groups(self) -> int:
@@ -157,7 +159,15 @@ class RolloutCollector:
         oldest = None if self._collections % FULL_SWEEP_EVERY == 1 else self._listed_from
         while sel.groups < self.groups_per_step:
             progressed = False
-            for version, key in pending_rollouts(self.store, self.settled | self.in_flight | taken, oldest):
+            listed = time.time()
+            pending = pending_rollouts(self.store, self.settled | self.in_flight | taken, oldest)
+            sel.list_seconds += time.time() - listed
+            for version, key in [p for p in pending if p[0] > learner_version]:
+                # no policy of a version from the future exists: judged at once by its key, unread (and never
+                # left pending to be listed at every poll while honest files keep arriving)
+                taken.add(key)
+                self._quarantine(sel, key, f"version {version} is from the future (the learner is at {learner_version})")
+            for version, key in [p for p in pending if p[0] <= learner_version]:
                 if sel.groups >= self.groups_per_step:
                     break
                 progressed = True

@@ -13,7 +13,8 @@ from echo2.data import layout
 log = logging.getLogger("echo2.learner")
 
 _SCALARS = ("reward", "loss", "lag_mean", "lag_max", "clip_fraction", "ratio_mean", "kl_behavior", "grad_norm",
-            "groups_with_signal", "completion_tokens", "seconds", "wait_seconds", "dropped_stale", "quarantined")
+            "groups_with_signal", "completion_tokens", "seconds", "wait_seconds", "list_seconds", "dropped_stale",
+            "quarantined")
 
 
 class MetricsSink:

@@ -90,6 +90,7 @@ def write_reports(run: "LearnerRun") -> dict:
         "staleness_bound": run.config.train.staleness,
         **ledger_totals(store),
         "final_version": run.step,
+        "audit": run.audit_summary(),
         "cost_usd": None,
         "finished_at": time.time(),
     }

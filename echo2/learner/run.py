@@ -165,7 +165,8 @@ class LearnerRun:
         if metrics["nonfinite"]:
             self._quarantine_step(selection)
         self.collector.settle(selection)
-        metrics.update(wait_seconds=selection.waited_s, dropped_stale=len(selection.dropped),
+        metrics.update(wait_seconds=selection.waited_s, list_seconds=selection.list_seconds,
+                       dropped_stale=len(selection.dropped),
                        quarantined=len(selection.quarantined), time=time.time())
         is_last = self.step >= cfg.max_steps
         if self.step % cfg.publish_every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
@@ -189,6 +190,13 @@ class LearnerRun:
             moved.append({"key": item["key"], "reason": reason})
         write_consumed(self.store, selection.step, {"learner_version": selection.learner_version, "used": [],
                                                     "dropped": [], "quarantined": moved}, amendment="quarantine")
+
+    def audit_summary(self) -> dict:
+        """What the run's audit of actors found: files seen and sampled, the largest gap that passed, who was banned."""
+        a = self.auditor
+        return {"fraction": self.config.train.audit_fraction, "max_gap": self.config.train.audit_max_gap,
+                "files_seen": a.seen if a else 0, "files_audited": a.sampled if a else 0,
+                "largest_passing_gap": a.largest_pass if a else None, "banned": dict(self.collector.banned)}
 
     def interrupted(self) -> None:
         """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""

@@ -1,0 +1,117 @@
+"""``echo2 bench``: benchmarks that print ratios measured side by side (registered on the CLI in
+``echo2/cli.py``; each also has its ``make bench-NAME``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from echo2.errors import Echo2InputError
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured side by side.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@bench_app.command("broadcast")
+def bench_broadcast(
+    receivers: Optional[List[int]] = typer.Option(None, "--receivers", help="Receiver counts (repeatable; default 2 4 8 16)."),
+    size_mb: float = typer.Option(256.0, "--size-mb", help="Payload (one policy version) in MB."),
+    link_mbit: float = typer.Option(200.0, "--link-mbit", help="Every node's uplink, the store's too."),
+    chunk_mb: float = typer.Option(1.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
+    fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
+    loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
+    tls: bool = typer.Option(False, "--tls", help="Also run the relay chain over mutual TLS, beside the plain one."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
+) -> None:
+    """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
+    from echo2.bench.broadcast import namespaces_available, run_broadcast_bench
+
+    counts = receivers or [2, 4, 8, 16]
+    shaped = False if loopback else namespaces_available()
+    results = []
+    for n in counts:
+        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped, tls=tls)
+        results.append(result)
+        if as_json:
+            typer.echo(json.dumps(result))
+    if as_json:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"broadcast of {size_mb:g} MB, {link_mbit:g} Mbit/s links, {chunk_mb:g} MB chunks, "
+                        f"fan-out {fanout} ({results[0]['network']})")
+    columns = ["receivers", "relay s", "store-only s", "ideal s", "relay/ideal", "store-only/relay", "verified"]
+    for col in columns[:-1] + (["relay TLS s", "TLS/plain"] if tls else []) + columns[-1:]:
+        table.add_column(col, justify="right")
+    for r in results:
+        over_tls = [f"{r['relay_tls_s']:.2f}", f"{r['tls_over_plain']:.2f}"] if tls else []
+        table.add_row(str(r["receivers"]), f"{r['relay_s']:.2f}", f"{r['store_only_s']:.2f}", f"{r['ideal_s']:.2f}",
+                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", *over_tls, str(r["verified"]))
+    Console().print(table)
+    by_n = {r["receivers"]: r for r in results}
+    if 4 in by_n and 16 in by_n:
+        typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
+
+
+@bench_app.command("overlap")
+def bench_overlap(
+    quick: bool = typer.Option(False, "--quick", help="Two or three points with a short step (under a minute)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: a list of grid points."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the run folders and actor logs in this directory."),
+) -> None:
+    """Capacity model vs the real learner and actors on a timing workload: utilization, predicted and measured."""
+    from echo2.bench.overlap import print_table, run_overlap_bench, summary_line
+
+    _quiet_transformers()
+    results = run_overlap_bench(quick=quick, keep=keep, progress=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(results, indent=1))
+    else:
+        print_table(results)
+    typer.echo(summary_line(results), err=as_json)
+
+
+@bench_app.command("cost")
+def bench_cost(
+    rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second", help="R: rollouts (completions) per second the fleet must make."),
+    model_params: float = typer.Option(4.0, "--model-params", help="Model size in billions (speeds interpolated between profiled sizes)."),
+    completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per rollout."),
+    source: str = typer.Option("snapshot", "--source", help="Price source: snapshot, aws, skypilot."),
+    reclaim_rate: Optional[List[str]] = typer.Option(None, "--reclaim-rate", help="Reclaims per instance-hour: KEY=RATE, KEY = spot, on-demand, provider, provider:market or offer (repeatable)."),
+    cap: Optional[List[str]] = typer.Option(None, "--cap", help="Instances per offer at most: KEY=N, same keys (repeatable)."),
+    recovery_seconds: float = typer.Option(600.0, "--recovery-seconds", help="Work lost per reclaim: until a replacement produces."),
+    max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for activation's fleet."),
+    measured_run: Optional[List[str]] = typer.Option(None, "--measured-run", help="Earlier run whose measured speeds replace the profiles' (repeatable)."),
+    sweep: bool = typer.Option(True, "--sweep/--no-sweep", help="Also both figures at 8, 32, 128, 512, 1024 rollouts/s."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput."""
+    from echo2.bench.cost import SWEEP, print_cost, run_cost_bench
+
+    try:
+        result = run_cost_bench(rollouts_per_second=rollouts_per_second, model_params_b=model_params, source=source,
+                                completion_tokens=completion_tokens, reclaim=reclaim_rate, caps=cap,
+                                recovery_seconds=recovery_seconds, budget_usd_per_hour=max_usd_per_hour,
+                                measured_runs=measured_run, sweep=SWEEP if sweep else None)
+    except Echo2InputError as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps(result, indent=1)) if as_json else print_cost(result)
+    if result["activation_usd_per_hour"] is None:
+        raise typer.Exit(1)
+
+

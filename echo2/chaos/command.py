@@ -1,0 +1,39 @@
+"""``echo2 chaos`` (registered on the CLI in ``echo2/cli.py``): the chaos suite, ``runner.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def chaos(
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", help="Run only this scenario (repeatable)."),
+    quick: bool = typer.Option(False, "--quick", help="The small sizes (what make test runs of some)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per scenario."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the scenarios' runs and logs in this folder."),
+) -> None:
+    """Reclaims, learner kills, hostile peers and files, store faults, liars: real runs; exit 1 on any loss."""
+    import importlib.util
+
+    missing = [m for m in ("moto", "prefect") if importlib.util.find_spec(m) is None]
+    if missing:
+        _fail(f"echo2 chaos needs the dev and learner extras ({', '.join(missing)} not installed): "
+              "pip install -e '.[learner,dev]'")
+    from echo2.chaos.runner import as_json as to_json, failed, print_table, run_scenarios
+
+    try:
+        rows = run_scenarios(scenario, quick=quick, keep=keep, progress=lambda line: typer.echo(line, err=True))
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(to_json(rows)) if as_json else print_table(rows)
+    if any(failed(r) for r in rows):
+        raise typer.Exit(1)
+
+

@@ -1,0 +1,137 @@
+"""Hostile rollout files: valid ones mutated in every way the learner's validation must catch.
+
+``cases(n, seed)`` draws ``n`` files over the kinds below (each kind in turn, its parameters from a
+seeded generator: which row, which byte, which value), built from a valid file of the tiny model's
+arithmetic task, each for its own actor (a dishonest file bans its actor, which must not hide the next
+file's own reason). Every case says what the learner must do with it: quarantine it (with a reason
+that contains ``expect``) or drop it as a duplicate. ``tests/test_chaos.py`` draws the same kinds
+with hypothesis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from echo2.data.rollouts import Rollout, encode_rollouts
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    actor: str
+    version: int
+    data: bytes
+    expect: str
+    """A substring of the quarantine reason, or ``duplicate`` (dropped: the content was used already)."""
+
+
+def honest(problems, tokenizer, *, group_size: int, salt: int) -> list[Rollout]:
+    """A valid file's rows: every group's completions are the answer or a wrong number, rewarded as the task does."""
+    from echo2.tasks import prompt_token_ids
+
+    rows = []
+    for g, problem in enumerate(problems):
+        prompt = prompt_token_ids(tokenizer, problem)
+        for s in range(group_size):
+            text = str(problem.answer if s % 2 == 0 else problem.answer + 1 + salt)
+            ids = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            rows.append(Rollout(prompt_id=problem.id, group_id=f"g{g}", sample_index=s, prompt_token_ids=prompt,
+                                completion_token_ids=ids, behavior_logprobs=[-1.0] * len(ids),
+                                reward=float(s % 2 == 0), finish_reason="stop"))
+    return rows
+
+
+def _encode(rows, run_id, actor, version, **kw) -> bytes:
+    return encode_rollouts(rows, run_id=run_id, actor_id=actor, policy_version=version, task="arithmetic", **kw)
+
+
+def _table_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+KINDS = ("drop_column", "mismatched_lengths", "nan_logprob", "inf_logprob", "positive_logprob", "token_out_of_vocab",
+         "negative_token", "future_version", "huge_file", "truncated_arrow", "garbage", "flipped_bytes",
+         "reward_out_of_range", "wrong_reward", "wrong_run", "other_actor", "short_group", "duplicate")
+
+
+def case(kind: str, i: int, rng: random.Random, *, rows: list[Rollout], run_id: str, version: int, vocab: int,
+         max_file_bytes: int, used_data: bytes) -> Case:
+    """Case ``i`` of ``kind``; ``used_data``: a file a step already used (for ``duplicate``)."""
+    actor = f"a0fz-{i:04d}"  # sorts before the honest actors' files: the collector meets every one of them
+    r = rng.randrange(len(rows))
+
+    def mutate(**fields) -> list[Rollout]:
+        return [dataclasses.replace(x, **fields) if j == r else x for j, x in enumerate(rows)]
+
+    good = _encode(rows, run_id, actor, version)
+    if kind == "drop_column":
+        table = pa.ipc.open_file(pa.BufferReader(good)).read_all()
+        column = rng.choice(["reward", "behavior_logprobs", "completion_mask", "prompt_id"])
+        return Case(kind, actor, version, _table_bytes(table.drop_columns([column])), column)
+    if kind == "mismatched_lengths":
+        x = rows[r]
+        return Case(kind, actor, version, _encode(mutate(behavior_logprobs=x.behavior_logprobs[:-1] or [-1.0, -1.0]),
+                                                  run_id, actor, version), "")
+    if kind in ("nan_logprob", "inf_logprob", "positive_logprob"):
+        bad = {"nan_logprob": math.nan, "inf_logprob": -math.inf, "positive_logprob": 3.0}[kind]
+        lp = list(rows[r].behavior_logprobs)
+        lp[rng.randrange(len(lp))] = bad
+        return Case(kind, actor, version, _encode(mutate(behavior_logprobs=lp), run_id, actor, version), "logprob")
+    if kind in ("token_out_of_vocab", "negative_token"):
+        ids = list(rows[r].completion_token_ids)
+        ids[rng.randrange(len(ids))] = vocab + rng.randrange(1, 10**6) if kind == "token_out_of_vocab" else -rng.randrange(1, 99)
+        return Case(kind, actor, version, _encode(mutate(completion_token_ids=ids), run_id, actor, version), "token")
+    if kind == "future_version":
+        ahead = version + rng.randrange(50, 500)
+        return Case(kind, actor, ahead, _encode(rows, run_id, actor, ahead), "future")
+    if kind == "huge_file":
+        pad = rng.randbytes(max_file_bytes + 1024)
+        return Case(kind, actor, version, good + pad, "over the limit")
+    if kind == "truncated_arrow":
+        return Case(kind, actor, version, good[: rng.randrange(8, len(good) - 8)], "")
+    if kind == "garbage":
+        return Case(kind, actor, version, rng.randbytes(rng.randrange(1, 4096)), "")
+    if kind == "flipped_bytes":
+        data = bytearray(good)
+        for _ in range(rng.randrange(1, 32)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        return Case(kind, actor, version, bytes(data), "")
+    if kind == "reward_out_of_range":
+        return Case(kind, actor, version, _encode(mutate(reward=rng.choice([5.0, -3.0, 1e9])), run_id, actor, version),
+                    "reward")
+    if kind == "wrong_reward":  # a reward the completion did not earn: the task re-scores it
+        return Case(kind, actor, version, _encode(mutate(reward=1.0 - rows[r].reward), run_id, actor, version),
+                    "reward")
+    if kind == "wrong_run":
+        return Case(kind, actor, version, _encode(rows, f"{run_id}-other", actor, version), "run")
+    if kind == "other_actor":  # written in another actor's name
+        return Case(kind, actor, version, _encode(rows, run_id, "a-victim", version), "actor")
+    if kind == "short_group":
+        return Case(kind, actor, version, _encode([x for j, x in enumerate(rows) if j != r], run_id, actor, version),
+                    "group")
+    if kind == "duplicate":  # the content of a file a step already used, committed again under this name
+        data, used_version = reowned(used_data, actor)
+        return Case(kind, actor, used_version, data, "duplicate")
+    raise ValueError(kind)
+
+
+def reowned(data: bytes, actor: str) -> tuple[bytes, int]:
+    """A committed file's content in another actor's name (what a copy under that actor's key must say),
+    and the version it was generated with (the folder the copy goes to)."""
+    table = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    column = table.schema.get_field_index("actor_id")
+    table = table.set_column(column, "actor_id", pa.array([actor] * table.num_rows, pa.string()))
+    return _table_bytes(table), int(table.column("policy_version")[0].as_py())
+
+
+def cases(n: int, seed: int, **context) -> list[Case]:
+    rng = random.Random(seed)
+    return [case(KINDS[i % len(KINDS)], i, rng, **context) for i in range(n)]
