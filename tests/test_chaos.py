@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import REPO
 from echo2.chaos import fuzz
 from echo2.chaos.runner import failed
-from echo2.chaos.scenarios import learner_kills
+from echo2.chaos.faults import learner_kills
 from echo2.data.store import open_store
 from helpers import ledger_audit
 
