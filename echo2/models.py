@@ -10,6 +10,7 @@ Three sources, tried in this order:
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -57,9 +58,14 @@ def _gguf_path() -> Path:
     return gguf
 
 
+# Bumped when the conversion changes: a cache written by an older conversion is rebuilt once.
+_CONVERSION_VERSION = 2
+_MARKER = "echo2-conversion.json"
+
+
 def _embedded_default() -> Path:
     target = cache_dir() / "models" / DEFAULT_MODEL
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+    if (target / "model.safetensors").exists() and _conversion_version(target) == _CONVERSION_VERSION:
         return target
     gguf = _gguf_path()
     log.info("converting %s to safetensors (once) into %s", gguf.name, target)
@@ -67,6 +73,7 @@ def _embedded_default() -> Path:
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _special_tokens_from_model(tokenizer, model)
     # A GGUF-loaded model is flagged as quantized; it is plain fp32 after dequantisation.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -75,9 +82,33 @@ def _embedded_default() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / _MARKER).write_text(json.dumps({"version": _CONVERSION_VERSION, "gguf": gguf.name}))
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)  # atomic: a half-written cache is never picked up
     return target
+
+
+def _conversion_version(target: Path) -> int | None:
+    try:
+        return int(json.loads((target / _MARKER).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _special_tokens_from_model(tokenizer, model) -> None:
+    """Take eos/bos/pad from the GGUF's own metadata, which the model config carries.
+
+    transformers 5.17 (the version SkyPilot's pins resolve to) builds the GGUF tokenizer with
+    eos = ``<|im_start|>`` and no pad token, although the file says eos = pad = ``<|im_end|>``:
+    generation would then run past the end of every answer.
+    """
+    generation = model.generation_config
+    for name in ("eos", "bos", "pad"):
+        token_id = getattr(generation, f"{name}_token_id", None)
+        if isinstance(token_id, list):
+            token_id = token_id[0]
+        if token_id is not None:
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(int(token_id)))
 
 
 def _from_hf_cache(model_id: str) -> Path:

@@ -31,4 +31,9 @@ def test_embedded_default_is_converted_once_and_loads(tmp_path, monkeypatch):
     config = AutoConfig.from_pretrained(path)
     assert config.vocab_size == 49152 and getattr(config, "quantization_config", None) is None
     tok = AutoTokenizer.from_pretrained(path)
-    assert tok.eos_token_id == 2
+    assert tok.eos_token_id == 2 and tok.pad_token_id == 2  # <|im_end|>, as the GGUF says
+
+    # A cache an older conversion wrote (no marker) is rebuilt once, not trusted.
+    (path / "echo2-conversion.json").unlink()
+    assert resolve_model(DEFAULT_MODEL) == path
+    assert (path / "echo2-conversion.json").exists()
