@@ -131,8 +131,18 @@ class TrainConfig(_Section):
     """Modules that get adapters (peft's target_modules)."""
     publish_dtype: Literal["float32", "bfloat16"] = "float32"
     """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
+    publish_delta: bool = False
+    """Publish each version as a sparse delta against the previous one: only the elements whose bits
+    changed travel, bit-exact, with the sha256 of every rebuilt tensor in the signed manifest
+    (``echo2/data/delta.py``). Pays with ``publish_dtype: bfloat16``, where an RL step leaves most
+    elements' bits as they were; a float32 copy changes almost everywhere and ends up in keyframes."""
+    keyframe_every: int = Field(16, ge=1)
+    """With publish_delta: a full version (keyframe) at version 0, at the first publish after a resume,
+    once this many versions have passed since the last keyframe, and whenever the deltas since it would
+    outgrow one full version. An actor that joins late downloads the newest keyframe and the deltas
+    after it; garbage collection keeps every version such a chain needs."""
     shard_mb: int = Field(256, ge=1)
-    """Largest safetensors shard of a published version."""
+    """Largest safetensors shard of a published version (delta shards too)."""
     max_rollout_file_mb: float = Field(64.0, gt=0)
     """A rollout file larger than this is quarantined before it is downloaded or decoded."""
     max_prompt_tokens: int = Field(4096, ge=1)
@@ -279,6 +289,9 @@ class Config(_Section):
                 f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
                 f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
             )
+        if self.train.publish_delta and self.train.lora_rank > 0:
+            raise ValueError("train.publish_delta and train.lora_rank > 0 do not combine: a LoRA run already "
+                             "publishes only the adapter")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -3,7 +3,9 @@
     loop:
         if the receiver has a newer policy version whole and verified: swap to it
             (it is received in the background from the parent relay peer or the store, chunk by
-            chunk, each checked against the signed manifest; see echo2/broadcast/)
+            chunk, each checked against the signed manifest; see echo2/broadcast/; a sparse delta
+            is applied to the weights held here, or the version rebuilt from its keyframe, and
+            every tensor checked against the signed hashes before the swap: reconstruct.py)
         if a batch started now would be too stale when the learner next collects, or the
             fleet already has enough usable batches waiting: sleep                    (flow control)
         draw groups_per_batch problems; sample G completions each with behavior logprobs
@@ -36,8 +38,10 @@ from transformers import AutoTokenizer
 
 from echo2.data.run_key import public_key_of, relay_secret_from_env
 from echo2.broadcast.receiver import PolicyReceiver
+from echo2.broadcast.reconstruct import Reconstructor
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
+from echo2.data.delta import DeltaRejected
 from echo2.data.ledger import ConsumedIndex, pending_rollouts
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
@@ -82,6 +86,8 @@ class Actor:
         # peers); neither signs a version, and the learner's private key is never read here
         self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), relay_secret_from_env(),
                                        self.config.broadcast, staleness=self.config.train.staleness)
+        # rebuilds sparse delta versions from what it holds or from a keyframe, each link verified
+        self.reconstructor = Reconstructor(self.receiver.manifest, self.receiver.fetch_blocking)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -165,31 +171,42 @@ class Actor:
     # -- steps -----------------------------------------------------------------------------
     def _follow_policy(self) -> bool:
         """Swap to a newer version once the receiver has all of it, verified (generation goes on
-        meanwhile); whether it swapped."""
+        meanwhile), and, for a sparse delta, once it rebuilds the learner's tensors bit for bit;
+        whether it swapped."""
         buffer = self.receiver.poll()
         if buffer is None:
             return False
         t0 = time.time()
         files = buffer.files()
+        try:
+            weights = self._weights_of(buffer.manifest, files)
+        except DeltaRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
+            log.error("not swapping to v%d: %s (still on v%s)", buffer.version, exc, self.version)
+            return False
         if self.engine is None:
             model_dir = self._workdir / "model"
             model_dir.mkdir(parents=True, exist_ok=True)
-            for entry in buffer.manifest["files"]:  # plain names only: the receiver checked them
-                if entry["kind"] == "aux":
-                    (model_dir / entry["name"]).write_bytes(files[entry["name"]])
+            model_files = {e["name"]: files[e["name"]] for e in buffer.manifest["files"] if e["kind"] == "aux"}
+            for name, data in (model_files or self.reconstructor.model_files or {}).items():
+                (model_dir / name).write_bytes(data)  # plain names only: the receiver checked them
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self._build_engine(model_dir)
-        self.engine.load_weights(self._weights_of(buffer.manifest, files).items())
+        self.engine.load_weights(weights.items())
         self.version = buffer.version
         created = buffer.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
         self.fetch_seconds = self.receiver.last_fetch_seconds
         self.swap_seconds = time.time() - t0
-        log.info("now generating with policy v%d (loaded in %.1fs)", self.version, self.swap_seconds)
+        how = f", {self.reconstructor.route} in {self.reconstructor.seconds:.2f}s" if self.reconstructor.route != "full" else ""
+        log.info("now generating with policy v%d (loaded in %.1fs%s)", self.version, self.swap_seconds, how)
         return True
 
     def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
-        """Full weights of a received version; a LoRA version is merged into its base version."""
+        """Full weights of a received version; a LoRA version is merged into its base version, a
+        sparse delta (or a keyframe of a delta run) goes through the reconstructor."""
+        if manifest.get("weights") == "delta" or "tensors" in manifest:
+            return self.reconstructor.weights(manifest, files)
+        self.reconstructor.route = "full"
         tensors = {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
         if manifest.get("weights") != "lora":
             if self.config.train.lora_rank > 0:

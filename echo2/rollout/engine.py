@@ -35,7 +35,8 @@ class Completion:
 class Engine(ABC):
     @abstractmethod
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the policy weights (all of them) with verified tensors."""
+        """Replace the policy weights (all of them) with verified tensors, copying them: the caller
+        changes them in place afterwards (a sparse delta applied to the weights it holds)."""
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
