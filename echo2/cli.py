@@ -159,6 +159,7 @@ def export(
 ) -> None:
     """Export a published version or checkpoint as a from_pretrained-loadable directory."""
     from echo2.data import layout
+    from echo2.data.delta import DeltaRejected
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
     from echo2.data.weights import download, iter_tensors, latest_version
@@ -182,7 +183,14 @@ def export(
             adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
             download(store, layout.policy_dir(manifest["base_version"]), dest)
             merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
-    except (StoreError, NotFound, ManifestRejected) as exc:
+        if manifest.get("weights") == "delta":  # a sparse delta: rebuilt through its chain, every link verified
+            from echo2.data.delta_chain import read_version
+            from echo2.data.weights import save_as_indexed
+
+            tensors, keyframe = read_version(store, step)
+            download(store, layout.policy_dir(keyframe["version"]), dest, kinds=("aux",))
+            save_as_indexed(dest, tensors)
+    except (StoreError, NotFound, ManifestRejected, DeltaRejected) as exc:
         _fail(str(exc))
     for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
@@ -202,12 +210,22 @@ def bench_broadcast(
     fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
     loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
+    delta: bool = typer.Option(False, "--delta", help="Sparse delta vs full bf16 versions of a real quickstart run: "
+                               "sizes, encode/apply time, then the relay time of each (one object per version "
+                               "with --json, then one for the relay)."),
+    steps: int = typer.Option(6, "--steps", help="With --delta: training steps (consecutive versions) to measure."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="With --delta: measure this run's versions "
+                                           "(STORE/runs/ID, every version still kept) instead of training."),
 ) -> None:
     """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
     from echo2.bench.broadcast import namespaces_available, run_broadcast_bench
 
-    counts = receivers or [2, 4, 8, 16]
     shaped = False if loopback else namespaces_available()
+    if delta:
+        _bench_delta(steps=steps, receivers=(receivers or [8])[0], link_mbit=link_mbit, chunk_mb=chunk_mb,
+                     shaped=shaped, from_run=from_run, as_json=as_json)
+        return
+    counts = receivers or [2, 4, 8, 16]
     results = []
     for n in counts:
         result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped)
@@ -230,6 +248,25 @@ def bench_broadcast(
     by_n = {r["receivers"]: r for r in results}
     if 4 in by_n and 16 in by_n:
         typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
+
+
+def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: float, shaped: bool,
+                 from_run: str | None, as_json: bool) -> None:
+    from echo2.bench.delta import print_delta, run_delta_bench
+    from echo2.data.store import StoreError
+
+    _quiet_transformers()
+    try:
+        result = run_delta_bench(steps=steps, receivers=receivers, link_mbit=link_mbit, chunk_mb=chunk_mb,
+                                 shaped=shaped, from_run=from_run, progress=lambda line: typer.echo(line, err=True))
+    except (StoreError, ValueError) as exc:
+        _fail(str(exc))
+    if not as_json:
+        print_delta(result)
+        return
+    for row in result["versions"]:
+        typer.echo(json.dumps(row))
+    typer.echo(json.dumps({**result["relay"], "summary": result["summary"]}))
 
 
 @bench_app.command("overlap")

@@ -1,7 +1,8 @@
 """One node of the broadcast benchmark, run as its own process (inside a network namespace when
 shaped). ``origin`` serves the payload over HTTP like an object store; ``receiver`` runs the real
 relay code: a ``RelayNode`` that fetches chunks from its sources (peers, then the store) and
-serves what it has verified to its children.
+serves what it has verified to its children; given ``--base``, it then applies the sparse delta
+it received to that base and checks every rebuilt tensor against the manifest's signed table.
 
 Protocol with the coordinator (stdin/stdout, one JSON object per line):
     node -> {"ready": url}         server is listening
@@ -46,7 +47,8 @@ def run_origin(root: Path, host: str, port: int) -> None:
     asyncio.run(main())
 
 
-def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: int, policy: FetchPolicy) -> None:
+def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: int, policy: FetchPolicy,
+                 base: Path | None = None) -> None:
     manifest = json.loads(manifest_path.read_text())
     http = fsspec.filesystem("http")
 
@@ -67,8 +69,21 @@ def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: 
             if chunk.file == entry["name"]:
                 digest.update(data)
         verified &= digest.hexdigest() == entry["sha256"]
+    rebuilt = None
+    if base is not None:  # a delta: apply it to this node's copy of the base, every tensor checked by sha256
+        from safetensors.torch import load as st_load
+
+        from echo2.data.delta_chain import apply_version
+        from echo2.data.delta import DeltaRejected
+
+        tensors = st_load(base.read_bytes())
+        try:
+            apply_version(tensors, manifest, buffer.files())
+            rebuilt = True
+        except DeltaRejected:
+            rebuilt = False
     _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at), "verified": verified,
-          "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+          "rebuilt": rebuilt, "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
     sys.stdin.read()  # keep serving children until the coordinator closes stdin
     node.close()
 
@@ -83,12 +98,14 @@ def main() -> None:
     parser.add_argument("--origin")
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--expected-mbit", type=float, default=200.0)
+    parser.add_argument("--base", type=Path, help="a delta's base version (safetensors): rebuild and check after receiving")
     args = parser.parse_args()
     if args.role == "origin":
         run_origin(args.root, args.host, args.port)
     else:
         policy = FetchPolicy(expected_mbit=args.expected_mbit, min_rate_fraction=0.05, pipeline_wait_s=60)
-        run_receiver(args.manifest, args.origin, args.token_file.read_text().strip(), args.host, args.port, policy)
+        run_receiver(args.manifest, args.origin, args.token_file.read_text().strip(), args.host, args.port, policy,
+                     base=args.base)
 
 
 if __name__ == "__main__":

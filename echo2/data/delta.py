@@ -166,22 +166,18 @@ def _side_dtype(numel: int) -> np.dtype:
     return np.dtype("<u4") if numel <= 2**32 else np.dtype("<u8")
 
 
-_SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _changed_positions(base: torch.Tensor, new: torch.Tensor) -> np.ndarray:
-    """Flat positions where the bits of ``new`` and ``base`` differ (torch: its comparison uses every thread)."""
-    width = _SAME_WIDTH[new.element_size()]
-    mask = new.reshape(-1).view(width).ne(base.reshape(-1).view(width))
-    return torch.nonzero(mask).view(-1).numpy()
+def _changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Flat positions where the bits differ. numpy, single-threaded: on a busy machine torch's
+    ``ne`` + ``nonzero`` with 2 threads took 6-8 s for SmolLM2's 134M elements, numpy 0.3 s."""
+    return np.flatnonzero(a != b)
 
 
 def _encode_tensor(base: torch.Tensor, new: torch.Tensor, compressor) -> tuple[str, int, list[bytes]] | None:
-    idx = _changed_positions(base, new)
+    a, b = _bits(new), _bits(base)
+    idx = _changed_positions(a, b)
     count = len(idx)
     if count == 0:
         return None
-    a, b = _bits(new), _bits(base)
     if count / a.size > BITMAP_ABOVE:
         encoding = "bitmap"
         mask = np.zeros(a.size, dtype=bool)
@@ -362,8 +358,9 @@ def apply_delta(base: dict[str, torch.Tensor], files: list[bytes], table: dict[s
             replaced[change.name] = t
             t = base[change.name] = t.contiguous().clone()
         flat = _bits(t)
-        undo.append((flat, change.positions, flat[change.positions]))
-        flat[change.positions] += change.diff
+        old = flat[change.positions]
+        undo.append((flat, change.positions, old))
+        flat[change.positions] = old + change.diff  # wraps: the encoder's difference, undone exactly
     bad = mismatches(base, table)
     if bad:
         for flat, positions, old in reversed(undo):

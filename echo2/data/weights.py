@@ -229,6 +229,19 @@ def published_versions(store: ObjectStore) -> list[int]:
     return committed_folders(store, layout.POLICY, layout.parse_version_dir)
 
 
+def save_as_indexed(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` into ``folder`` as the shards its ``model.safetensors.index.json`` names
+    (a rebuilt delta version, into a folder holding its keyframe's model files)."""
+    weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    if set(weight_map) != set(tensors):
+        raise CorruptWeights(f"{folder / INDEX_FILE} does not name the rebuilt version's tensors")
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        shards.setdefault(check_file_name(weight_map[name]), {})[name] = t
+    for shard, group in shards.items():
+        (folder / shard).write_bytes(st_save(group, metadata={"format": "pt"}))
+
+
 def merge_into_folder(folder: Path, adapter: dict[str, torch.Tensor], *, rank: int, alpha: float) -> None:
     """Fold a LoRA adapter into the shards of a downloaded base folder, shard by shard."""
     from echo2.data.lora import merge_lora
