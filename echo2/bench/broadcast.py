@@ -139,6 +139,10 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
                 chain.append(receivers[j].url)
             node.send({"sources": chain})
         results = [node.read() for node in receivers]
+        if "--base" in extra:  # one at a time: each holds a whole base version while it rebuilds
+            for node, result in zip(receivers, results):
+                node.send({"rebuild": True})
+                result.update(node.read())
     finally:
         for node in receivers:
             node.close()

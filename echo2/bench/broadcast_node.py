@@ -8,6 +8,8 @@ Protocol with the coordinator (stdin/stdout, one JSON object per line):
     node -> {"ready": url}         server is listening
     coord -> {"sources": [...]}    start fetching (receivers only)
     node -> {"done": t, ...}       whole version verified (receivers only)
+    coord -> {"rebuild": true}     with --base, once every receiver is done: apply the delta
+    node -> {"rebuilt": bool}      every rebuilt tensor matched the signed table
     coord -> closes stdin          exit
 """
 
@@ -69,23 +71,28 @@ def run_receiver(manifest_path: Path, origin: str, token: str, host: str, port: 
             if chunk.file == entry["name"]:
                 digest.update(data)
         verified &= digest.hexdigest() == entry["sha256"]
-    rebuilt = None
-    if base is not None:  # a delta: apply it to this node's copy of the base, every tensor checked by sha256
-        from safetensors.torch import load as st_load
-
-        from echo2.data.delta_chain import apply_version
-        from echo2.data.delta import DeltaRejected
-
-        tensors = st_load(base.read_bytes())
-        try:
-            apply_version(tensors, manifest, buffer.files())
-            rebuilt = True
-        except DeltaRejected:
-            rebuilt = False
     _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at), "verified": verified,
-          "rebuilt": rebuilt, "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+          "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+    if base is not None:  # told once every receiver is done, so that no rebuild slows a transfer still going on
+        json.loads(sys.stdin.readline())
+        _say({"rebuilt": _rebuilds(base, manifest, buffer.files())})
     sys.stdin.read()  # keep serving children until the coordinator closes stdin
     node.close()
+
+
+def _rebuilds(base: Path, manifest: dict, files: dict[str, bytes]) -> bool:
+    """Whether the sparse delta received applies to ``base`` and every rebuilt tensor hashes to the signed table."""
+    from safetensors.torch import load as st_load
+
+    from echo2.data.delta import DeltaRejected
+    from echo2.data.delta_chain import apply_version
+
+    tensors = st_load(base.read_bytes())
+    try:
+        apply_version(tensors, manifest, files)
+    except DeltaRejected:
+        return False
+    return True
 
 
 def main() -> None:

@@ -149,10 +149,10 @@ def print_delta(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    t = Table(title="sparse delta vs full bf16 version, consecutive versions of a real quickstart run")
-    for col in ("version", "full MB", "delta MB", "delta/full", "changed", "encode s", "apply s", "learner step s",
-                "bit-exact"):
+    console = Console(width=max(100, Console().width))
+    t = Table(title="sparse delta vs full bf16 version, consecutive versions of a real quickstart run "
+                    "(step s: the learner's own step in that run)")
+    for col in ("v", "full MB", "delta MB", "delta/full", "changed", "encode s", "apply s", "step s", "exact"):
         t.add_column(col, justify="right")
     for r in result["versions"]:
         t.add_row(str(r["version"]), f"{r['full_bytes'] / 2**20:.1f}", f"{r['delta_bytes'] / 2**20:.2f}",
