@@ -236,3 +236,17 @@ def test_the_table_names_every_tensor_with_its_hash():
     table = tensor_table(t)
     assert table["a"]["dtype"] == "bfloat16" and table["b"]["shape"] == [2, 2] and len(table["a"]["sha256"]) == 64
     assert table["a"]["sha256"] != tensor_table({"a": torch.ones(3, dtype=torch.float16)})["a"]["sha256"]
+
+
+def test_a_keyframe_that_differs_from_its_table_is_refused():
+    from echo2.data.delta_chain import full_tensors
+
+    tensors = {"a": torch.ones(3, dtype=torch.bfloat16), "b": torch.zeros(2)}
+    manifest = {"version": 0, "files": [{"name": "s", "kind": "shard"}], "tensors": tensor_table(tensors)}
+    assert same(full_tensors(manifest, {"s": st_save(tensors)}), tensors)
+    wrong_hash = {**manifest["tensors"], "a": {**manifest["tensors"]["a"], "sha256": "0" * 64}}
+    for table in ({"a": "x", "b": manifest["tensors"]["b"]}, wrong_hash, {}, "nope", [1]):
+        with pytest.raises(DeltaRejected):
+            full_tensors({**manifest, "tensors": table}, {"s": st_save(tensors)})
+    with pytest.raises(DeltaRejected):
+        full_tensors(manifest, {"s": b"\x08" + b"\0" * 20})

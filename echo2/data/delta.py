@@ -9,7 +9,7 @@ Encoding, per tensor (elements viewed as unsigned integers of their width, littl
 
     positions  "gaps" (sparse): the gaps between successive changed positions (the first counted
                from -1), one byte each, 255 = escape to the next uint32 (uint64 for tensors of
-               more than 2**32 elements) of a side stream;
+               2**32 elements or more) of a side stream;
                "bitmap" (dense, more than BITMAP_ABOVE of the tensor changed): one bit per element
     values     the change itself, (new - old) mod 2**bits, zigzag-mapped to a byte (a move of
                +-1..127 ulps), 255 = escape to the raw wrapping difference in a side stream
@@ -72,9 +72,6 @@ ESCAPE = 255
 SECTIONS = ("positions", "positions_escaped", "changes", "changes_escaped")
 _HASH_THREADS = 2
 
-DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.bool)}
 _UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
 
@@ -99,10 +96,7 @@ def tensor_sha256(t: torch.Tensor) -> str:
 
 
 def dtype_name(t: torch.Tensor) -> str:
-    name = str(t.dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise NeedsKeyframe(f"dtype {name} has no delta encoding")
-    return name
+    return str(t.dtype).removeprefix("torch.")
 
 
 def tensor_table(tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
@@ -123,8 +117,8 @@ def mismatches(tensors: dict[str, torch.Tensor], table: dict[str, dict]) -> list
     return bad + [n for n in same_kind if digests[n] != table[n].get("sha256")]
 
 
-def _fits(t: torch.Tensor, entry: dict) -> bool:
-    return str(t.dtype).removeprefix("torch.") == entry.get("dtype") and list(t.shape) == entry.get("shape")
+def _fits(t: torch.Tensor, entry: object) -> bool:
+    return isinstance(entry, dict) and dtype_name(t) == entry.get("dtype") and list(t.shape) == entry.get("shape")
 
 
 # -- encoding -------------------------------------------------------------------------------
@@ -163,7 +157,8 @@ def _unzigzag(codes: np.ndarray) -> np.ndarray:
 
 
 def _side_dtype(numel: int) -> np.dtype:
-    return np.dtype("<u4") if numel <= 2**32 else np.dtype("<u8")
+    """Escaped gaps: a gap is at most ``numel`` (a first change at the last position)."""
+    return np.dtype("<u4") if numel < 2**32 else np.dtype("<u8")
 
 
 def _changed_positions(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -200,6 +195,8 @@ def encode_delta(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], *,
     for name, t in new.items():
         if t.dtype != base[name].dtype or t.shape != base[name].shape:
             raise NeedsKeyframe(f"{name} changed dtype or shape")
+        if t.element_size() not in _UINT:
+            raise NeedsKeyframe(f"{name}: {dtype_name(t)} elements of {t.element_size()} bytes have no delta encoding")
     new = {k: v.contiguous() for k, v in new.items()}
     table = tensor_table(new)
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
