@@ -252,7 +252,7 @@ def bench_broadcast(
 
 def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: float, shaped: bool,
                  from_run: str | None, as_json: bool) -> None:
-    from echo2.bench.delta import print_delta, run_delta_bench
+    from echo2.bench.delta import json_lines, print_delta, run_delta_bench
     from echo2.data.store import StoreError
 
     _quiet_transformers()
@@ -261,12 +261,11 @@ def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: floa
                                  shaped=shaped, from_run=from_run, progress=lambda line: typer.echo(line, err=True))
     except (StoreError, ValueError) as exc:
         _fail(str(exc))
-    if not as_json:
+    if as_json:
+        for obj in json_lines(result):
+            typer.echo(json.dumps(obj))
+    else:
         print_delta(result)
-        return
-    for row in result["versions"]:
-        typer.echo(json.dumps(row))
-    typer.echo(json.dumps({**result["relay"], "summary": result["summary"]}))
 
 
 @bench_app.command("overlap")

@@ -145,6 +145,11 @@ def summarize(rows: list[dict], relay: dict) -> dict:
     return out
 
 
+def json_lines(result: dict) -> list[dict]:
+    """``--json``: one object per version, then one for the relay (with the summary)."""
+    return [*result["versions"], {**result["relay"], "summary": result["summary"]}]
+
+
 def print_delta(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -23,15 +23,16 @@ steps 1 and 2 of ``echo2 run configs/quickstart.yaml --set train.publish_dtype=b
                gaps, LEB128 varint       2.06 / 0.96              raw wrapping diff u16  1.14 / 0.66
                gaps, uint32 byte planes  2.10 / 0.98              diff as byte planes    1.53 / 0.75
                bitmap                    2.52 / 1.35              XOR as byte planes     1.40 / 0.70
-               (dense: whole diff array, no index: 4.90 in all)   new values, planes     4.21 / 1.61
+               (dense: whole diff array, no index: 4.90 / -)      new values, planes     4.21 / 1.61
 
 Changed positions carry about H(p)/p bits each (5.4 bits at p = 6.2%), and gaps + zstd reach
 it; a varint is no smaller than byte + escape, which decodes without a loop over byte positions.
 The changes themselves are mostly +-1 ulp (91% at step 1), which is why the difference beats the
 new value by 4x. On synthetic masks (random positions, +-1/2/3 ulp changes) gaps beat a bitmap
 below ~15% changed and lose above it (0.045 vs 0.049 of full at 10%, 0.081 vs 0.076 at 20%); a
-whole diff array without an index never won, so there is no third encoding. zstd level 1 and 3
-gave the same sizes within 1% and level 9 3% smaller at 5x the time: level 1.
+whole diff array without an index never won, so there is no third encoding. zstd levels 1, 3
+and 9 gave the same total within 1% (2.98, 2.98, 2.99% at step 1; level 9 shrinks the changes
+and grows the gaps) at about 3x the time for level 9: level 1.
 
 Delta shards (``shard-NNNN.safetensors``, kind ``delta`` in the manifest, each at most
 ``shard_mb``): safetensors files whose tensors are the compressed streams as flat uint8 arrays,
