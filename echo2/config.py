@@ -135,7 +135,8 @@ class TrainConfig(_Section):
     """Publish each version as a sparse delta against the previous one: only the elements whose bits
     changed travel, bit-exact, with the sha256 of every rebuilt tensor in the signed manifest
     (``echo2/data/delta.py``). Pays with ``publish_dtype: bfloat16``, where an RL step leaves most
-    elements' bits as they were; a float32 copy changes almost everywhere and ends up in keyframes."""
+    elements' bits as they were; a float32 copy changes almost everywhere and ends up in keyframes.
+    No effect with ``lora_rank > 0``: adapter versions are small already."""
     keyframe_every: int = Field(16, ge=1)
     """With publish_delta: a full version (keyframe) at version 0, at the first publish after a resume,
     once this many versions have passed since the last keyframe, and whenever the deltas since it would
@@ -289,9 +290,6 @@ class Config(_Section):
                 f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
                 f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
             )
-        if self.train.publish_delta and self.train.lora_rank > 0:
-            raise ValueError("train.publish_delta and train.lora_rank > 0 do not combine: a LoRA run already "
-                             "publishes only the adapter")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -184,3 +184,12 @@ def test_a_broken_chain_is_refused_and_nothing_wrong_is_held(published, store):
     with pytest.raises(DeltaRejected):
         rec.weights(target.manifest, target.files())
     assert rec.held is None or same(rec.held[1], vs[rec.held[0]])  # whatever it holds is exactly a version
+
+
+def test_publish_delta_leaves_a_lora_run_as_it_was(store):
+    """A LoRA run publishes its base, then adapters only: ``publish_delta`` (on in a shared config) changes nothing."""
+    pub = make_publisher(store, lora_rank=4)
+    manifest, stats = pub.publish(0, versions(1)[0], {"weights": "full"})
+    assert manifest["weights"] == "full" and "tensors" not in manifest and "publish_keyframe" not in stats
+    manifest, _ = pub.publish(1, {"base_model.model.x.lora_A.weight": torch.zeros(4, 16)}, {"weights": "lora", "base_version": 0})
+    assert manifest["weights"] == "lora" and published_versions(store) == [0, 1]

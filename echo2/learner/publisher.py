@@ -106,7 +106,8 @@ class Publisher:
 
     def _commit(self, version: int, tensors: dict[str, torch.Tensor], meta: dict, full_bytes: int, stats: dict,
                 relay: dict, chunk_size: int) -> dict:
-        delta_run = self.train.publish_delta and meta.get("weights") == "full"
+        # a LoRA run publishes its base once, then adapters: nothing for a delta to encode against
+        delta_run = self.train.publish_delta and self.train.lora_rank == 0 and meta.get("weights") == "full"
         delta, reason = None, None
         if delta_run:
             reason = self._keyframe_reason(version)
