@@ -27,8 +27,10 @@ SETTINGS = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_
             "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10", "train.lr=1e-3",
             "eval.before=false", "eval.after=false", "train.checkpoint_every=2", "train.keep_checkpoints=2"]
 # hits of each failpoint in about six steps (three checkpoints) of work; the tiny model's folders hold
-# ~8 files. n is drawn in that range, so kills land at every stage and the run progresses between them
-HITS_PER_SIX_STEPS = {"step": 12, "publish": 54, "checkpoint": 27}
+# ~8 files. The quickstart publishes sparse deltas: a keyframe first after each resume (~8 files and
+# LATEST), then one delta shard and LATEST per version. n is drawn in that range, so kills land at
+# every stage (in keyframes and in deltas) and the run progresses between them
+HITS_PER_SIX_STEPS = {"step": 12, "publish": 19, "checkpoint": 27}
 
 
 def _attempt(args: list[str], failpoint: str | None, timeout: float, log_path) -> int:
