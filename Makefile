@@ -16,8 +16,11 @@ export AWS_EC2_METADATA_DISABLED ?= true
 export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 
 # every benchmark, `echo2 bench NAME`: `make bench` runs them all, one after the other, and each
-# has its own `make bench-NAME`. Adding one is one line: BENCHMARKS += NAME
+# has its own `make bench-NAME`. Adding one is one line: BENCHMARKS += NAME (NAME-FLAG runs
+# `echo2 bench NAME --FLAG`)
 BENCHMARKS := broadcast
+# sparse delta vs full bf16 versions of a real 6-step quickstart run, then relayed to 8 receivers
+BENCHMARKS += broadcast-delta
 BENCHMARKS += overlap
 BENCHMARKS += cost
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
@@ -116,10 +119,11 @@ chaos: setup
 	$(BIN)/echo2 chaos
 
 bench: setup
-	@set -e; for name in $(BENCHMARKS); do echo "== echo2 bench $$name"; $(BIN)/echo2 bench $$name; done
+	@set -e; for name in $(BENCHMARKS); do cmd=$$(echo $$name | sed 's/-/ --/'); echo "== echo2 bench $$cmd"; \
+		$(BIN)/echo2 bench $$cmd; done
 
 $(BENCH_TARGETS): bench-%: setup
-	$(BIN)/echo2 bench $*
+	$(BIN)/echo2 bench $(subst -, --,$*)
 
 ui: setup
 	BIN=$(abspath $(BIN)) infra/ui.sh start

@@ -252,6 +252,7 @@ def export(
 ) -> None:
     """Export a published version or checkpoint as a from_pretrained-loadable directory."""
     from echo2.data import layout
+    from echo2.data.delta import DeltaRejected
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
     from echo2.data.weights import latest_version
@@ -269,7 +270,7 @@ def export(
                 break
         else:
             _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
-    except (StoreError, NotFound, ManifestRejected) as exc:
+    except (StoreError, NotFound, ManifestRejected, DeltaRejected) as exc:
         _fail(str(exc))
     typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
 
@@ -285,6 +286,13 @@ def _download_weights(store, prefix: str, dest: Path) -> dict:
         adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
         download(store, layout.policy_dir(manifest["base_version"]), dest)
         merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
+    if manifest.get("weights") == "delta":  # a sparse delta: rebuilt through its chain, every link verified
+        from echo2.data.delta_chain import read_version
+        from echo2.data.weights import save_as_indexed
+
+        tensors, keyframe = read_version(store, manifest["version"])
+        download(store, layout.policy_dir(keyframe["version"]), dest, kinds=("aux",))
+        save_as_indexed(dest, tensors)
     for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
     return manifest

@@ -26,6 +26,19 @@ def _metric_name(summary: dict) -> str:
     return "greedy accuracy" if metric == "accuracy" else metric
 
 
+def _publish_columns(metrics: dict) -> dict:
+    """What the step's publish moved (None on a step that published nothing): the full version's MB, the
+    MB actually sent (a sparse delta's, or the full shards of a keyframe), the share of elements that
+    changed, and the delta's encode and apply seconds (``echo2/learner/publisher.py``)."""
+    def get(key, scale=1.0, digits=3):
+        value = metrics.get(key)
+        return None if value is None else round(value * scale, digits)
+
+    return {"full_mb": get("publish_full_bytes", 2**-20, 1), "sent_mb": get("publish_bytes", 2**-20, 2),
+            "changed_share": get("publish_changed_fraction", 1.0, 4), "encode_s": get("publish_encode_seconds"),
+            "apply_s": get("publish_apply_seconds")}
+
+
 class RunWatch:
     def __init__(self, config: Config, table_every: int = 2):
         self.config = config
@@ -57,7 +70,7 @@ class RunWatch:
         self.rows.append({"step": step, "reward": round(metrics["reward"], 4), "eval_accuracy": None,
                           "lag_mean": round(metrics["lag_mean"], 2), "lag_max": metrics["lag_max"],
                           "actors_alive": fleet.get("actors_alive"), "usd_so_far": round(cost_so_far, 4),
-                          "step_seconds": round(metrics["seconds"], 1)})
+                          "step_seconds": round(metrics["seconds"], 1), **_publish_columns(metrics)})
         if step % self.table_every == 0 or step == max_steps:
             self._table()
 

@@ -91,6 +91,8 @@ with get_client(sync_client=True) as c:
     table = json.loads(table) if isinstance(table, str) else table
     assert [row["step"] for row in table] == [1, 2, 3, 4]
     assert table[-1]["eval_accuracy"] is not None and table[-1]["actors_alive"] == 1
+    assert table[-1]["full_mb"] > 0 and table[-1]["sent_mb"] is not None  # what the step's publish moved
+    assert {"changed_share", "encode_s", "apply_s"} <= table[-1].keys()
     assert any("Cost" in a["data"] for a in by_type["markdown"])
     # actor logs reached the flow run's log
     logs = prefect(api, "flow-run", "logs", info["id"])

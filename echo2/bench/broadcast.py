@@ -129,9 +129,10 @@ class Node:
 
 
 def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file: Path, origin_url: str,
-              relay: bool, fanout: int, link_mbit: float) -> dict:
+              relay: bool, fanout: int, link_mbit: float, extra: list[str] = ()) -> dict:
     receivers = [Node(h, ["receiver", "--host", h.address, "--port", str(h.port), "--manifest", str(manifest_path),
-                          "--origin", origin_url, "--token-file", str(token_file), "--expected-mbit", str(link_mbit)])
+                          "--origin", origin_url, "--token-file", str(token_file), "--expected-mbit", str(link_mbit),
+                          *extra])
                  for h in hosts]
     try:
         start = time.time()
@@ -142,6 +143,10 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
                 chain.append(receivers[j].url)
             node.send({"sources": chain})
         results = [node.read() for node in receivers]
+        if "--base" in extra:  # one at a time: each holds a whole base version while it rebuilds
+            for node, result in zip(receivers, results):
+                node.send({"rebuild": True})
+                result.update(node.read())
     finally:
         for node in receivers:
             node.close()
@@ -149,27 +154,35 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
             "first_chunk_s": [round(r["first_chunk"] - start, 3) for r in results],
             "done_s": [round(r["done"] - start, 3) for r in results],
             "verified": all(r["verified"] for r in results),
+            "rebuilt": [r.get("rebuilt") for r in results],
             "store_chunks": sum(r["from_store"] for r in results)}
 
 
-def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 1.0,
-                        fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
-                        tls: bool = False) -> dict:
-    """One measurement: relay and store-only for ``receivers`` nodes and a ``size_mb`` payload."""
+def relay_files(files: dict[str, tuple[str, bytes]], receivers: int, link_mbit: float, *, chunk_mb: float = 1.0,
+                fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
+                rebuild: tuple[bytes, dict] | None = None, tls: bool = False) -> dict:
+    """Send one version (``files``: name -> (kind, bytes)) from an origin to ``receivers`` nodes, through a
+    relay chain (fan-out ``fanout``) and, with ``store_only``, from the origin to every node as well;
+    with ``tls`` also through the relay chain over mutual TLS.
+
+    With ``rebuild`` = (safetensors bytes of the base version, the version's signed tensor table) every
+    receiver of a delta version also applies what it received to its own copy of the base and checks
+    the sha256 of every rebuilt tensor (after its transfer is timed)."""
     if shaped is None:
         shaped = namespaces_available()
     workdir = Path(tempfile.mkdtemp(prefix="echo2-bench-"))
     os.chmod(workdir, 0o755)
     try:
-        payload = os.urandom(int(size_mb * 2**20))
         (workdir / "store").mkdir()
-        (workdir / "store" / "shard-0000.safetensors").write_bytes(payload)
         chunk = int(chunk_mb * 2**20)
+        entries = []
+        for name, (kind, data) in files.items():
+            (workdir / "store" / name).write_bytes(data)
+            entries.append({"name": name, "kind": kind, "size": len(data), "sha256": sha256(data),
+                            "chunks": chunk_hashes(data, chunk)})
         key = Ed25519PrivateKey.generate()
-        manifest = sign({"version": 1, "chunk_size": chunk, "files": [
-            {"name": "shard-0000.safetensors", "kind": "shard", "size": len(payload), "sha256": sha256(payload),
-             "chunks": chunk_hashes(payload, chunk)}]}, key)
-        del payload
+        meta = {"tensors": rebuild[1], "weights": "delta"} if rebuild else {}
+        manifest = sign({"version": 1, "chunk_size": chunk, "files": entries, **meta}, key)
         manifest_path = workdir / "manifest.json"
         manifest_path.write_text(json.dumps(manifest))
         token_file = workdir / "relay-auth.json"  # every receiver speaks as one bench actor, checked as actors are
@@ -179,13 +192,17 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         tls_file.write_text(json.dumps({**json.loads(token_file.read_text()), "tls": {
             "actor": "bench-node", "ca": RelayCA(key, "bench").certificate_pem(),
             "bundle": RelayCA(key, "bench").issue("bench-node", time.time() + 86400)}}))
+        extra: list[str] = []
+        if rebuild:
+            (workdir / "base.safetensors").write_bytes(rebuild[0])
+            extra = ["--base", str(workdir / "base.safetensors")]
         network = shaped_network if shaped else loopback_network
         with network(receivers + 1, link_mbit) as hosts:
             origin = Node(hosts[0], ["origin", "--host", hosts[0].address, "--port", str(hosts[0].port),
                                      "--root", str(workdir / "store")])
             try:
                 args = (hosts[1:], workdir, manifest_path, token_file, origin.url)
-                relay = _transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit)
+                relay = _transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit, extra=extra)
                 over_tls = (_transfer(hosts[1:], workdir, manifest_path, tls_file, origin.url, relay=True,
                                       fanout=fanout, link_mbit=link_mbit) if tls else None)
                 baseline = _transfer(*args, relay=False, fanout=fanout, link_mbit=link_mbit) if store_only else None
@@ -193,10 +210,11 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
                 origin.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    ideal = size_mb * 2**20 * 8 / (link_mbit * 1e6)
+    size = sum(len(data) for _, data in files.values())
+    ideal = size * 8 / (link_mbit * 1e6)
     return {
-        "receivers": receivers, "size_mb": size_mb, "link_mbit": link_mbit, "chunk_mb": chunk_mb, "fanout": fanout,
-        "shaped": shaped, "network": "namespaces+tc" if shaped else "unshaped loopback",
+        "receivers": receivers, "size_mb": round(size / 2**20, 3), "link_mbit": link_mbit, "chunk_mb": chunk_mb,
+        "fanout": fanout, "shaped": shaped, "network": "namespaces+tc" if shaped else "unshaped loopback",
         "relay_s": round(relay["seconds"], 3), "ideal_s": round(ideal, 3),
         "relay_over_ideal": round(relay["seconds"] / ideal, 3),
         "relay_first_chunk_s": relay["first_chunk_s"], "relay_done_s": relay["done_s"],
@@ -206,5 +224,16 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
         **({"relay_tls_s": round(over_tls["seconds"], 3), "tls_over_plain": round(over_tls["seconds"] / relay["seconds"], 3),
             "relay_tls_store_chunks": over_tls["store_chunks"]} if over_tls else {}),
         "verified": (relay["verified"] and (baseline is None or baseline["verified"])
-                     and (over_tls is None or over_tls["verified"])),
+                     and (over_tls is None or over_tls["verified"]) and (not rebuild or all(relay["rebuilt"]))),
     }
+
+
+def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 1.0,
+                        fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
+                        tls: bool = False) -> dict:
+    """One measurement: relay and store-only (and relay over TLS with ``tls``) for ``receivers`` nodes
+    and a ``size_mb`` payload."""
+    payload = os.urandom(int(size_mb * 2**20))
+    result = relay_files({"shard-0000.safetensors": ("shard", payload)}, receivers, link_mbit, chunk_mb=chunk_mb,
+                         fanout=fanout, shaped=shaped, store_only=store_only, tls=tls)
+    return {**result, "size_mb": size_mb}

@@ -1,12 +1,15 @@
 """One node of the broadcast benchmark, run as its own process (inside a network namespace when
 shaped). ``origin`` serves the payload over HTTP like an object store; ``receiver`` runs the real
 relay code: a ``RelayNode`` that fetches chunks from its sources (peers, then the store) and
-serves what it has verified to its children.
+serves what it has verified to its children; given ``--base``, it then applies the sparse delta
+it received to that base and checks every rebuilt tensor against the manifest's signed table.
 
 Protocol with the coordinator (stdin/stdout, one JSON object per line):
     node -> {"ready": url}         server is listening
     coord -> {"sources": [...]}    start fetching (receivers only)
     node -> {"done": t, ...}       whole version verified (receivers only)
+    coord -> {"rebuild": true}     with --base, once every receiver is done: apply the delta
+    node -> {"rebuilt": bool}      every rebuilt tensor matched the signed table
     coord -> closes stdin          exit
 """
 
@@ -50,7 +53,8 @@ def run_origin(root: Path, host: str, port: int) -> None:
     asyncio.run(main())
 
 
-def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: int, policy: FetchPolicy) -> None:
+def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: int, policy: FetchPolicy,
+                 base: Path | None = None) -> None:
     manifest = json.loads(manifest_path.read_text())
     http = fsspec.filesystem("http")
 
@@ -78,8 +82,26 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
         verified &= digest.hexdigest() == entry["sha256"]
     _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at), "verified": verified,
           "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+    if base is not None:  # told once every receiver is done, so that no rebuild slows a transfer still going on
+        json.loads(sys.stdin.readline())
+        _say({"rebuilt": _rebuilds(base, manifest, buffer.files())})
     sys.stdin.read()  # keep serving children until the coordinator closes stdin
     node.close()
+
+
+def _rebuilds(base: Path, manifest: dict, files: dict[str, bytes]) -> bool:
+    """Whether the sparse delta received applies to ``base`` and every rebuilt tensor hashes to the signed table."""
+    from safetensors.torch import load as st_load
+
+    from echo2.data.delta import DeltaRejected
+    from echo2.data.delta_chain import apply_version
+
+    tensors = st_load(base.read_bytes())
+    try:
+        apply_version(tensors, manifest, files)
+    except DeltaRejected:
+        return False
+    return True
 
 
 def main() -> None:
@@ -92,12 +114,14 @@ def main() -> None:
     parser.add_argument("--origin")
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--expected-mbit", type=float, default=200.0)
+    parser.add_argument("--base", type=Path, help="a delta's base version (safetensors): rebuild and check after receiving")
     args = parser.parse_args()
     if args.role == "origin":
         run_origin(args.root, args.host, args.port)
     else:
         policy = FetchPolicy(expected_mbit=args.expected_mbit, min_rate_fraction=0.05, pipeline_wait_s=60)
-        run_receiver(args.manifest, args.origin, json.loads(args.token_file.read_text()), args.host, args.port, policy)
+        run_receiver(args.manifest, args.origin, json.loads(args.token_file.read_text()), args.host, args.port, policy,
+                     base=args.base)
 
 
 if __name__ == "__main__":

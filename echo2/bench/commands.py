@@ -36,12 +36,22 @@ def bench_broadcast(
     loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
     tls: bool = typer.Option(False, "--tls", help="Also run the relay chain over mutual TLS, beside the plain one."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
+    delta: bool = typer.Option(False, "--delta", help="Sparse delta vs full bf16 versions of a real quickstart run: "
+                               "sizes, encode/apply time, then the relay time of each (one object per version "
+                               "with --json, then one for the relay)."),
+    steps: int = typer.Option(6, "--steps", help="With --delta: training steps (consecutive versions) to measure."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="With --delta: measure this run's versions "
+                                           "(STORE/runs/ID, every version still kept) instead of training."),
 ) -> None:
     """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
     from echo2.bench.broadcast import namespaces_available, run_broadcast_bench
 
-    counts = receivers or [2, 4, 8, 16]
     shaped = False if loopback else namespaces_available()
+    if delta:
+        _bench_delta(steps=steps, receivers=(receivers or [8])[0], link_mbit=link_mbit, chunk_mb=chunk_mb,
+                     shaped=shaped, from_run=from_run, as_json=as_json)
+        return
+    counts = receivers or [2, 4, 8, 16]
     results = []
     for n in counts:
         result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped, tls=tls)
@@ -66,6 +76,24 @@ def bench_broadcast(
     by_n = {r["receivers"]: r for r in results}
     if 4 in by_n and 16 in by_n:
         typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
+
+
+def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: float, shaped: bool,
+                 from_run: str | None, as_json: bool) -> None:
+    from echo2.bench.delta import json_lines, print_delta, run_delta_bench
+    from echo2.data.store import StoreError
+
+    _quiet_transformers()
+    try:
+        result = run_delta_bench(steps=steps, receivers=receivers, link_mbit=link_mbit, chunk_mb=chunk_mb,
+                                 shaped=shaped, from_run=from_run, progress=lambda line: typer.echo(line, err=True))
+    except (StoreError, ValueError) as exc:
+        _fail(str(exc))
+    if as_json:
+        for obj in json_lines(result):
+            typer.echo(json.dumps(obj))
+    else:
+        print_delta(result)
 
 
 @bench_app.command("overlap")

@@ -130,8 +130,13 @@ class PolicyReceiver:
         return buffer
 
     def fetch_blocking(self, version: int) -> VersionBuffer:
-        """A whole older version (the base of a LoRA adapter) from the store, verified, now."""
+        """A whole older version (the base of a LoRA adapter, a link of a delta chain) from the store,
+        verified, now."""
         return self.node.start_fetch(self._manifest(version), []).result()
+
+    def manifest(self, version: int) -> dict:
+        """The signed manifest of ``version`` from the store (ManifestRejected, NotFound)."""
+        return self._manifest(version)
 
     def _latest(self) -> int | None:
         """The version LATEST points at; None if there is none yet, or it is malformed (logged once)."""

@@ -5,7 +5,7 @@ and no peer can pose as another.
 When (``broadcast.tls``): ``on``; ``off``; ``auto`` (the default) = on whenever the relay binds an
 address other than loopback, so a cloud VM's relay (0.0.0.0, a port open to the internet) always
 speaks TLS, and a local run on 127.0.0.1 stays plain HTTP (no traffic leaves the machine; tests stay
-fast). A SkyPilot fleet refuses ``off`` (``config.py``). A node's mode covers both its ends: a TLS
+fast). A SkyPilot fleet refuses ``off`` (``echo2/config``). A node's mode covers both its ends: a TLS
 node serves only TLS and dials only ``https://`` peers; a plain node dials only ``http://`` peers;
 a peer of the other kind is skipped for the next source, as any failing peer is. TLS concerns
 peer-to-peer traffic only: the store is reached over its own transport (HTTPS to S3/GCS) under its

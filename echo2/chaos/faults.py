@@ -38,8 +38,10 @@ def reclaims(workdir: Path, quick: bool = False) -> dict:
 
 
 # -- 2. the learner killed ---------------------------------------------------------------------------
-HITS_PER_SIX_STEPS = {"step": 12, "publish": 54, "checkpoint": 27}
-"""Passes of each failpoint in about six steps of the tiny run: kills are drawn in that range."""
+HITS_PER_SIX_STEPS = {"step": 12, "publish": 19, "checkpoint": 27}
+"""Passes of each failpoint in about six steps of the tiny run: kills are drawn in that range. The
+quickstart publishes sparse deltas: a keyframe first after each resume (~8 files and LATEST), then one
+delta shard and LATEST per version, so kills land in keyframes and in deltas."""
 
 
 def learner_kills(workdir: Path, quick: bool = False, kills: int | None = None) -> dict:

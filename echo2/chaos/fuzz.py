@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from echo2.data.rollouts import Rollout, encode_rollouts
+from echo2.data.rollouts import InvalidRollouts, Rollout, decode_rollouts, encode_rollouts
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,25 @@ def honest(problems, tokenizer, *, group_size: int, salt: int) -> list[Rollout]:
                                 completion_token_ids=ids, behavior_logprobs=[-1.0] * len(ids),
                                 reward=float(s % 2 == 0), finish_reason="stop"))
     return rows
+
+
+def _flipped(kind: str, actor: str, version: int, good: bytes, rng: random.Random) -> Case:
+    """``good`` with 1-31 flipped bits. A flip can land where the parser reads nothing (padding, unused
+    metadata): the file is then the good rows again, which a step already used (a duplicate). One that
+    still parses to other rows may be a plausible file (a logprob moved in its last bit) that no check
+    can call hostile: such draws are drawn again, so each case has one right answer."""
+    original = decode_rollouts(good)
+    for _ in range(100):
+        data = bytearray(good)
+        for _ in range(rng.randrange(1, 32)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        try:
+            table = decode_rollouts(bytes(data))
+        except InvalidRollouts:
+            return Case(kind, actor, version, bytes(data), "")
+        if table.equals(original):
+            return Case(kind, actor, version, bytes(data), "duplicate")
+    return Case(kind, actor, version, good[: len(good) // 2], "")
 
 
 def _encode(rows, run_id, actor, version, **kw) -> bytes:
@@ -100,10 +119,7 @@ def case(kind: str, i: int, rng: random.Random, *, rows: list[Rollout], run_id: 
     if kind == "garbage":
         return Case(kind, actor, version, rng.randbytes(rng.randrange(1, 4096)), "")
     if kind == "flipped_bytes":
-        data = bytearray(good)
-        for _ in range(rng.randrange(1, 32)):
-            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-        return Case(kind, actor, version, bytes(data), "")
+        return _flipped(kind, actor, version, good, rng)
     if kind == "reward_out_of_range":
         return Case(kind, actor, version, _encode(mutate(reward=rng.choice([5.0, -3.0, 1e9])), run_id, actor, version),
                     "reward")

@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 SIGNATURE = "signature"
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-KINDS = ("shard", "aux")
+KINDS = ("shard", "aux", "delta")
+"""shard: safetensors weights; aux: model and tokenizer files; delta: a sparse delta's shards (``echo2.data.delta``)."""
 
 
 class ManifestRejected(Exception):

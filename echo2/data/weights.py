@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from safetensors.torch import load as st_load
@@ -100,31 +100,38 @@ def write_weights(
     files are written with overwrite, so a retried put (its response lost) or a second attempt
     after a crash never fails on its own leftovers.
     """
+    shards = _shard(tensors, shard_mb * 2**20)
+    weight_map = {k: shard_name(i) for i, shard in enumerate(shards) for k in shard}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
+    files = [(shard_name(i), "shard", lambda shard=shard: st_save(shard, metadata={"format": "pt"}))
+             for i, shard in enumerate(shards)]
+    files += [(name, "aux", data) for name, data in {INDEX_FILE: index, **extra_files}.items()]
+    return write_folder(store, prefix, files, meta=meta, chunk_size=chunk_size, key=key)
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:04d}.safetensors"
+
+
+def write_folder(store: ObjectStore, prefix: str, files: list[tuple[str, str, bytes | Callable[[], bytes]]], *,
+                 meta: dict, chunk_size: int = DEFAULT_CHUNK_SIZE, key: Ed25519PrivateKey | None = None) -> dict:
+    """Commit ``files`` ((name, kind, bytes or a function making them, one at a time)) under ``prefix``:
+    the protocol of ``write_weights`` for any set of files (a sparse delta version's shards)."""
     if store.exists(layout.manifest_key(prefix)):
         raise AlreadyExists(layout.manifest_key(prefix))
-    for name in extra_files:
+    for name, _, _ in files:
         check_file_name(name)
     store.delete_prefix(prefix + "/")
-    kind = "checkpoint" if prefix.startswith(layout.CHECKPOINTS) else "publish"
-    files = []
-    weight_map: dict[str, str] = {}
-    total = 0
-    for i, shard in enumerate(_shard(tensors, shard_mb * 2**20)):
-        name = f"shard-{i:04d}.safetensors"
-        data = st_save(shard, metadata={"format": "pt"})
+    failkind = "checkpoint" if prefix.startswith(layout.CHECKPOINTS) else "publish"
+    entries = []
+    for name, kind, data in files:
+        data = data() if callable(data) else data
         store.put(f"{prefix}/{name}", data, if_absent=False)
-        failpoint(kind)
-        files.append({"name": name, "kind": "shard", "size": len(data), "sha256": sha256(data),
-                      "chunks": chunk_hashes(data, chunk_size)})
-        weight_map.update({k: name for k in shard})
-        total += sum(t.numel() * t.element_size() for t in shard.values())
-    index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1).encode()
-    for name, data in {INDEX_FILE: index, **extra_files}.items():
-        store.put(f"{prefix}/{name}", data, if_absent=False)
-        failpoint(kind)
-        files.append({"name": name, "kind": "aux", "size": len(data), "sha256": sha256(data),
-                      "chunks": chunk_hashes(data, chunk_size)})
-    manifest = {"format": "echo2-weights/1", "created_at": time.time(), "chunk_size": chunk_size, "files": files,
+        failpoint(failkind)
+        entries.append({"name": name, "kind": kind, "size": len(data), "sha256": sha256(data),
+                        "chunks": chunk_hashes(data, chunk_size)})
+    manifest = {"format": "echo2-weights/1", "created_at": time.time(), "chunk_size": chunk_size, "files": entries,
                 **meta}
     if key is not None:
         manifest = sign(manifest, key)
@@ -174,9 +181,25 @@ def publish_version(
         store, layout.policy_dir(version), tensors, extra_files=extra_files, shard_mb=shard_mb,
         meta={"version": version, **(meta or {})}, chunk_size=chunk_size, key=key,
     )
+    _move_latest(store, version)
+    return manifest
+
+
+def publish_delta_version(store: ObjectStore, version: int, shards: list[bytes], *, meta: dict,
+                          chunk_size: int = DEFAULT_CHUNK_SIZE, key: Ed25519PrivateKey | None = None) -> dict:
+    """Commit ``version`` as sparse delta shards (``echo2.data.delta``, kind ``delta``) and move LATEST.
+
+    No model files travel with a delta: they are the keyframe's, which every chain starts from."""
+    files = [(shard_name(i), "delta", data) for i, data in enumerate(shards)]
+    manifest = write_folder(store, layout.policy_dir(version), files, meta={"version": version, **meta},
+                            chunk_size=chunk_size, key=key)
+    _move_latest(store, version)
+    return manifest
+
+
+def _move_latest(store: ObjectStore, version: int) -> None:
     failpoint("publish")
     store.put_pointer(layout.LATEST, json.dumps({"version": version}).encode())
-    return manifest
 
 
 def latest_version(store: ObjectStore) -> int | None:
@@ -204,6 +227,19 @@ def committed_folders(store: ObjectStore, prefix: str, parse) -> list[int]:
 
 def published_versions(store: ObjectStore) -> list[int]:
     return committed_folders(store, layout.POLICY, layout.parse_version_dir)
+
+
+def save_as_indexed(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write ``tensors`` into ``folder`` as the shards its ``model.safetensors.index.json`` names
+    (a rebuilt delta version, into a folder holding its keyframe's model files)."""
+    weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    if set(weight_map) != set(tensors):
+        raise CorruptWeights(f"{folder / INDEX_FILE} does not name the rebuilt version's tensors")
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        shards.setdefault(check_file_name(weight_map[name]), {})[name] = t
+    for shard, group in shards.items():
+        (folder / shard).write_bytes(st_save(group, metadata={"format": "pt"}))
 
 
 def merge_into_folder(folder: Path, adapter: dict[str, torch.Tensor], *, rank: int, alpha: float) -> None:

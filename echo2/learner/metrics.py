@@ -15,6 +15,9 @@ log = logging.getLogger("echo2.learner")
 _SCALARS = ("reward", "loss", "lag_mean", "lag_max", "clip_fraction", "ratio_mean", "kl_behavior", "grad_norm",
             "groups_with_signal", "completion_tokens", "seconds", "wait_seconds", "list_seconds", "dropped_stale",
             "quarantined")
+_PUBLISH = ("full_bytes", "bytes", "delta_bytes", "changed_fraction", "encode_seconds", "apply_seconds", "seconds",
+            "keyframe")
+"""What each publish recorded (``publish_<name>`` in the step's metrics; ``learner/publisher.py``), as ``publish/<name>``."""
 
 
 class MetricsSink:
@@ -34,12 +37,13 @@ class MetricsSink:
                                         resume="allow", config=config)
 
     def log(self, step: int, metrics: dict) -> None:
-        scalars = {k: float(metrics[k]) for k in _SCALARS if k in metrics}
+        scalars = {f"train/{k}": float(metrics[k]) for k in _SCALARS if k in metrics}
+        scalars.update({f"publish/{k}": float(metrics[f"publish_{k}"]) for k in _PUBLISH if f"publish_{k}" in metrics})
         for name, value in scalars.items():
-            self.writer.add_scalar(f"train/{name}", value, step)
+            self.writer.add_scalar(name, value, step)
         self.writer.flush()
         if self.wandb is not None:
-            self.wandb.log({f"train/{k}": v for k, v in scalars.items()}, step=step)
+            self.wandb.log(scalars, step=step)
 
     def log_eval(self, label: str, step: int, score: float, metrics: dict[str, float] | None = None) -> None:
         """``score``: the task's headline metric (TensorBoard ``eval/accuracy_<label>``, its name since

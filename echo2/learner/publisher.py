@@ -2,12 +2,29 @@
 
 A version is committed by its signed manifest (written last), then ``policy/LATEST`` moves to it.
 The manifest carries the relay tree over the peers alive at publish time, and the actors whose relay
-tokens are revoked (``data/relay_tokens.py``). Versions older than
+tokens are revoked (``data/relay_tokens.py``): no revoked actor gets children. Versions older than
 t - S (no rollout of them can be used) are deleted beyond the newest ``keep_versions``; with LoRA
-version 0 stays, since every adapter version applies to it.
+version 0 stays, since every adapter version applies to it; with sparse deltas every version a
+kept version's chain needs stays (``delta_chain.chain_closure``).
+
+Sparse deltas (``train.publish_delta``, ``Publisher``): the learner keeps the tensors it last
+published (exactly what actors hold) and publishes version v as a delta against them. A version
+is a full keyframe instead when there is nothing to encode against (version 0, the first publish
+after a resume), when ``keyframe_every`` versions have passed since the last keyframe, when the
+tensors changed names, shapes or dtypes, or when the deltas since the keyframe plus this one would
+outgrow a full version (so a late actor never downloads more than a keyframe and one full
+version's worth of deltas). Before a delta is published the learner applies it to its own copy
+and checks every tensor's sha256 against the table it signs: a delta that does not rebuild the
+version bit for bit is never published (a keyframe goes out instead), and the rebuilt copy is
+what the next delta is encoded against. Each publish returns its numbers (``publish_*``: full and
+sent bytes, changed share, encode and apply seconds), which the run records per step.
 """
 
 from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Collection
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -15,31 +32,143 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.broadcast.topology import live_peers, plan
 from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
+from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
+from echo2.data.delta_chain import chain_closure
 from echo2.data.store import ObjectStore
-from echo2.data.weights import delete_folder, publish_version, published_versions
+from echo2.data.weights import delete_folder, publish_delta_version, publish_version, published_versions
+
+log = logging.getLogger("echo2.learner")
+
+
+def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str]) -> dict:
+    live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
+    live = {actor: url for actor, url in live.items() if actor not in revoked}
+    return plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
 
 
 def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], meta: dict, *,
             extra_files: dict[str, bytes], train: TrainConfig, broadcast: BroadcastConfig,
-            key: Ed25519PrivateKey, revoked: set[str] | frozenset[str] = frozenset()) -> dict:
-    """Commit ``version`` (signed with ``key``, the learner's Ed25519 key), move LATEST to it, collect
-    garbage; returns the manifest. ``revoked``: actors whose relay tokens peers refuse from this version on."""
-    live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
-    live = {actor: url for actor, url in live.items() if actor not in revoked}  # no children for a revoked actor
-    relay = plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
+            key: Ed25519PrivateKey, revoked: Collection[str] = ()) -> dict:
+    """Commit ``version`` as a full version (signed with ``key``, the learner's Ed25519 key), move
+    LATEST to it, collect garbage; returns the manifest. ``revoked``: actors whose relay tokens peers
+    refuse from this version on."""
     manifest = publish_version(store, version, tensors, extra_files=extra_files, shard_mb=train.shard_mb,
-                               chunk_size=int(broadcast.chunk_mb * 2**20), key=key, meta={"relay": relay, "revoked": sorted(revoked), **meta})
+                               chunk_size=int(broadcast.chunk_mb * 2**20), key=key,
+                               meta={"relay": _relay_plan(store, version, broadcast, revoked),
+                                     "revoked": sorted(revoked), **meta})
     collect_garbage(store, version, train)
     return manifest
 
 
-def collect_garbage(store: ObjectStore, version: int, train: TrainConfig) -> None:
-    """Delete versions no actor can still use (older than t - S) beyond the newest ``keep_versions``."""
+def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, cache: dict[int, dict] | None = None) -> None:
+    """Delete versions no actor can still use (older than t - S) beyond the newest ``keep_versions``,
+    unless a kept version's delta chain runs through them."""
     versions = published_versions(store)
-    keep = set(versions[-train.keep_versions :])
-    oldest_useful = version - train.staleness
+    keep = set(versions[-train.keep_versions :]) | {v for v in versions if v >= version - train.staleness}
+    if train.lora_rank > 0 and versions and versions[0] == 0:
+        keep.add(0)  # the base every adapter version applies to
+    keep = chain_closure(store, keep, cache)
     for v in versions:
-        if train.lora_rank > 0 and v == 0:
-            continue  # the base every adapter version applies to
-        if v not in keep and v < oldest_useful:
+        if v not in keep:
             delete_folder(store, layout.policy_dir(v))
+            if cache is not None:
+                cache.pop(v, None)
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class Publisher:
+    """Publishes the learner's versions, as sparse deltas where ``train.publish_delta`` says so."""
+
+    def __init__(self, store: ObjectStore, *, train: TrainConfig, broadcast: BroadcastConfig,
+                 key: Ed25519PrivateKey, extra_files: dict[str, bytes]):
+        self.store, self.train, self.broadcast, self.key, self.extra_files = store, train, broadcast, key, extra_files
+        self.last: tuple[int, dict[str, torch.Tensor]] | None = None
+        """The newest published version and its tensors, as actors rebuild them (delta runs only)."""
+        self.keyframe: int | None = None
+        self.chain_bytes = 0
+        """Delta bytes published since the newest keyframe."""
+        self._manifests: dict[int, dict] = {}  # immutable once committed: garbage collection reads each once
+
+    def publish(self, version: int, tensors: dict[str, torch.Tensor], meta: dict,
+                revoked: Collection[str] = ()) -> tuple[dict, dict]:
+        """Commit ``version``; returns its manifest and its numbers (``publish_*``). ``revoked``: actors
+        whose relay tokens peers refuse from this version on."""
+        started = time.perf_counter()
+        full_bytes = _nbytes(tensors)
+        stats: dict = {"publish_full_bytes": full_bytes}
+        chunk_size = int(self.broadcast.chunk_mb * 2**20)
+        relay = _relay_plan(self.store, version, self.broadcast, revoked)
+        meta = {**meta, "revoked": sorted(revoked)}
+        try:
+            manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)
+        except BaseException:
+            self.last = None  # what actors hold is unknown now: the next version is a keyframe
+            raise
+        self._manifests[version] = manifest
+        collect_garbage(self.store, version, self.train, self._manifests)
+        stats["publish_seconds"] = time.perf_counter() - started
+        return manifest, stats
+
+    def _commit(self, version: int, tensors: dict[str, torch.Tensor], meta: dict, full_bytes: int, stats: dict,
+                relay: dict, chunk_size: int) -> dict:
+        # a LoRA run publishes its base once, then adapters: nothing for a delta to encode against
+        delta_run = self.train.publish_delta and self.train.lora_rank == 0 and meta.get("weights") == "full"
+        delta, reason = None, None
+        if delta_run:
+            reason = self._keyframe_reason(version)
+            if reason is None:
+                delta, reason = self._encode(tensors, full_bytes, stats)
+        if delta is not None:
+            manifest = publish_delta_version(
+                self.store, version, delta.files, chunk_size=chunk_size, key=self.key,
+                meta={"relay": relay, **meta, "weights": "delta", "base_version": self.last[0],
+                      "keyframe": self.keyframe, "tensors": delta.table})
+            self.last = (version, self.last[1])  # rebuilt in place by the self-check: the new version
+            self.chain_bytes += delta.nbytes
+            stats.update(publish_bytes=delta.nbytes, publish_keyframe=0)
+            return manifest
+        extra = {}
+        if delta_run:
+            log.info("v%d is a keyframe: %s", version, reason)
+            extra = {"keyframe": version, "tensors": tensor_table(tensors)}
+            self.last = (version, {k: v.detach().clone() for k, v in tensors.items()})  # never the live weights
+            self.keyframe, self.chain_bytes = version, 0
+            stats["publish_keyframe"] = 1
+        manifest = publish_version(self.store, version, tensors, extra_files=self.extra_files,
+                                   shard_mb=self.train.shard_mb, chunk_size=chunk_size, key=self.key,
+                                   meta={"relay": relay, **meta, **extra})
+        stats["publish_bytes"] = sum(e["size"] for e in manifest["files"] if e["kind"] == "shard")
+        return manifest
+
+    def _keyframe_reason(self, version: int) -> str | None:
+        if self.last is None or self.keyframe is None:
+            return "no previous version to encode against (version 0 or a resumed run)"
+        if version - self.keyframe >= self.train.keyframe_every:
+            return f"{version - self.keyframe} versions since keyframe v{self.keyframe} (train.keyframe_every)"
+        return None
+
+    def _encode(self, tensors: dict[str, torch.Tensor], full_bytes: int, stats: dict):
+        """(delta, None) when a delta goes out, else (None, why a keyframe does); fills ``stats``."""
+        assert self.last is not None
+        base = self.last[1]
+        t0 = time.perf_counter()
+        try:
+            delta = encode_delta(base, tensors, max_file_bytes=self.train.shard_mb * 2**20)
+        except NeedsKeyframe as exc:
+            return None, str(exc)
+        stats.update(publish_encode_seconds=time.perf_counter() - t0, publish_delta_bytes=delta.nbytes,
+                     publish_changed_fraction=delta.changed_fraction)
+        if self.chain_bytes + delta.nbytes > full_bytes:
+            return None, (f"the deltas since keyframe v{self.keyframe} would outgrow a full version "
+                          f"({(self.chain_bytes + delta.nbytes) / 2**20:.1f} MB > {full_bytes / 2**20:.1f} MB)")
+        t0 = time.perf_counter()
+        try:  # the actors' own apply, on the learner's copy of what they hold
+            apply_delta(base, delta.files, delta.table)
+        except DeltaRejected as exc:  # undone: base is still the previous version
+            log.error("a delta that does not rebuild the version was not published (%s); publishing a keyframe", exc)
+            return None, "the delta failed its own check"
+        stats["publish_apply_seconds"] = time.perf_counter() - t0
+        return delta, None

@@ -48,6 +48,14 @@ def ledger_totals(store) -> dict:
             "lag_histogram": {str(k): v for k, v in sorted(lags.items())}}
 
 
+def publish_totals(history: list[dict]) -> dict:
+    """Bytes the run's versions weighed in full and what was sent (sparse deltas, keyframes), steps 1..n."""
+    full = sum(m.get("publish_full_bytes", 0) for m in history)
+    sent = sum(m.get("publish_bytes", 0) for m in history)
+    return {"published_full_bytes": full, "published_sent_bytes": sent,
+            "published_sent_over_full": round(sent / full, 5) if full else None}
+
+
 def _curves_png(history: list[dict]) -> bytes:
     import matplotlib
 
@@ -89,6 +97,7 @@ def write_reports(run: "LearnerRun") -> dict:
         "eval_metrics": {label: flat_metrics(result) for label, result in run.evals.items()},
         "staleness_bound": run.config.train.staleness,
         **ledger_totals(store),
+        **publish_totals(run.history),
         "final_version": run.step,
         "audit": run.audit_summary(),
         "cost_usd": None,

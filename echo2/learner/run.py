@@ -35,7 +35,7 @@ from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
-from echo2.learner.publisher import publish
+from echo2.learner.publisher import Publisher
 from echo2.learner.report import write_reports
 from echo2.learner.verify import TaskVerifier
 from echo2.models import resolve_model
@@ -74,6 +74,9 @@ class LearnerRun:
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
         self.wall_before = 0.0
         state: dict = {}
+        self.publisher: Publisher | None = None  # made once the signing key is known
+        self.last_publish: dict = {}
+        """The numbers of the newest publish (``publish_*``), merged into the metrics of its step."""
         if resume:
             record = read_run_record(runs, self.run_id)
             self.key = run_key(self.run_id)  # never a new key: actors verify versions with run.json's public key
@@ -171,6 +174,7 @@ class LearnerRun:
         is_last = self.step >= cfg.max_steps
         if self.step % cfg.publish_every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
             self.publish()
+            metrics.update(self.last_publish)
         if self.step % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
         metrics["seconds"] = time.time() - t0 + selection.waited_s
@@ -206,12 +210,17 @@ class LearnerRun:
         log.warning("run %s interrupted at step %d; resume with --resume", self.run_id, self.step)
 
     def publish(self) -> dict:
-        """Publish the current version, signed, with the relay tree over the peers alive now."""
+        """Publish the current version, signed, with the relay tree over the peers alive now: in full,
+        or as a sparse delta against the previous one (``train.publish_delta``; a keyframe first, so
+        also the first publish after a resume)."""
+        if self.publisher is None:
+            self.publisher = Publisher(self.store, train=self.config.train, broadcast=self.config.broadcast,
+                                       key=self.key, extra_files=self.learner.extra_files)
         tensors, meta = self.learner.policy_version_tensors()
         if self.auditor is not None:  # what actors run as this version (an adapter merged into its base)
             self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
-        return publish(self.store, self.step, tensors, meta, extra_files=self.learner.extra_files,
-                       train=self.config.train, broadcast=self.config.broadcast, key=self.key, revoked=self.revoked)
+        manifest, self.last_publish = self.publisher.publish(self.step, tensors, meta, revoked=self.revoked)
+        return manifest
 
     def checkpoint(self) -> None:
         # only what completed steps settled: files chosen for a step still in flight are used again on resume

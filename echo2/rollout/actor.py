@@ -3,7 +3,9 @@
     loop:
         if the receiver has a newer policy version whole and verified: swap to it
             (it is received in the background from the parent relay peer or the store, chunk by
-            chunk, each checked against the signed manifest; see echo2/broadcast/)
+            chunk, each checked against the signed manifest; see echo2/broadcast/; a sparse delta
+            is applied to the weights held here, or the version rebuilt from its keyframe, and
+            every tensor checked against the signed hashes before the swap: reconstruct.py)
         if a batch started now would be too stale when the learner next collects, or the
             fleet already has enough usable batches waiting: sleep                    (flow control)
         draw groups_per_batch problems; the task plays G episodes of each with the engine
@@ -38,8 +40,10 @@ from echo2.data.relay_tokens import token_from_env
 from echo2.data.run_key import public_key_of
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay_tls import relay_tls
+from echo2.broadcast.reconstruct import Reconstructor
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
+from echo2.data.delta import DeltaRejected
 from echo2.data.ledger import ConsumedIndex, pending_rollouts
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
@@ -93,6 +97,8 @@ class Actor:
         self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
                                        broadcast, staleness=self.config.train.staleness, run_id=self.run_id,
                                        tls=relay_tls(broadcast, run, actor_id))
+        # rebuilds sparse delta versions from what it holds or from a keyframe, each link verified
+        self.reconstructor = Reconstructor(self.receiver.manifest, self.receiver.fetch_blocking)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -181,50 +187,63 @@ class Actor:
     # -- steps -----------------------------------------------------------------------------
     def _follow_policy(self) -> bool:
         """Swap to a newer version once the receiver has all of it, verified (generation goes on
-        meanwhile); whether it swapped."""
+        meanwhile), and, for a sparse delta, once it rebuilds the learner's tensors bit for bit;
+        whether it swapped."""
         buffer = self.receiver.poll()
         if buffer is None:
             return False
         t0 = time.time()
         files = buffer.files()
+        native_adapter = (buffer.manifest.get("weights") == "lora" and self.engine is not None
+                          and self.engine.native_lora)  # the engine applies it on top of its base itself
+        try:
+            weights = None if native_adapter else self._weights_of(buffer.manifest, files)
+        except DeltaRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
+            log.error("not swapping to v%d: %s (still on v%s)", buffer.version, exc, self.version)
+            return False
         if self.engine is None:
             model_dir = self._workdir / "model"
             model_dir.mkdir(parents=True, exist_ok=True)
-            for entry in buffer.manifest["files"]:  # plain names only: the receiver checked them
-                if entry["kind"] == "aux":
-                    (model_dir / entry["name"]).write_bytes(files[entry["name"]])
+            model_files = {e["name"]: files[e["name"]] for e in buffer.manifest["files"] if e["kind"] == "aux"}
+            for name, data in (model_files or self.reconstructor.model_files or {}).items():
+                (model_dir / name).write_bytes(data)  # plain names only: the receiver checked them
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
             self._build_engine(model_dir)
-        self._load_into_engine(buffer.manifest, files)
+        if weights is None:
+            self._load_adapter(buffer.manifest, files)
+        else:
+            self.engine.load_weights(weights.items())
+            self._engine_base_version = buffer.manifest["version"] if buffer.manifest.get("weights") != "lora" else None
         self.version = buffer.version
         created = buffer.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
         self.fetch_seconds = self.receiver.last_fetch_seconds
         self.swap_seconds = time.time() - t0
-        log.info("now generating with policy v%d (loaded in %.1fs)", self.version, self.swap_seconds)
+        how = f", {self.reconstructor.route} in {self.reconstructor.seconds:.2f}s" if self.reconstructor.route != "full" else ""
+        log.info("now generating with policy v%d (loaded in %.1fs%s)", self.version, self.swap_seconds, how)
         return True
 
-    def _load_into_engine(self, manifest: dict, files: dict[str, bytes]) -> None:
-        """Load a received version: full weights, or an adapter the engine applies itself (``native_lora``:
-        its base is loaded once, each adapter on top of it) or that is merged here into its base."""
-        if manifest.get("weights") == "lora" and self.engine.native_lora:
-            base_version = manifest["base_version"]
-            if self._engine_base_version != base_version:
-                log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
-                base = self.receiver.fetch_blocking(base_version)
-                self.engine.load_weights(_shard_tensors(base.manifest, base.files()).items())
-                self._engine_base_version = base_version
-            self.engine.load_lora(_shard_tensors(manifest, files), version=manifest["version"],
-                                  rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
-            return
-        self.engine.load_weights(self._weights_of(manifest, files).items())
-        self._engine_base_version = manifest["version"] if manifest.get("weights") != "lora" else None
+    def _load_adapter(self, manifest: dict, files: dict[str, bytes]) -> None:
+        """Load an adapter version into an engine that applies it itself (``native_lora``): its base
+        is loaded once, each adapter on top of it."""
+        base_version = manifest["base_version"]
+        if self._engine_base_version != base_version:
+            log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
+            base = self.receiver.fetch_blocking(base_version)
+            self.engine.load_weights(_shard_tensors(base.manifest, base.files()).items())
+            self._engine_base_version = base_version
+        self.engine.load_lora(_shard_tensors(manifest, files), version=manifest["version"],
+                              rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
 
     def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
-        """Full weights of a received version; a LoRA version is merged into its base version."""
+        """Full weights of a received version; a LoRA version is merged into its base version, a
+        sparse delta (or a keyframe of a delta run) goes through the reconstructor."""
+        if manifest.get("weights") == "delta" or "tensors" in manifest:
+            return self.reconstructor.weights(manifest, files)
+        self.reconstructor.route = "full"
         tensors = _shard_tensors(manifest, files)
         if manifest.get("weights") != "lora":
-            if self.config.train.lora_rank > 0 and not self.engine.native_lora:
+            if self.config.train.lora_rank > 0 and not (self.engine is not None and self.engine.native_lora):
                 self._base = (manifest["version"], tensors)  # later adapter versions apply to it
             return tensors
         base_version = manifest["base_version"]

@@ -50,7 +50,8 @@ class Engine(ABC):
 
     @abstractmethod
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the policy weights (all of them) with verified tensors; any adapter is dropped."""
+        """Replace the policy weights (all of them) with verified tensors, copying them: the caller
+        changes them in place afterwards (a sparse delta applied to the weights it holds)."""
 
     def load_lora(self, adapter: dict[str, torch.Tensor], *, version: int, rank: int, alpha: float) -> None:
         """Generate from now on with the weights of the last ``load_weights`` plus this peft adapter

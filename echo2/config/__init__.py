@@ -1,0 +1,384 @@
+"""The one config model tree of echo2, loaded from YAML with ``--set key=value`` overrides.
+
+Every field is documented in place (the docstring under it). Unknown keys are errors, so a typo
+never silently falls back to a default. ``load_config`` turns any problem into a single
+``ConfigError`` line that names the field. The sections of the task, engine and fleet planes live
+in ``tasks.py``, ``engines.py`` and ``fleet.py``; everything is importable from ``echo2.config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from echo2.config._base import ConfigError, _Section
+from echo2.config.engines import EngineConfig, TransformersEngineConfig, VllmEngineConfig
+from echo2.config.fleet import (AwsPricesConfig, FleetConfig, LocalFleetConfig, PriceSourceConfig,
+                                SkyPilotFleetConfig, SkyPilotPricesConfig, SnapshotPricesConfig)
+from echo2.config.tasks import (ArithmeticTaskConfig, CallStationOpponentConfig, CheckpointOpponentConfig,
+                                EquityOpponentConfig, MathColumnsConfig, MathTaskConfig, PokerTaskConfig,
+                                OpponentConfig, RandomOpponentConfig, TaskConfig)
+
+__all__ = [
+    "ArithmeticTaskConfig", "AwsPricesConfig", "BroadcastConfig", "CallStationOpponentConfig",
+    "CheckpointOpponentConfig", "Config", "ConfigError", "EngineConfig", "EquityOpponentConfig", "EvalConfig",
+    "FleetConfig", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig", "OpponentConfig", "PokerTaskConfig",
+    "PriceSourceConfig", "RandomOpponentConfig", "RolloutConfig", "RunConfig", "SkyPilotFleetConfig",
+    "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig",
+    "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "dump_config",
+    "format_validation_error", "frozen_changes", "load_config", "parse_override",
+]
+
+
+class RunConfig(_Section):
+    id: str | None = None
+    """Run id: the folder ``{store}/runs/{id}``. Generated from the name and time when empty."""
+    name: str = "run"
+    """Human-readable name; the prefix of generated run ids."""
+    seed: int = 0
+    """Seed of the learner and (offset by actor index) of every actor."""
+
+
+class StoreConfig(_Section):
+    url: str = "."
+    """Object store root: a path or ``file://``, ``memory://``, ``s3://bucket/prefix``. Runs live under ``{url}/runs/``."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec storage options (for S3: ``endpoint_url``, ``client_kwargs``...). Credentials come from the environment."""
+    retry_s: float = Field(120.0, gt=0)
+    """How long a store operation retries transient errors (connection lost, 503 SlowDown, 500) before it
+    fails: the learner and every actor ride out an outage of the store this long."""
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m-instruct"
+    """The policy to train: a local Hugging Face directory, a Hugging Face id, or the embedded ``smollm2-135m-instruct``."""
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=2)
+    """G: completions sampled per prompt; GRPO normalizes rewards within each group."""
+    groups_per_batch: int = Field(8, ge=1)
+    """Prompts per rollout file: each actor batch writes groups_per_batch x group_size rows."""
+    max_new_tokens: int = Field(24, ge=1)
+    """Longest completion; longer ones are cut (finish_reason "length")."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the behavior logprobs are those of this tempered distribution."""
+    max_pending_batches: int = Field(2, ge=1)
+    """Flow control: actors pause while this many usable, unconsumed batches wait in the store (never
+    fewer than one learner step needs: ceil(train.groups_per_step / groups_per_batch))."""
+    poll_seconds: float = Field(0.5, gt=0)
+    """How often an idle actor looks for a new policy version or free capacity."""
+    num_threads: int | None = Field(1, ge=1)
+    """torch threads per actor process (None = torch's default)."""
+    engine: EngineConfig = Field(default_factory=TransformersEngineConfig)
+    """Inference engine of the actors (``echo2/rollout/``, built by ``make_engine``): ``{kind: transformers, ...}``
+    or ``{kind: vllm, ...}``; a bare name (``engine: vllm``) is that engine with its defaults."""
+    preemption_source: Literal["off", "aws", "gcp", "auto"] = "off"
+    """Poll this cloud's instance metadata for a spot preemption notice (AWS IMDSv2 spot/instance-action,
+    GCP instance/preempted) and stop cleanly on one; ``$ECHO2_PREEMPTION_SOURCE`` on the actor's machine
+    overrides it (the SkyPilot task sets ``auto``: the cloud SkyPilot launched the machine on). Off: no
+    metadata request is ever made; SIGTERM is a notice either way (``echo2/rollout/preemption.py``)."""
+    preemption_endpoint: str | None = None
+    """Base URL of the metadata service (None: the cloud's own, 169.254.169.254 or metadata.google.internal);
+    ``$ECHO2_PREEMPTION_ENDPOINT`` overrides it."""
+    preemption_poll_s: float = Field(5.0, gt=0)
+    """How often the preemption watcher asks the metadata (AWS warns ~120 s ahead, GCP ~30 s)."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_shorthand(cls, value: Any) -> Any:
+        """``engine: vllm`` means ``{kind: vllm}``; a mapping without ``kind`` is the transformers engine's."""
+        if isinstance(value, str):
+            return {"kind": value}
+        if isinstance(value, dict) and "kind" not in value:
+            return {"kind": "transformers", **value}
+        return value
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(16, ge=1)
+    """Optimizer steps of the run; policy version v = optimizer steps taken."""
+    groups_per_step: int = Field(8, ge=1)
+    """Prompt groups per optimizer step (whole rollout files are taken until this many are in)."""
+    staleness: int = Field(2, ge=0)
+    """S: a rollout of version v is used at learner version t only if t - v <= S (0 = synchronous)."""
+    publish_every: int = Field(1, ge=1)
+    """kappa: publish a policy version every this many steps."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Write a resumable checkpoint every this many steps (and at the end)."""
+    lr: float = Field(1e-5, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient norm clip."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Sequences per forward/backward; gradients accumulate over the step."""
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
+    clip_high: float = Field(0.28, ge=0)
+    """epsilon_high: the ratio pi/mu is clipped above at 1 + clip_high (DAPO's clip-higher)."""
+    is_cap: float = Field(3.0, gt=1)
+    """C: truncation of the importance ratio for negative advantages (dual clip); bounds stale-rollout variance."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL penalty to the initial policy (0 = no reference model is loaded)."""
+    scale_rewards: bool = True
+    """Divide group-centered rewards by the group std (GRPO); False keeps only the centering (Dr. GRPO)."""
+    num_threads: int | None = Field(None, ge=1)
+    """torch threads of the learner (None = torch's default)."""
+    rollout_timeout_s: float = Field(900.0, gt=0)
+    """Fail the run when no usable rollout arrives for this long."""
+    poll_seconds: float = Field(0.25, gt=0)
+    """How often a learner waiting for rollouts lists the store again (each list is a store request)."""
+    keep_versions: int = Field(1, ge=1)
+    """Newest published versions always kept; older ones are deleted once no rollout of them can be used (v < t - S)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept; older ones are deleted after a newer one is committed."""
+    lora_rank: int = Field(0, ge=0)
+    """Train a LoRA adapter of this rank instead of all weights (0 = full fine-tuning); only the adapter is published."""
+    lora_alpha: float = Field(32.0, gt=0)
+    """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B @ A."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters (peft's target_modules)."""
+    publish_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
+    publish_delta: bool = False
+    """Publish each version as a sparse delta against the previous one: only the elements whose bits
+    changed travel, bit-exact, with the sha256 of every rebuilt tensor in the signed manifest
+    (``echo2/data/delta.py``). Pays with ``publish_dtype: bfloat16``, where an RL step leaves most
+    elements' bits as they were; a float32 copy changes almost everywhere and ends up in keyframes.
+    No effect with ``lora_rank > 0``: adapter versions are small already."""
+    keyframe_every: int = Field(16, ge=1)
+    """With publish_delta: a full version (keyframe) at version 0, at the first publish after a resume,
+    once this many versions have passed since the last keyframe, and whenever the deltas since it would
+    outgrow one full version. An actor that joins late downloads the newest keyframe and the deltas
+    after it; garbage collection keeps every version such a chain needs."""
+    shard_mb: int = Field(256, ge=1)
+    """Largest safetensors shard of a published version (delta shards too)."""
+    max_rollout_file_mb: float = Field(64.0, gt=0)
+    """A rollout file larger than this is quarantined before it is downloaded or decoded."""
+    max_prompt_tokens: int = Field(4096, ge=1)
+    """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
+    audit_fraction: float = Field(0.1, ge=0, le=1)
+    """Share of each actor's rollout files (besides its first, always) whose behavior logprobs the learner
+    recomputes under the claimed version (``learner/behavior_audit.py``); 0 = no audit, and no copies of
+    recent versions kept (each is a copy of the model in memory: S + 1 of them)."""
+    audit_max_gap: float = Field(0.15, gt=0)
+    """Mean |claimed - recomputed| behavior logprob per policy token above which an actor is banned (honest
+    fp32 actors differ by ~1e-6, bf16 ones by a few hundredths)."""
+    nproc: int = Field(1, ge=1)
+    """Learner processes (torchrun on one node): the policy is sharded over them with FSDP, each takes
+    every nproc-th micro-batch, rank 0 runs the flow, reads rollouts and publishes (``learner/distributed.py``)."""
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
+
+
+class EvalConfig(_Section):
+    before: bool = True
+    """Evaluate on the held-out set before training (greedy accuracy; poker: bb/100 and illegal-action rate)."""
+    after: bool = True
+    """Evaluate on the held-out set after training."""
+    every: int = Field(0, ge=0)
+    """Also evaluate every this many steps (0 = only before and after)."""
+    max_new_tokens: int = Field(24, ge=1)
+    """Longest greedy completion in evaluation (multi-turn tasks: the policy's tokens in one episode,
+    like rollout.max_new_tokens)."""
+    batch_size: int = Field(50, ge=1)
+    """Sequences per generation batch."""
+    k: int = Field(1, ge=1)
+    """pass@k: sampled replies per held-out problem (1 = greedy pass@1 only)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the pass@k replies."""
+
+
+class BroadcastConfig(_Section):
+    mode: Literal["relay", "store"] = "relay"
+    """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the store."""
+    chunk_mb: float = Field(8.0, gt=0)
+    """Chunk size: the unit of verification (sha256 in the manifest), transfer and pipelining."""
+    fanout: int = Field(1, ge=1)
+    """Children per relay node (1 = a chain: every node uploads each chunk once)."""
+    roots: int = Field(1, ge=1)
+    """Relay nodes that read from the store."""
+    expected_mbit: float = Field(200.0, gt=0)
+    """Link rate a healthy parent should sustain."""
+    min_rate_fraction: float = Field(0.2, gt=0, le=1)
+    """A parent slower than this fraction of expected_mbit on a chunk is left for the next source."""
+    pipeline_wait_s: float = Field(30.0, gt=0)
+    """How long a relay holds a request for a chunk it is still receiving."""
+    window: int = Field(4, ge=1)
+    """Chunk requests in flight to the store (from a peer, chunks come one at a time)."""
+    host: str = "127.0.0.1"
+    """Address the relay server binds (0.0.0.0 on cloud VMs)."""
+    advertise_host: str | None = None
+    """Address peers use to reach this relay (default: host)."""
+    port: int = Field(0, ge=0, le=65535)
+    """Relay port (0 = any free port)."""
+    heartbeat_s: float = Field(2.0, gt=0)
+    """How often an actor refreshes its record under peers/."""
+    peer_timeout_s: float = Field(10.0, gt=0)
+    """A peer whose heartbeat is older than this is not given children."""
+    tls: Literal["auto", "on", "off"] = "auto"
+    """Mutual TLS between relay peers, with certificates from the run's CA (``broadcast/relay_tls.py``):
+    ``auto`` = on whenever the relay binds a non-loopback address (a cloud VM), off on 127.0.0.1;
+    ``on``; ``off`` (refused with the SkyPilot backend, whose relay port is open to the internet).
+    Only peer-to-peer traffic: the store keeps its own transport."""
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value):
+        """YAML reads a bare ``on`` / ``off`` as a boolean: take it as the word the user wrote."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+class Config(_Section):
+    """A whole echo2 run."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    """Identity and seed of the run."""
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    """Object store that holds the run: the only channel between planes."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """Policy model."""
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
+    """Prompts, rewards and the held-out set."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Actors: sampling and flow control."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Learner: GRPO, staleness, publishing, checkpoints."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out greedy evaluation."""
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
+    """Actor fleet."""
+    broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
+    """How policy versions reach the actors."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "Config":
+        if self.rollout.groups_per_batch > self.train.groups_per_step:
+            raise ValueError(
+                f"rollout.groups_per_batch ({self.rollout.groups_per_batch}) must not exceed "
+                f"train.groups_per_step ({self.train.groups_per_step})"
+            )
+        if self.train.staleness < self.train.publish_every - 1:
+            raise ValueError(
+                f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
+                f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
+            )
+        if self.fleet.backend == "skypilot" and not self.store.url.startswith(("s3://", "gs://", "gcs://")):
+            raise ValueError(f"fleet.backend skypilot needs a store every actor can reach (s3:// or gs://), "
+                             f"got store.url {self.store.url!r}")
+        if self.fleet.skypilot.credentials_role_arn and not self.store.url.startswith("s3://"):
+            raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
+                             f"{self.store.url!r} (GCS: see infra/iam/README.md)")
+        if self.train.nproc > 1 and self.train.lora_rank > 0:
+            raise ValueError("train.nproc > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) runs in one process")
+        if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
+            raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
+                             "open to the internet (use auto or on)")
+        if self.fleet.min_actors > self.fleet.max_actors:
+            raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
+                             f"({self.fleet.max_actors})")
+        return self
+
+
+FROZEN_ON_RESUME = ("run.", "model.", "task.", "rollout.", "broadcast.", "train.staleness", "train.lora_")
+"""Fields that actors read from ``run.json`` (or that the checkpoint depends on). ``run.json`` is
+written once, so a resumed run cannot change them: the learner and its actors would disagree."""
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flatten(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return out
+
+
+def frozen_changes(original: Config, resumed: Config) -> list[str]:
+    """Dotted fields a resume would change although actors read them (see ``FROZEN_ON_RESUME``)."""
+    before = _flatten(original.model_dump(mode="json"))
+    after = _flatten(resumed.model_dump(mode="json"))
+    return sorted(k for k in after if k.startswith(FROZEN_ON_RESUME) and before.get(k) != after[k])
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b=value`` -> (``a.b``, value parsed as a YAML scalar/list/mapping)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.path=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply ``key.path=value`` overrides to a raw config mapping, in place."""
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value)
+    return data
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+            msg = f"{msg} (got {err['input']!r})"
+        parts.append(f"{loc}: {msg}")
+    return f"invalid config {source}: " + "; ".join(parts)
+
+
+def config_from_dict(data: dict, source: str = "(dict)") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load YAML ``path`` (None = all defaults) and apply ``key=value`` overrides."""
+    data: dict = {}
+    source = "(defaults)"
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {source} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {source} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {source} must hold a mapping at the top level")
+        data = loaded or {}
+    apply_overrides(data, overrides)
+    return config_from_dict(data, source)
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

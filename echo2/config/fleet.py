@@ -1,0 +1,125 @@
+"""Fleet and price sections (``fleet.*``; ``echo2/fleet/``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from echo2.config._base import _Section
+
+
+class SnapshotPricesConfig(_Section):
+    source: Literal["snapshot"] = "snapshot"
+    """The dated catalog shipped under ``infra/prices/`` (offline, reproducible)."""
+    catalog: str | None = None
+    """Price catalog CSV (None = the shipped ``infra/prices/gpu-offers-2026-11.csv``)."""
+
+
+class AwsPricesConfig(_Section):
+    source: Literal["aws"]
+    """Live spot prices from EC2 (``describe_spot_price_history``, boto3), joined with the snapshot."""
+    regions: list[str] | None = None
+    """Regions to ask for spot prices (None = every AWS region of the snapshot catalog)."""
+    endpoint_url: str | None = None
+    """EC2 endpoint (None = AWS's own; tests point it at moto). Credentials come from the environment."""
+    catalog: str | None = None
+    """Snapshot that supplies each instance type's GPUs and on-demand price (None = the shipped one)."""
+
+
+class SkyPilotPricesConfig(_Section):
+    source: Literal["skypilot"]
+    """SkyPilot's catalog (``sky.catalog.list_accelerators``); needs the ``cloud`` extra."""
+    clouds: list[str] | None = None
+    """SkyPilot clouds to list (None = every cloud of its catalog). Needs the ``cloud`` extra."""
+
+
+PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig, Field(discriminator="source")]
+"""Where offers and prices come from (``echo2/fleet/price_sources.py``): ``snapshot`` (the dated
+catalog under ``infra/prices/``), ``aws`` (live spot prices, boto3) or ``skypilot`` (its catalog)."""
+
+
+class LocalFleetConfig(_Section):
+    reclaim_rate: float = Field(0.0, ge=0)
+    """Reclaim injector: expected reclaims per actor per minute (Poisson), as a spot market would
+    take machines away; 0 = never. Each reclaimed actor is replaced by the fleet manager."""
+    reclaim_burst: float = Field(0.0, ge=0, le=1)
+    """Probability that a reclaim takes every running actor at once (spot pools are reclaimed in bursts)."""
+    notice_s: float = Field(2.0, ge=0)
+    """Notice a reclaimed actor gets: SIGTERM, then SIGKILL this many seconds later if it is still there."""
+    seed: int = 0
+    """Seed of the reclaim injector, so a chaos run can be repeated."""
+    price_as: str | None = None
+    """Price every local actor as this catalog offer (``provider/instance_type@region``, as ``echo2 prices
+    --json`` names them, from ``fleet.prices``): the run's cost report then shows what the same hours would
+    have cost there, and its title says "simulated prices". None: local actors cost $0."""
+    price_as_spot: bool = True
+    """With ``price_as``: bill the offer's spot price (True) or its on-demand price."""
+    actor_python: str | None = None
+    """Python interpreter that runs the local actors (``PY -m echo2.cli actor``); None: the learner's own.
+    Point it at an actor-only environment for an engine that cannot live beside Prefect, e.g.
+    ``.venv-vllm/bin/python`` with ``rollout.engine.kind: vllm`` (README "vLLM actors")."""
+
+
+class SkyPilotFleetConfig(_Section):
+    task_file: str | None = None
+    """SkyPilot task YAML of one actor (None = the shipped ``infra/skypilot/actor.yaml``: setup installs
+    echo2's actor environment, run starts ``echo2 actor``). Its ``resources`` are the base every candidate
+    offer is laid over (disk, image); the candidates themselves come from the price source."""
+    gpus: list[str] | None = None
+    """GPU types an actor may run on, e.g. ``[L4, A10G]`` (None = every profiled GPU the model fits)."""
+    providers: list[str] | None = None
+    """Providers (SkyPilot clouds) an actor may run on, e.g. ``[aws, gcp]`` (None = every provider of the
+    price source that SkyPilot can launch on)."""
+    spot: bool = True
+    """Buy spot capacity (reclaimed without warning, replaced by the manager) rather than on-demand."""
+    any_of: int = Field(8, ge=1)
+    """Each launch names up to this many interchangeable offers (same GPU type and count, other regions or
+    clouds) as SkyPilot ``any_of``; SkyPilot takes the cheapest that has capacity."""
+    relay_port: int = Field(8443, ge=1, le=65535)
+    """Port of each actor's relay, opened through SkyPilot's ``ports`` (reachable from anywhere)."""
+    idle_minutes_to_autodown: int = Field(10, ge=1)
+    """A cluster tears itself down after its actor has been gone this long, also if the learner died."""
+    status_poll_s: float = Field(30.0, ge=0)
+    """How often the backend asks SkyPilot for its clusters' states (one request for all of them; 0 = at every poll)."""
+    unavailable_retry_s: float = Field(300.0, ge=0)
+    """An offer that had no capacity is not asked again for this long."""
+    credentials_role_arn: str | None = None
+    """AWS role each actor's scoped, expiring S3 credentials are minted from (STS with the session policy of
+    ``echo2/fleet/credentials.py``; ``infra/iam/``). None: actors get no store credentials from echo2 (the
+    store must be reachable with what the actor's machine has, e.g. an instance profile)."""
+    credentials_hours: float = Field(6.0, ge=0.25, le=12)
+    """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
+    sts_endpoint_url: str | None = None
+    """STS endpoint (None = AWS's own; tests point it at moto)."""
+
+
+class FleetConfig(_Section):
+    backend: Literal["local", "skypilot"] = "local"
+    """Where actors run: ``local`` = OS processes on this machine; ``skypilot`` = one SkyPilot cluster per
+    actor on spot GPUs across clouds (``pip install -e '.[cloud]'``, cloud credentials, an s3:// or gs://
+    store; see ``echo2/fleet/skypilot.py``)."""
+    local: LocalFleetConfig = Field(default_factory=LocalFleetConfig)
+    """The local backend: processes on this machine, and its reclaim injector."""
+    skypilot: SkyPilotFleetConfig = Field(default_factory=SkyPilotFleetConfig)
+    """The SkyPilot backend: which offers, ports, autodown, credentials."""
+    actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
+    batch time over the first steps, and grow to the smallest fleet the capacity model
+    (``echo2/fleet/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
+    within ``max_actors`` and ``max_usd_per_hour``."""
+    min_actors: int = Field(1, ge=1)
+    """With ``actors: auto``: the fleet the run starts with, before anything is measured."""
+    max_actors: int = Field(4, ge=1)
+    """With ``actors: auto``: never more actors than this (on one machine, actors share its cores)."""
+    target_utilization: float = Field(0.95, gt=0, le=1)
+    """With ``actors: auto``: the learner utilization the fleet is sized for."""
+    max_restarts: int = Field(3, ge=0)
+    """A crashed actor is replaced up to this many times per slot (a reclaimed one always is)."""
+    max_usd_per_hour: float | None = Field(None, gt=0)
+    """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
+    prices: PriceSourceConfig = Field(default_factory=SnapshotPricesConfig)
+    """Price source for activation and cost figures: ``{source: snapshot|aws|skypilot, ...}``."""
+    learner_usd_per_hour: float | None = Field(None, ge=0)
+    """What the learner's machine costs per hour, for the cost report (None: the report lists the learner
+    unpriced rather than guess)."""

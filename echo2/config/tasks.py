@@ -1,0 +1,163 @@
+"""Task sections (``task.name``: arithmetic, math, poker; ``echo2/tasks/``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from echo2.config._base import _Section
+
+
+class ArithmeticTaskConfig(_Section):
+    name: Literal["arithmetic"] = "arithmetic"
+    """``arithmetic`` (``echo2/tasks/arithmetic.py``): a + b, reward 1 when the last integer of the reply is the sum."""
+    digits: int = Field(1, ge=1, le=9)
+    """Operands have at most this many decimal digits."""
+    eval_size: int = Field(50, ge=1)
+    """Held-out problems for greedy evaluation; never used for training."""
+
+
+class MathColumnsConfig(_Section):
+    question: str = "question"
+    """Column holding the problem text (GSM8K: ``question``; DAPO-17k / MATH-style: ``prompt`` or ``problem``)."""
+    answer: str = "answer"
+    """Column holding the reference: a GSM8K solution ending in ``#### n``, a solution with ``\\boxed{}``
+    (MATH: ``solution``), or a bare answer."""
+
+
+class MathTaskConfig(_Section):
+    name: Literal["math"]
+    """``math`` (``echo2/tasks/math.py``): word or competition problems, answers checked with math-verify."""
+    dataset: str = "generated"
+    """Where the problems come from: ``generated`` (the offline, seeded multi-step word-problem generator,
+    ``echo2/tasks/word_problems.py``), a local ``.jsonl`` / ``.parquet`` file, an fsspec URI of one
+    (``s3://``, ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``), or a Hugging Face dataset id
+    ``ORG/NAME`` (read through ``hf://`` when a hub is reachable; see ``hf_split``). Actors read it too:
+    give a path or URI every actor can open."""
+    columns: MathColumnsConfig = Field(default_factory=MathColumnsConfig)
+    """Which columns hold the question and the reference answer."""
+    answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = "auto"
+    """How the gold answer is taken from the answer column: ``gsm8k`` = after the last ``####``, ``boxed``
+    = the last ``\\boxed{}``, ``plain`` = the whole cell; ``auto`` picks the first that applies."""
+    hf_split: str = "train"
+    """With a Hugging Face dataset id: the split whose Parquet files are read (``train``, ``test``)."""
+    hf_subset: str | None = None
+    """With a Hugging Face dataset id: the subset (config) folder, e.g. ``main`` for openai/gsm8k."""
+    eval_dataset: str | None = None
+    """Held-out problems from another file or URI (e.g. a test split); None = ``eval_size`` rows of
+    ``dataset`` held out by a seeded shuffle."""
+    eval_size: int = Field(50, ge=1)
+    """Held-out problems for evaluation (taken from ``eval_dataset`` when set); never used for training."""
+    limit: int | None = Field(None, ge=1)
+    """Read at most this many rows of ``dataset`` (None = all)."""
+    steps: int = Field(2, ge=1, le=6)
+    """``generated``: arithmetic steps in each word problem (1 = one operation)."""
+    max_number: int = Field(20, ge=2, le=10_000)
+    """``generated``: largest number a problem states."""
+    instruction: str = "Solve the problem step by step. Put the final answer in \\boxed{}."
+    """Appended to every question (a new line apart): how the reply must state its answer."""
+    format_reward: float = Field(0.0, ge=0, le=1)
+    """Bonus added when the reply puts an answer in ``\\boxed{}`` (0 = correctness only)."""
+    grade_timeout_s: float = Field(5.0, gt=0)
+    """Wall-clock limit for math-verify on one reply; a reply that takes longer scores 0 (the grader
+    runs in a worker process that is killed and restarted, so no reply can hang an actor or the learner)."""
+
+
+class RandomOpponentConfig(_Section):
+    kind: Literal["random"]
+    """Picks uniformly among the legal kinds of action (fold when facing a bet, check/call, raise) and a
+    uniform raise size, from a generator seeded by the deal: the learner replays it exactly."""
+    weight: float = Field(1.0, ge=0)
+    """Share of training deals against this opponent (relative to the other opponents' weights)."""
+
+
+class CallStationOpponentConfig(_Section):
+    kind: Literal["call_station"]
+    """Always checks or calls; never folds, never raises."""
+    weight: float = Field(1.0, ge=0)
+    """Share of training deals against this opponent (relative to the other opponents' weights)."""
+
+
+class EquityOpponentConfig(_Section):
+    kind: Literal["equity"]
+    """Estimates its hand strength against a random hand (pokerkit's evaluator, seeded Monte Carlo): raises
+    the minimum above ``raise_above``, calls when the strength beats the pot odds, else folds (checks when free)."""
+    weight: float = Field(1.0, ge=0)
+    """Share of training deals against this opponent (relative to the other opponents' weights)."""
+    raise_above: float = Field(0.7, ge=0, le=1)
+    """Hand strength above which it raises."""
+    samples: int = Field(100, ge=10, le=5000)
+    """Monte Carlo samples per strength estimate (about 1.3 ms each)."""
+
+
+class CheckpointOpponentConfig(_Section):
+    kind: Literal["checkpoint"]
+    """A frozen earlier policy (self-play): a ``from_pretrained`` folder, such as a run's
+    ``checkpoints/step-N`` on a local store or the output of ``echo2 export``. It sees the same text the
+    policy sees from its own seat and plays greedily; the learner replays it with its own copy."""
+    weight: float = Field(1.0, ge=0)
+    """Share of training deals against this opponent (relative to the other opponents' weights)."""
+    path: str
+    """The frozen policy's folder (every actor and the learner must be able to read it)."""
+
+
+OpponentConfig = Annotated[RandomOpponentConfig | CallStationOpponentConfig | EquityOpponentConfig
+                           | CheckpointOpponentConfig, Field(discriminator="kind")]
+"""One opponent of the poker task: ``random``, ``call_station``, ``equity`` or ``checkpoint`` (self-play)."""
+
+
+def _default_opponents() -> list:
+    return [RandomOpponentConfig(kind="random"), CallStationOpponentConfig(kind="call_station"),
+            EquityOpponentConfig(kind="equity")]
+
+
+class PokerTaskConfig(_Section):
+    name: Literal["poker"]
+    """``poker`` (``echo2/tasks/poker.py``): heads-up No-Limit Texas Hold'em on pokerkit, one hand per episode."""
+    opponents: list[OpponentConfig] = Field(default_factory=_default_opponents, min_length=1)
+    """Who the policy plays: ``{kind: random|call_station|equity|checkpoint, weight: ...}``; training deals
+    pick one by weight, evaluation plays every one."""
+    starting_stack: int = Field(200, ge=4)
+    """Chips each player starts every hand with (200 = 100 big blinds at blinds 1/2)."""
+    small_blind: int = Field(1, ge=1)
+    """Small blind in chips."""
+    big_blind: int = Field(2, ge=2)
+    """Big blind in chips; rewards and bb/100 are counted in big blinds."""
+    illegal_penalty: float = Field(1.0, ge=0)
+    """Big blinds taken off the reward for each malformed or illegal answer (which plays the default
+    action: check when free, else fold)."""
+    max_action_tokens: int = Field(6, ge=1)
+    """Tokens the policy may spend on one decision (rollout.max_new_tokens bounds the whole hand)."""
+    max_decisions: int = Field(8, ge=1)
+    """Policy decisions per hand; later ones play the default action (check when free, else fold) unpenalized."""
+    answer_prefix: str = "My action:"
+    """Text the environment writes at the start of each of the policy's replies, so that the next words
+    are the action. Measured on SmolLM2-135M-Instruct at temperature 0.7, first decisions: "My action:"
+    is followed by a legal action 22 times in 48 (greedy: 2 of 4 deals), "Action:" 12 in 48 (greedy: none),
+    "My action is to" 38 in 48 (greedy: all)."""
+    seed: int = 0
+    """Seed of the deals: training deal n and evaluation deal i are drawn from it."""
+    eval_deals: int = Field(16, ge=1)
+    """Evaluation deals; each is played twice against every evaluated opponent, with the seats swapped
+    (duplicate poker)."""
+    eval_opponents: list[str] | None = None
+    """Names of the opponents evaluation plays (``call_station``, ``random``, ``equity``, ``checkpoint``; a
+    kind listed twice is ``equity-2``...); None = every opponent of ``opponents``."""
+
+
+def _task_kind(value: Any) -> str | None:
+    """The task of a config mapping: its ``name``, ``arithmetic`` when absent (configs written before tasks had names)."""
+    if isinstance(value, dict):
+        return value.get("name", "arithmetic")
+    return getattr(value, "name", None)
+
+
+TaskConfig = Annotated[
+    Annotated[ArithmeticTaskConfig, Tag("arithmetic")] | Annotated[MathTaskConfig, Tag("math")]
+    | Annotated[PokerTaskConfig, Tag("poker")],
+    Discriminator(_task_kind, custom_error_type="task_name",
+                  custom_error_message="task.name must be one of arithmetic, math, poker"),
+]
+"""Which task (``echo2/tasks/``) supplies prompts, episodes and rewards, chosen by ``task.name``:
+``arithmetic``, ``math`` or ``poker``; each has its own fields."""

@@ -1,0 +1,156 @@
+"""A tiny-model run with sparse delta versions, end to end: the real learner publishing bf16 keyframes
+and deltas, real actor processes relaying them to each other (one joins late), and every weight an
+actor's engine loaded compared byte for byte with what the learner published."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO
+from echo2.config import config_from_dict
+from echo2.data import layout
+from echo2.data.delta import tensor_table
+from echo2.data.delta_chain import read_version
+from echo2.data.store import open_store
+from echo2.data.weights import read_manifest, unique_state_dict
+from echo2.fleet.manager import make_fleet
+from echo2.learner.run import LearnerRun
+
+STEPS = 8
+
+
+def hashes(tensors) -> dict[str, str]:
+    return {name: e["sha256"] for name, e in tensor_table(tensors).items()}
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def answering_model(tiny_model, tmp_path_factory):
+    """The tiny model taught to answer a sum about a quarter of the time (a few seconds of supervised
+    steps): its rollout groups carry a reward signal, so the learner's steps really change weights."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from echo2.config import ArithmeticTaskConfig
+    from echo2.tasks import make_task, prompt_token_ids
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only waits on a second thread
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
+        prompts = [prompt_token_ids(tokenizer, p) for p in problems]
+        answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id] for p in problems]
+        width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+        labels = torch.full_like(ids, -100)
+        for i, (p, a) in enumerate(zip(prompts, answers)):
+            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for _ in range(150):
+            model(input_ids=ids, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    path = tmp_path_factory.mktemp("answering-model")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path, monkeypatch):
+    records = tmp_path / "records"
+    records.mkdir()
+    monkeypatch.setenv("ECHO2_TEST_RECORDS", str(records))
+    config = config_from_dict({
+        "run": {"id": "delta"}, "store": {"url": str(tmp_path)}, "model": {"name": str(answering_model)},
+        "task": {"eval_size": 10},
+        "rollout": {"group_size": 8, "groups_per_batch": 1, "max_new_tokens": 4, "max_pending_batches": 1},
+        # a small learning rate, as in RL: some elements change each step, most keep their bf16 bits
+        "train": {"max_steps": STEPS, "groups_per_step": 2, "staleness": 2, "lr": 2e-5, "checkpoint_every": 100,
+                  "publish_dtype": "bfloat16", "publish_delta": True, "keyframe_every": 3, "num_threads": 1,
+                  "keep_versions": 20},
+        "eval": {"before": False, "after": False},
+        "fleet": {"actors": 1, "max_restarts": 0},
+        "broadcast": {"mode": "relay", "chunk_mb": 0.01},
+    })
+    run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
+    fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
+                       actor_command=[sys.executable, str(REPO / "tests" / "recording_actor.py")])
+    fleet.start()
+    try:
+        while run.step < STEPS:
+            run.update(run.collect(should_abort=fleet.reconcile))
+            if run.step == 4:
+                fleet.resize(2, "a second actor joins late: it starts from the newest keyframe")
+                wait_until(lambda: len(list(records.glob("*.jsonl"))) == 2, 120, "the late actor's first version")
+    finally:
+        fleet.stop()
+    run.finish()
+
+    store = run.store
+    manifests = {v: read_manifest(store, layout.policy_dir(v)) for v in range(STEPS + 1)}  # all kept (keep_versions)
+    kinds = {v: m["weights"] for v, m in manifests.items()}
+    assert [v for v, k in kinds.items() if k == "full"] == [0, 3, 6] and list(kinds.values()).count("delta") == 6, kinds
+    published = {v: {n: e["sha256"] for n, e in m["tensors"].items()} for v, m in manifests.items()}
+    for v in manifests:  # what the store rebuilds is what the learner signed
+        assert hashes(read_version(store, v)[0]) == published[v]
+
+    logs = {p.stem: p.read_text() for p in run.log_dir.glob("*.log")}
+    assert len(logs) == 2
+    for actor, log in logs.items():
+        loaded = [json.loads(line) for line in (records / f"{actor}.jsonl").read_text().splitlines()]
+        swapped = [int(v) for v in re.findall(r"now generating with policy v(\d+)", log)]
+        assert len(loaded) == len(swapped) >= 2, (actor, swapped)
+        for version, table in zip(swapped, loaded):  # every engine load, byte for byte the learner's version
+            assert table == published[version], (actor, version)
+        assert any(kinds[v] == "delta" for v in swapped), (actor, swapped)
+    everything = "\n".join(logs.values())
+    assert "delta on v" in everything  # the common case: a delta applied to the version held
+    late = logs[sorted(logs)[-1]]  # actor1 joined while LATEST was v4, a delta: keyframe v3, then v4
+    assert re.search(r"now generating with policy v4 \(loaded in [0-9.]+s, from keyframe v3 \(\+1 deltas", late), late
+    assert re.search(r"received and verified \(\d+ chunks, from actor\S+ at http://127.0.0.1", everything)  # through a peer, deltas are relayed as files
+
+    # every step's publish is on record: metrics.json, TensorBoard
+    history = json.loads(store.get(layout.report_key("metrics.json")))
+    assert [m["step"] for m in history] == list(range(1, STEPS + 1))
+    deltas = [m for m in history if m.get("publish_keyframe") == 0]
+    assert len(deltas) == 6 and all(0 < m["publish_bytes"] < m["publish_full_bytes"] for m in deltas)
+    # a step whose groups all carry no signal changes nothing: an empty delta, still published and checked
+    assert all(0 <= m["publish_changed_fraction"] < 1 and m["publish_apply_seconds"] > 0 for m in deltas)
+    assert sum(m["publish_changed_fraction"] > 0 for m in deltas) >= 3, [m["groups_with_signal"] for m in history]
+    summary = store.get_json(layout.SUMMARY)  # keyframes at steps 3 and 6, deltas of ~15% between them
+    assert 0 < summary["published_sent_bytes"] < 0.6 * summary["published_full_bytes"], summary
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run.local_dir / "tensorboard"))
+    events.Reload()
+    assert {"publish/bytes", "publish/full_bytes", "publish/changed_fraction", "publish/encode_seconds",
+            "publish/apply_seconds"} <= set(events.Tags()["scalars"])
+
+    # `echo2 export` of the last version (a delta) rebuilds it through its chain
+    dest = tmp_path / "exported"
+    subprocess.run([sys.executable, "-m", "echo2.cli", "export", store.url, str(dest)], check=True, cwd=REPO,
+                   capture_output=True)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(dest)
+    assert hashes(unique_state_dict(model, torch.bfloat16)) == published[STEPS]
