@@ -33,7 +33,11 @@ def test_embedded_default_is_converted_once_and_loads(tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.eos_token_id == 2 and tok.pad_token_id == 2  # <|im_end|>, as the GGUF says
 
-    # A cache an older conversion wrote (no marker) is rebuilt once, not trusted.
+    # A cache an older conversion wrote (no marker, or an older one) is not trusted: it is converted again.
+    from echo2.models import _CONVERSION_VERSION, _conversion_version
+
+    assert _conversion_version(path) == _CONVERSION_VERSION
+    (path / "echo2-conversion.json").write_text('{"version": 1}')
+    assert _conversion_version(path) != _CONVERSION_VERSION
     (path / "echo2-conversion.json").unlink()
-    assert resolve_model(DEFAULT_MODEL) == path
-    assert (path / "echo2-conversion.json").exists()
+    assert _conversion_version(path) is None
