@@ -5,8 +5,10 @@ Totals are recomputed here from the raw event files, independently of costs.py, 
 rows are built cannot quietly change the bill."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -195,6 +197,19 @@ def test_audit_accounts_for_every_committed_file(tmp_path):
     # a reclaim and a crash (exit code 1), each followed by a launch; the last reclaim is not replaced
     assert (result["reclaims"], result["crashes"], result["replacements"]) == (2, 1, 2)
     assert result["unreplaced"] == ["a3 (reclaim)"]
+
+
+def test_a_file_committed_after_the_run_finished_is_not_lost(tmp_path):
+    """A (hostile or unstopped) actor writing on after the final entry: the run was over, nothing was lost."""
+    store = audit_fixture(tmp_path / "late")
+    for path in (tmp_path / "late").rglob("*.arrow"):  # by the store's own clock: the run's files, the final
+        os.utime(path, (time.time() - 120,) * 2)       # entry, then the late file
+    os.utime(tmp_path / "late" / layout.FINAL_CONSUMED, (time.time() - 60,) * 2)
+    late = commit_rollouts(store, 3, 7, actor="late", data=b"x")
+    assert store.modified(late) > store.modified(layout.FINAL_CONSUMED)
+    result = audit_run(store)
+    assert result["dropped"]["after_end"] == 1 and result["lost"] == 1  # the fixture's own lost file only
+    assert not any("late" in p for p in result["problems"])
 
 
 def test_an_unfinished_run_has_pending_files_not_lost_ones(tmp_path):

@@ -164,7 +164,7 @@ def bad_peers(workdir: Path, quick: bool = False) -> dict:
 def _forgeries(run_dir: Path, base: int) -> dict[int, str]:
     """What an attacker with write access to the store plants as versions base+1..: an attacker's own
     signature, the learner's manifest re-signed with another key, a genuine manifest replayed under another
-    version, an unsigned one; each with LATEST moved to it. Returns {version: what}."""
+    version, an unsigned one. Returns {version: what}; ``_point_latest`` then moves LATEST to them."""
     import shutil
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -184,9 +184,14 @@ def _forgeries(run_dir: Path, base: int) -> dict[int, str]:
         folder = run_dir / "policy" / f"v{version:06d}"
         shutil.copytree(genuine_dir, folder, dirs_exist_ok=True)
         (folder / "manifest.json").write_text(json.dumps(make(version)))
-        (run_dir / "policy" / "LATEST").write_text(json.dumps({"version": version}))
-        time.sleep(1.5)  # long enough for every actor to see it
     return {v: what for v, (what, _) in plans.items()}
+
+
+def _rejected(run_dir: Path, versions) -> set[int]:
+    """The planted versions some actor's log says it rejected."""
+    logs = [p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log")]
+    return {v for v in versions for text in logs
+            if f"manifest of version {v} " in text or (f"policy/v{v:06d} " in text and "rejected" in text)}
 
 
 def _hostile_requests(run_dir: Path) -> tuple[int, int, list[str]]:
@@ -237,18 +242,24 @@ def forgeries(workdir: Path, quick: bool = False) -> dict:
     asked: list = []
 
     def inject(_proc):
-        consumed = run_dir / "ledger" / "consumed" / "step-000002.json"
-        if not planted and consumed.exists() and list((run_dir / "peers").glob("*.json")):
-            planted.update(_forgeries(run_dir, 100_000))
-            asked.append(_hostile_requests(run_dir))
+        # the relay requests first, while both actors surely listen; then LATEST is pointed at each planted
+        # version in turn, every half second, until some actor has rejected every one (the learner's own
+        # publishes move LATEST back in between, as they would in a real attack)
+        if not planted:
+            consumed = run_dir / "ledger" / "consumed" / "step-000002.json"
+            if consumed.exists() and len(list((run_dir / "peers").glob("*.json"))) >= 2:
+                asked.append(_hostile_requests(run_dir))
+                planted.update(_forgeries(run_dir, 100_000))
+            return
+        waiting = sorted(set(planted) - _rejected(run_dir, planted))
+        if waiting:
+            (run_dir / "policy" / "LATEST").write_text(json.dumps({"version": waiting[0]}))
 
     code = h.run_cli(["run", h.QUICKSTART, *h.sets(f"model.name={model}", f"store.url={workdir}", "run.id=forged",
-                                                  *h.TINY, "fleet.actors=2", f"train.max_steps={8 if quick else 12}")],
+                                                  *h.TINY, "fleet.actors=2", f"train.max_steps={40 if quick else 60}")],
                      workdir, workdir / "forged.log", timeout=900, while_running=inject)
     row = audit_row("forgeries", run_dir, code)
-    logs = [p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log")]
-    rejected = {v for v in planted for text in logs if f"manifest of version {v}" in text or f"v{v:06d}" in text
-                and "rejected" in text}
+    rejected = _rejected(run_dir, planted)
     made, refused, tokens = asked[0] if asked else (0, 0, [])
     secret_in_logs = h.grep(list((run_dir / "logs").glob("*.log")), tokens)
     return result_row("forgeries", injected=len(planted) + made, detected=len(rejected) + refused, lost=row["lost"],

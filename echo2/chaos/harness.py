@@ -10,6 +10,7 @@ grep sees all a run wrote: the store, the logs, Prefect's database (parameters, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -129,6 +130,7 @@ class MotoServer:
     def __init__(self):
         from moto.server import ThreadedMotoServer
 
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request, in the table's output
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
         self.server.start()
         host, port = self.server.get_host_and_port()

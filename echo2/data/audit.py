@@ -14,6 +14,8 @@ Each committed file lands in exactly one category:
   resume's ledger event is what settles it: a ``resume`` event that names it, or whose checkpoint
   step is older than its version);
 - ``quarantined``: rejected by validation (under ``quarantine/``, with its reason);
+- ``dropped[after_end]``: committed after the run's final entry (by the store's clock): the run was
+  over, no step could use it (an actor that does not stop, or a hostile one, writing on);
 - ``pending``: not settled yet, in a run that has not finished (a resume will settle it);
 - ``lost``: nothing settles it although the run has finished (or an orphaned file no resume
   explains). Lost files and files used twice are the two failures (exit code 1 of the command).
@@ -117,6 +119,14 @@ def _resume_explains(events: list[dict], key: str) -> bool:
     return False
 
 
+def _after(store: ObjectStore, key: str, final_key: str) -> bool:
+    """Whether the store committed ``key`` after ``final_key`` (False where it keeps no times)."""
+    try:
+        return store.modified(key) > store.modified(final_key)
+    except (NotImplementedError, NotFound):
+        return False
+
+
 def audit_run(store: ObjectStore) -> dict[str, Any]:
     """The audit of one run (see the module docstring); JSON-ready."""
     live = [k for k in store.list(layout.ROLLOUTS) if k.endswith(".arrow")]
@@ -154,8 +164,12 @@ def audit_run(store: ObjectStore) -> dict[str, Any]:
         seen = shown.get(key, collections.Counter())
         total = sum(seen.values())
         if total == 0:
-            category[key] = "lost" if finished else "pending"
-            if finished:
+            if not finished:
+                category[key] = "pending"
+            elif _after(store, key, layout.FINAL_CONSUMED):
+                category[key] = "dropped:after_end"
+            else:
+                category[key] = "lost"
                 problems.append(f"{key}: committed but in no ledger entry")
             continue
         if seen["used"] > 1:

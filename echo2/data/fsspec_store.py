@@ -276,6 +276,15 @@ class FsspecStore(ObjectStore):
         return int(info["size"])
 
     @_retry
+    def modified(self, key: str) -> float:
+        path = self._path(key)
+        self.fs.invalidate_cache(path)
+        try:
+            return self.fs.modified(path).timestamp()
+        except FileNotFoundError:
+            raise NotFound(key) from None
+
+    @_retry
     def exists(self, key: str) -> bool:
         path = self._path(key)
         self.fs.invalidate_cache(path)

@@ -50,6 +50,11 @@ class ObjectStore(ABC):
     def size(self, key: str) -> int:
         """Size of an object in bytes, without reading it; ``NotFound`` if absent."""
 
+    def modified(self, key: str) -> float:
+        """When the store committed ``key``, by the store's own clock (seconds since the epoch); ``NotFound``
+        if absent. Compared only with other objects' times of the same store (``data/audit.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not report modification times")
+
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether ``key`` is a committed object."""
