@@ -184,6 +184,34 @@ def test_receiver_refuses_a_manifest_signed_with_another_key(store, tmp_path):
         receiver.close()
 
 
+def test_a_latest_pinned_to_a_forgery_does_not_hold_the_actor_back(store):
+    """Someone with write access to policy/ plants a forged version and keeps LATEST on it: the receiver
+    rejects it and takes the newest genuine version anyway (it would otherwise wait for the next publish)."""
+    import json
+
+    import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from echo2.data import layout
+    from echo2.data.weights import publish_version
+
+    receiver = PolicyReceiver(store, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=2, run_id=RUN_ID)
+    try:
+        publish_version(store, 0, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=KEY)
+        publish_version(store, 1, {"w": torch.ones(4)}, extra_files={}, shard_mb=1, key=KEY)
+        publish_version(store, 99, {"w": torch.zeros(4)}, extra_files={}, shard_mb=1, key=Ed25519PrivateKey.generate())
+        store.put_pointer(layout.LATEST, json.dumps({"version": 99}).encode())
+        deadline = time.time() + 10
+        got = None
+        while got is None and time.time() < deadline:
+            got = receiver.poll()
+            time.sleep(0.05)
+        assert 99 in receiver.rejected and got is not None and got.version == 1
+        assert store.get_json(layout.LATEST) == {"version": 99}  # the pointer is never written by an actor
+    finally:
+        receiver.close()
+
+
 def test_topology_rule():
     assert [parent_index(k, fanout=1, roots=1) for k in range(4)] == [None, 0, 1, 2]
     assert [parent_index(k, fanout=2, roots=1) for k in range(5)] == [None, 0, 0, 1, 1]

@@ -21,7 +21,9 @@ newer. A LATEST that moved back (a resumed learner) replaces the fetch in flight
 Everything read from the store is input from outside the actor: a LATEST that is not
 ``{"version": <int >= 0>}`` is logged and skipped until it changes; a manifest that is not a
 JSON object, names a file outside its folder, fails its signature, or is signed for another
-version is logged and rejected for good (a manifest is written once). Neither ever stops the actor.
+version is logged and rejected for good (a manifest is written once). Neither ever stops the actor;
+while LATEST names a rejected version the receiver takes the newest version folder it has not
+rejected, so a forged pointer cannot hold it back either.
 """
 
 from __future__ import annotations
@@ -101,9 +103,21 @@ class PolicyReceiver:
         """Return a version that finished, verified (or None); start receiving LATEST if the rule says so."""
         done = self._collect()
         latest = self._latest()
+        if latest is not None and latest in self.rejected:
+            latest = self._newest_not_rejected()
         if latest is not None and latest not in self.rejected and self._wanted(latest):
             self._begin(latest)
         return done
+
+    def _newest_not_rejected(self) -> int | None:
+        """LATEST names a version already rejected (a pointer someone with write access to the store moved
+        to a forgery): the newest version folder newer than the one held that is not rejected yet, so that a
+        forged LATEST cannot stall the actor until the learner publishes again (it is verified as any other;
+        one listing of the folder names per poll while LATEST stays bad)."""
+        listed = (layout.parse_version_dir(name) for name in self.store.list_folders(layout.POLICY))
+        candidates = [v for v in listed if v is not None and v not in self.rejected
+                      and (self.current is None or v > self.current)]
+        return max(candidates, default=None)
 
     def _wanted(self, latest: int) -> bool:
         """Whether to start ``latest`` now (see the module docstring)."""
