@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -363,21 +364,25 @@ def dishonest_actors(workdir: Path, quick: bool = False, tls: bool = False) -> d
     liars: list = []
 
     refused: list[str] = []
-    banned_at: list[int] = []
+    revoked_in: list[int] = []  # the first published version whose signed manifest revokes the intruder
 
-    def latest() -> int:
-        try:
-            return json.loads((run_dir / "policy" / "LATEST").read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            return -1
+    def relays_hold(version: int) -> bool:
+        """Whether every honest actor has received ``version`` or a newer one (its revoked list is in force)."""
+        logs = [p.read_text(errors="replace") for p in (run_dir / "logs").glob("actor*.log")]
+        return bool(logs) and all(any(int(v) >= version for v in re.findall(r"v(\d+) received and verified", text))
+                                  for text in logs)
 
     def inject(_proc):
-        if liars and tls and not refused:  # once the ban is in a published version, try the intruder's keys
-            expelled = any(json.loads(p.read_text()).get("kind") == "expelled" and liars[0][0] in p.name
-                           for p in (run_dir / "ledger" / "events").glob("*.json"))
-            if expelled and not banned_at:
-                banned_at.append(latest())
-            if banned_at and latest() >= banned_at[0] + 2:
+        if liars and tls and not refused:  # once the honest relays hold a version that revokes it, try its keys
+            if not revoked_in:
+                for manifest in sorted((run_dir / "policy").glob("v*/manifest.json")):
+                    try:
+                        if liars[0][0] in json.loads(manifest.read_text()).get("revoked", []):
+                            revoked_in.append(int(manifest.parent.name[1:]))
+                            break
+                    except (OSError, ValueError):
+                        continue
+            if revoked_in and relays_hold(revoked_in[0]):
                 refused.extend(_revoked_intruder_is_refused(workdir, run_dir, liars[0][1], liars[0][2]) or ["no peer"])
         if liars or not (run_dir / "policy" / "v000000" / "manifest.json").exists():
             return

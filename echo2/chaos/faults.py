@@ -212,7 +212,10 @@ def load(workdir: Path, quick: bool = False, actors: int | None = None, minutes:
             event = json.loads(path.read_text())
             if event.get("kind") == "launch" and event.get("pid"):
                 pids[event["actor_id"]] = event["pid"]
-        if age > 45 and "start" not in rss and len(pids) > actors:
+        # the start sample once every actor has loaded its model and committed a file (16 actors on 2 cores
+        # take minutes to get there): memory that grows after that is what "flat" is about
+        if age > 45 and "start" not in rss and len(pids) > actors and len(
+                {p.name.rsplit("-", 1)[0] for p in (run_dir / "rollouts").glob("v*/*.arrow")}) >= actors:
             rss["start"] = {k: _rss_mb(p) for k, p in pids.items()}
         if age > minutes * 60 and "end" not in rss:
             rss["end"] = {k: _rss_mb(p) for k, p in pids.items()}

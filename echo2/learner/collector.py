@@ -11,8 +11,10 @@ At learner version t, a committed rollout file of policy version v is
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
 A poll lists only the version folders a step can still use (and, once, the ones that just fell out of
-the window), plus every folder at every ``FULL_SWEEP_EVERY``-th collection: its cost does not grow with
-the files older versions hold.
+the window), plus every folder in a periodic full sweep, every ``FULL_SWEEP_EVERY`` collections or, once
+there are more version folders than that, every as many collections as there are folders: the sweep's
+cost grows with the folders, its period too, so a step's share stays flat however long the run and
+however many files older versions hold (the final entry sweeps everything anyway).
 
 The ledger entry of a step is written when its files are chosen (before training), so actors see
 at once that the backlog shrank. The files stay "in flight" until the step completes
@@ -102,7 +104,8 @@ class RolloutCollector:
         self._listed_from: int | None = None
         """The oldest version folder a poll still lists: folders older than the staleness window are swept
         once (their files dropped as stale), then left to the periodic full sweep (``FULL_SWEEP_EVERY``)."""
-        self._collections = 0
+        self._since_sweep: int | None = None  # collections since the last full sweep (None: none yet)
+        self._sweep_every = FULL_SWEEP_EVERY
         # files quarantined by a step that never completed (the learner was killed): their ledger
         # entry went to orphaned/, so the next entry records them again from quarantine/'s reasons
         self._unrecorded: list[dict] = self._quarantined_unsettled()
@@ -154,9 +157,9 @@ class RolloutCollector:
         deadline = time.time() + timeout_s
         taken: set[str] = set()
         hashes: set[str] = set()
-        self._collections += 1
         # a file a slow actor commits late into an old folder is found by the next full sweep (or at the end)
-        oldest = None if self._collections % FULL_SWEEP_EVERY == 1 else self._listed_from
+        sweep = self._since_sweep is None or self._since_sweep >= self._sweep_every
+        oldest = None if sweep else self._listed_from
         while sel.groups < self.groups_per_step:
             progressed = False
             listed = time.time()
@@ -214,6 +217,10 @@ class RolloutCollector:
                 time.sleep(poll_s)
         write_consumed(self.store, step, sel.ledger_record())
         self._listed_from = max(0, learner_version - self.staleness)  # what is older was swept by this collection
+        if sweep:
+            self._since_sweep = 0
+            self._sweep_every = max(FULL_SWEEP_EVERY, learner_version + 1)  # about the number of version folders
+        self._since_sweep += 1
         failpoint("step")
         self._unrecorded = []
         sel.waited_s = time.time() - started
