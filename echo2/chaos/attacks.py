@@ -317,7 +317,10 @@ def fuzzed_rollouts(workdir: Path, quick: bool = False, n: int | None = None) ->
     for c in planted:
         key = f"rollouts/v{c.version:06d}/{c.actor}-000000.arrow"
         why = reasons.get(key) or dropped.get(key, "")
-        if (why.startswith("duplicate") if c.expect == "duplicate" else key in reasons and c.expect.lower() in why.lower()):
+        # content already used is dropped, never trained on again: as a duplicate, or as stale when its
+        # version left the window before the collector reached it (both are a drop, neither a use)
+        if (why.startswith(("duplicate", "stale")) if c.expect == "duplicate"
+                else key in reasons and c.expect.lower() in why.lower()):
             caught += 1
         else:
             missed.append(f"{c.kind}: {why or 'not judged'}")
