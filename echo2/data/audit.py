@@ -119,12 +119,18 @@ def _resume_explains(events: list[dict], key: str) -> bool:
     return False
 
 
-def _after(store: ObjectStore, key: str, final_key: str) -> bool:
-    """Whether the store committed ``key`` after ``final_key`` (False where it keeps no times)."""
+def _committed_after(store: ObjectStore, key: str, final_at: float | None) -> bool:
+    """Whether the store committed ``key`` after the final entry (False where it keeps no times)."""
+    at = _modified(store, key) if final_at is not None else None
+    return at is not None and at > final_at
+
+
+def _modified(store: ObjectStore, key: str) -> float | None:
+    """When the store committed ``key`` (None where it keeps no times, or the key is gone)."""
     try:
-        return store.modified(key) > store.modified(final_key)
+        return store.modified(key)
     except (NotImplementedError, NotFound):
-        return False
+        return None
 
 
 def audit_run(store: ObjectStore) -> dict[str, Any]:
@@ -160,13 +166,14 @@ def audit_run(store: ObjectStore) -> dict[str, Any]:
     category: dict[str, str] = {}
     problems: list[str] = []
     used_twice: list[str] = []
+    final_at = _modified(store, layout.FINAL_CONSUMED) if finished else None  # read once, by the store's clock
     for key in sorted(set(live) | set(quarantined_files)):
         seen = shown.get(key, collections.Counter())
         total = sum(seen.values())
         if total == 0:
             if not finished:
                 category[key] = "pending"
-            elif _after(store, key, layout.FINAL_CONSUMED):
+            elif _committed_after(store, key, final_at):
                 category[key] = "dropped:after_end"
             else:
                 category[key] = "lost"
