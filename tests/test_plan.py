@@ -161,11 +161,11 @@ def _cli(*args):
 
 def test_cli_json_has_the_documented_keys(files):
     catalog, profiles = files
-    proc = _cli("--model-params", "1", "--catalog", str(catalog), "--profiles", str(profiles),
+    workload = ["--model-params", "1", "--catalog", str(catalog), "--profiles", str(profiles),
                 "--train-seconds", "10", "--groups-per-step", "8", "--groups-per-batch", "1", "--group-size", "4",
                 "--completion-tokens", "250", "--staleness", "4", "--dissemination-seconds", "0",
-                "--upload-seconds", "0", "--max-pending-batches", "8", "--hours", "4", "--reclaim-rate", "0.5",
-                "--json")
+                "--upload-seconds", "0", "--max-pending-batches", "8"]
+    proc = _cli(*workload, "--hours", "4", "--reclaim-rate", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)  # exactly one JSON object
     for key in ("fleet", "required_throughput", "min_staleness", "predicted_utilization", "usd_per_hour",
@@ -173,7 +173,7 @@ def test_cli_json_has_the_documented_keys(files):
         assert key in out, key
     assert out["usd_per_hour"] == pytest.approx(0.80)
     assert [(r["offer"]["gpu"], r["count"]) for r in out["fleet"]] == [("SLOW", 4)]
-    table = _cli("--model-params", "1", "--catalog", str(catalog), "--profiles", str(profiles))
+    table = _cli(*workload)
     assert table.returncode == 0 and "neighbouring S" in table.stdout, table.stderr
 
 
@@ -190,7 +190,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, words):
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], proc.stderr
 
 
-def test_cli_from_run_compares_predicted_with_measured(tmp_path):
+def test_cli_from_run_compares_predicted_with_measured(tmp_path, files):
     """A real tiny run (the overlap benchmark's timing workload: real learner loop and actor
     processes), then `echo2 plan --from-run` on its folder: the fit's numbers, and a plan."""
     pytest.importorskip("echo2.fleet.fit")
@@ -206,8 +206,11 @@ def test_cli_from_run_compares_predicted_with_measured(tmp_path):
     assert fit["measured_utilization"] == pytest.approx(r["measured_utilization"])
     assert fit["predicted_utilization"] == pytest.approx(r["predicted_utilization"])
     assert len(fit["batch_seconds"]) == 2
-    # with a model size the fitted workload is planned (R, b, S, T from the run)
-    proc = _cli("--from-run", str(run), "--model-params", "0.5", "--json")
+    # with a model size the fitted workload is planned (R, b, S, T from the run), here on the small catalog
+    # (a 0.3 s learner step is met by one GPU of any kind: on the full catalog the search takes a minute)
+    catalog, profiles = files
+    proc = _cli("--from-run", str(run), "--model-params", "0.5", "--catalog", str(catalog), "--profiles", str(profiles),
+                "--json")
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
     assert out["workload"]["groups_per_step"] == settings.groups_per_step and "fleet" in out

@@ -223,12 +223,14 @@ def workers_needed(w: Workload, batch_seconds: float, target_utilization: float,
 
 
 class _Actor:
-    def __init__(self, batch_seconds: float):
+    def __init__(self, index: int, batch_seconds: float):
+        self.index = index
         self.batch_seconds = batch_seconds
         self.busy = False
         self.version: int | None = None      # the policy it generates with
         self.fetching: int | None = None     # the version its receiver is transferring
         self.fetched: int | None = None      # transferred and verified, swapped in at the next loop turn
+        self.turned_in: int | None = None    # the learner's epoch (``_Pipeline.epoch``) of its last turn
 
 
 class _Pipeline:
@@ -246,7 +248,7 @@ class _Pipeline:
 
     def __init__(self, w: Workload, batch_seconds: list[float]):
         self.w = w
-        self.actors = [_Actor(g) for g in batch_seconds]
+        self.actors = [_Actor(i, g) for i, g in enumerate(batch_seconds)]
         self.backlog_bound = max(w.max_pending_batches, math.ceil(w.groups_per_step / w.groups_per_batch))
         self.events: list = []
         self.seq = itertools.count()
@@ -260,6 +262,10 @@ class _Pipeline:
         self.used: list[tuple[int, int, int]] = []  # (step, groups, lag)
         self.generated_groups = 0
         self.dropped_groups = 0
+        self.usable_files: int | None = None  # backlog files of a usable version; None: count again
+        self.epoch = 0  # bumped whenever what an idle actor's turn reads of the learner's side changes
+        # the workload's derived times, read on every turn
+        self.visible_after, self.actor_wait = w.visible_after, w.actor_wait
 
     def _at(self, t: float, kind: str, *data) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, data))
@@ -269,32 +275,44 @@ class _Pipeline:
         self._turns()
         while len(self.collected_at) <= steps and self.events:
             self.now, _, kind, data = heapq.heappop(self.events)
+            # An idle actor's turn depends on its own state and on what the learner published and chose
+            # and the files it has not used yet; a turn leaves it as it would leave itself (a second
+            # turn in the same state does nothing). So the actor an event is about takes a turn, and
+            # every other idle actor only when the learner's side changed since its last turn (a new
+            # ``epoch``: a version published, files taken or dropped): a file becoming visible only
+            # fills the backlog, which can hold an actor back, never let one go. These are the turns
+            # of turning every idle actor after every event, without the calls that do nothing.
             if kind == "fetched":
                 actor, version = self.actors[data[0]], data[1]
                 if actor.fetching == version:  # not a transfer the receiver abandoned since
                     actor.fetching, actor.fetched = None, version
+                    if not actor.busy:
+                        self._turn(actor)
             elif kind == "free":  # a batch committed, or a swap done
                 self.actors[data[0]].busy = False
                 self._turn(self.actors[data[0]])
             elif kind == "visible":
                 self.backlog.append((data[0], self.w.groups_per_batch))
+                self.usable_files = None
             elif kind == "trained":
                 self.training = False
                 self.learner_version += 1
                 if self.learner_version % self.w.publish_every == 0:
                     self.published = self.learner_version
+                    self.epoch += 1
             if kind in ("trained", "poll") or (kind == "visible" and self.w.learner_poll_seconds == 0):
                 self._collect()
-            self._turns()
+                self._turns()
 
     def _turns(self) -> None:
         for actor in self.actors:
-            if not actor.busy:
+            if not actor.busy and actor.turned_in != self.epoch:
                 self._turn(actor)
 
     def _turn(self, actor: _Actor) -> None:
         w = self.w
-        index = self.actors.index(actor)
+        index = actor.index
+        actor.turned_in = self.epoch
         if actor.fetched is not None:
             actor.version, actor.fetched = actor.fetched, None
             if w.swap_seconds > 0:
@@ -311,20 +329,25 @@ class _Pipeline:
             return
         # like the real actor it counts committed files only: actors deciding at the same moment
         # may all start, and the backlog can overshoot its bound by the fleet's size
-        if sum(1 for v, _ in self.backlog if v >= oldest_usable) >= self.backlog_bound:
+        if self.usable_files is None:  # counted again only when the backlog or the learner's choice changed
+            self.usable_files = sum(1 for v, _ in self.backlog if v >= oldest_usable)
+        if self.usable_files >= self.backlog_bound:
             return
         actor.busy = True
         self.generated_groups += w.groups_per_batch
         # the file is visible no later than the actor's next turn: scheduled first, it is popped first at a tie
-        self._at(self.now + actor.batch_seconds + w.visible_after, "visible", actor.version)
-        self._at(self.now + actor.batch_seconds + w.actor_wait, "free", index)
+        self._at(self.now + actor.batch_seconds + self.visible_after, "visible", actor.version)
+        self._at(self.now + actor.batch_seconds + self.actor_wait, "free", index)
 
     def _collect(self) -> None:
         if self.training:
             return
+        self.usable_files = None
         t = self.learner_version
         fresh = sorted(b for b in self.backlog if t - b[0] <= self.w.staleness)
-        self.dropped_groups += sum(b[1] for b in self.backlog if t - b[0] > self.w.staleness)
+        if len(fresh) < len(self.backlog):  # stale files dropped: room in the backlog
+            self.dropped_groups += sum(b[1] for b in self.backlog if t - b[0] > self.w.staleness)
+            self.epoch += 1
         self.backlog = fresh
         if sum(b[1] for b in fresh) < self.w.groups_per_step:
             if self.w.learner_poll_seconds > 0:  # list the store again after a poll interval
@@ -337,5 +360,6 @@ class _Pipeline:
             self.used.append((t + 1, groups, t - version))
         self.collected_at.append(self.now)
         self.chosen = t + 1
+        self.epoch += 1
         self.training = True
         self._at(self.now + self.w.train_seconds, "trained")
