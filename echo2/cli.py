@@ -121,7 +121,7 @@ def run(
     from echo2.launch import resolve_launch
 
     try:
-        cfg = resolve_launch(config, set_ or [], resume)
+        cfg = resolve_launch(config, set_ or [], resume, dry_run=dry_run)
     except Echo2InputError as exc:
         _fail(str(exc))
     if dry_run:

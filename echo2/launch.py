@@ -20,7 +20,8 @@ from echo2.errors import Echo2InputError, StoreUnreachable
 from echo2.models import resolve_model
 
 
-def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool) -> Config:
+def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, *, dry_run: bool = False) -> Config:
+    """The config a launch runs with; ``dry_run`` checks the model is there without converting it."""
     config = load_config(config_path, overrides)
     try:
         store = FsspecStore(config.store.url, config.store.options)
@@ -29,7 +30,7 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool) 
         raise StoreUnreachable(str(exc)) from None
     if resume:
         config = resume_config(store.child(layout.RUNS), config.run.id, overrides)
-    resolve_model(config.model.name)  # fail before starting anything; converts the default once
+    resolve_model(config.model.name, convert=not dry_run)  # fail before starting anything; converts the default once
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)
     return config

@@ -30,14 +30,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ECHO2_CACHE", Path.home() / ".cache" / "echo2"))
 
 
-def resolve_model(name: str) -> Path:
-    """Return a local directory for ``name``; convert and cache the embedded default on first use."""
+def resolve_model(name: str, *, convert: bool = True) -> Path:
+    """Return a local directory for ``name``; convert and cache the embedded default on first use.
+    With ``convert=False`` (a dry run) the default is only checked to be there, and its directory named."""
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelNotFound(f"model directory {path} has no config.json")
         return path.resolve()
     if name == DEFAULT_MODEL:
+        if not convert:
+            _gguf_path()
+            return _converted_path()
         return _embedded_default()
     if "/" in name and not name.startswith((".", "/", "~")):
         return _from_hf_cache(name)
@@ -63,8 +67,12 @@ _CONVERSION_VERSION = 2
 _MARKER = "echo2-conversion.json"
 
 
+def _converted_path() -> Path:
+    return cache_dir() / "models" / DEFAULT_MODEL
+
+
 def _embedded_default() -> Path:
-    target = cache_dir() / "models" / DEFAULT_MODEL
+    target = _converted_path()
     if (target / "model.safetensors").exists() and _conversion_version(target) == _CONVERSION_VERSION:
         return target
     gguf = _gguf_path()

@@ -181,9 +181,12 @@ def test_unreachable_s3_store_exits_2(monkeypatch):
 
 
 def test_dry_run_prints_the_resolved_config_and_starts_nothing(tmp_path):
-    proc = echo2("run", QUICKSTART, "--dry-run", "--set", f"store.url={tmp_path}", "--set", "train.staleness=0")
+    cache = tmp_path / "cache"  # the default model is checked, not converted (half a GB written, a minute)
+    proc = echo2("run", QUICKSTART, "--dry-run", "--set", f"store.url={tmp_path}", "--set", "train.staleness=0",
+                 env=dict(os.environ, ECHO2_CACHE=str(cache)))
     assert "staleness: 0" in proc.stdout
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not cache.exists() or not any(cache.rglob("*.safetensors"))
 
 
 def test_run_on_s3_against_moto(tiny_model, s3_store, s3_server, tmp_path):
