@@ -134,6 +134,9 @@ def run(
 
 def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
     """The echo2-train flow in this process, with progress, and what to print or exit with."""
+    from flows.api_server import start_prefect_api
+
+    prefect_api_ready = start_prefect_api()  # comes up while torch and transformers import (flows.train)
     from echo2.progress import RichReporter, make_reporter, set_reporter
 
     # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
@@ -142,6 +145,7 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
     set_reporter(reporter)
     from flows.train import train
 
+    prefect_api_ready()
     try:
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
     except BaseException as exc:
