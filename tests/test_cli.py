@@ -29,6 +29,14 @@ def _restore_process_state():
     root.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _no_prefect_api(monkeypatch):
+    """The flow is replaced here, so nothing talks to Prefect: `echo2 run` does not start its API server."""
+    import flows.api_server
+
+    monkeypatch.setattr(flows.api_server, "start_prefect_api", lambda: lambda: None)
+
+
 def test_ctrl_c_exits_130_even_when_prefect_turns_the_interrupt_into_another_error(tiny_model, tmp_path, monkeypatch):
     # Prefect can swallow a KeyboardInterrupt that lands while it creates a task run and raise
     # ValueError("Task run is not set") in its place (seen in CI); the user still pressed Ctrl-C

@@ -52,7 +52,7 @@ def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path)
     from test_e2e import QUICKSTART, TINY, echo2, sets
 
     from echo2.data.store import open_store
-    from helpers import ledger_audit, reap_session
+    from helpers import ledger_audit, reap_session, reap_tagged
 
     args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=fsdp", *TINY, "train.nproc=2",
                 "eval.before=false")
@@ -60,11 +60,12 @@ def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path)
     with open(tmp_path / "killed.log", "w") as out:
         killed = subprocess.Popen([sys.executable, "-m", "echo2.cli", "run", QUICKSTART, *args], cwd=REPO, stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**os.environ, "ECHO2_FAILPOINTS": "step:6"})
+                                  env={**os.environ, "ECHO2_FAILPOINTS": "step:6", "ECHO2_TEST_TAG": str(tmp_path)})
         try:
             code = killed.wait(timeout=600)  # torchrun ends the other rank when rank 0 dies
         finally:
             reap_session(killed)
+            reap_tagged(str(tmp_path))  # rank 0's Prefect server, in rank 0's session (torchrun starts one per rank)
     run = tmp_path / "runs" / "fsdp"
     assert code != 0 and not (run / "reports" / "summary.json").exists(), (tmp_path / "killed.log").read_text()[-2000:]
     assert (run / "checkpoints" / "step-000002" / "manifest.json").exists()
