@@ -77,8 +77,12 @@ browser:
 		echo "no chromium: the Prefect UI page test will be skipped; install it with \`sudo apt-get install chromium\` or set ECHO2_CHROMIUM=/path/to/chromium"; \
 	fi
 
+# the suite on TEST_WORKERS pytest-xdist workers (most tests wait on the processes they start: on this
+# 2-core machine two workers take half the time of one); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
+
 test: setup browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 # vLLM actors: `make test-vllm` builds VLLM_VENV (vLLM and the actor side of echo2, no Prefect: vLLM and
 # Prefect pin incompatible fastapi versions) and runs the vLLM engine tests plus the actor-environment

@@ -16,14 +16,15 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("ECHO2_SECRETS", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "secrets"))
-
 REPO = Path(__file__).resolve().parents[1]
+# per-session state lives under .pytest_cache, one folder per pytest-xdist worker ("main" without xdist)
+_STATE = REPO / ".pytest_cache" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+os.environ.setdefault("ECHO2_SECRETS", str(_STATE / "secrets"))
 
 # SkyPilot downloads its catalogs at first use (nothing here can reach them) and keeps its state under
 # $SKY_RUNTIME_DIR, read when `sky` is imported: point it at a per-session folder seeded with the
 # fixture catalog (tests/fixtures/skypilot-catalog) before any test imports SkyPilot.
-_SKY_RUNTIME = REPO / ".pytest_cache" / "sky-runtime"
+_SKY_RUNTIME = _STATE / "sky-runtime"
 shutil.rmtree(_SKY_RUNTIME, ignore_errors=True)
 shutil.copytree(REPO / "tests" / "fixtures" / "skypilot-catalog" / "v8", _SKY_RUNTIME / ".sky" / "catalogs" / "v8")
 os.environ["SKY_RUNTIME_DIR"] = str(_SKY_RUNTIME)
@@ -31,7 +32,7 @@ os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
 
 def pytest_configure(config):
-    home = Path(config.rootpath) / ".pytest_cache" / "prefect-home"
+    home = _STATE / "prefect-home"
     home.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_HOME", str(home))
 
