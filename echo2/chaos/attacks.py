@@ -336,15 +336,12 @@ def fuzzed_rollouts(workdir: Path, quick: bool = False, n: int | None = None) ->
 def _intruder_env(workdir: Path, run_dir: Path, actor: str, *, tls: bool) -> tuple[dict, str, str | None]:
     """An attacker holding one actor's credentials: a token (and TLS bundle) the learner's key signed, as
     the fleet would have handed a compromised actor. The harness plays the fleet here."""
-    import os
-
     from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
     from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint
-    from echo2.data.run_key import run_key
+    from echo2.data.run_key import read_key
 
     run_id = run_dir.name
-    os.environ["ECHO2_SECRETS"] = str(workdir / "secrets")  # where the learner of this scenario keeps its keys
-    key = run_key(run_id)
+    key = read_key(workdir / "secrets" / f"{run_id}.key")  # where the learner of this scenario keeps its key
     expires = time.time() + 3600
     token = mint(key, run_id, actor, expires)
     bundle = RelayCA(key, run_id).issue(actor, expires) if tls else None

@@ -18,6 +18,7 @@ def chaos(
     quick: bool = typer.Option(False, "--quick", help="The small sizes (what make test runs of some)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per scenario."),
     keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the scenarios' runs and logs in this folder."),
+    jobs: int = typer.Option(2, "--jobs", help="Scenarios run at a time (the load scenario always runs alone)."),
 ) -> None:
     """Reclaims, learner kills, hostile peers and files, store faults, liars: real runs; exit 1 on any loss."""
     import importlib.util
@@ -29,7 +30,7 @@ def chaos(
     from echo2.chaos.runner import as_json as to_json, failed, print_table, run_scenarios
 
     try:
-        rows = run_scenarios(scenario, quick=quick, keep=keep, progress=lambda line: typer.echo(line, err=True))
+        rows = run_scenarios(scenario, quick=quick, keep=keep, jobs=jobs, progress=lambda line: typer.echo(line, err=True))
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(to_json(rows)) if as_json else print_table(rows)

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,12 +27,18 @@ TINY = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_
 """The quickstart shrunk to the tiny model: a step takes well under a second of compute."""
 
 
+_MAKING_MODELS = threading.Lock()
+
+
 def tiny_model(folder: Path) -> Path:
+    """The tiny model in ``folder``, made once (one at a time: scenarios run side by side, and making one
+    seeds torch's global generator)."""
     from echo2.bench.tiny_model import make_tiny_model
 
     model = folder / "tiny-model"
-    if not (model / "config.json").exists():
-        make_tiny_model(model)
+    with _MAKING_MODELS:
+        if not (model / "config.json").exists():
+            make_tiny_model(model)
     return model
 
 

@@ -4,6 +4,11 @@ A scenario fails when it lost or double-used a rollout file, when an actor loade
 run did not finish, when it detected fewer faults than it injected, or when a secret was found where it
 must never be (``failed``). The command exits 1 when any scenario failed. ``--quick`` runs the small
 sizes; the full ones are what the README's reliability table shows.
+
+Scenarios run ``jobs`` at a time (each in its own folder, with its own runs, keys and Prefect home): their
+runs spend much of their time waiting (on actors' polls, a store outage, a learner's restart), so two at a
+time take little more than one on two cores. ``SOLO`` scenarios run alone, after the others: the load
+scenario measures how listing time and memory grow, which other runs beside it would distort.
 """
 
 from __future__ import annotations
@@ -12,9 +17,13 @@ import json
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from echo2.chaos.scenarios import SCENARIOS
+
+SOLO = ("load",)
+"""Scenarios that run with nothing beside them."""
 
 
 def failed(row: dict) -> bool:
@@ -23,31 +32,40 @@ def failed(row: dict) -> bool:
 
 
 def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: Path | None = None,
-                  progress=lambda line: None) -> list[dict]:
+                  progress=lambda line: None, jobs: int = 2) -> list[dict]:
+    """One row per scenario, in the order of ``SCENARIOS`` (or of ``names``)."""
     unknown = sorted(set(names or []) - set(SCENARIOS))
     if unknown:
         raise ValueError(f"unknown scenario {', '.join(unknown)}; choose among {', '.join(SCENARIOS)}")
-    rows = []
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs}: run at least one scenario at a time")
+    names = list(names or SCENARIOS)
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="echo2-chaos-"))
+
+    def one(name: str) -> dict:
+        workdir = root / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        progress(f"chaos: {name} ...")
+        started = time.time()
+        try:
+            row = SCENARIOS[name](workdir, quick=quick)
+        except Exception as exc:  # a scenario that broke is a failed row, not a stopped suite
+            row = {"scenario": name, "injected": 1, "detected": 0, "lost": 0, "bad_loaded": 0, "finished": False,
+                   "leaks": [], "detail": f"{type(exc).__name__}: {exc}"}
+        row["seconds"] = round(time.time() - started, 1)
+        row.pop("audit", None)
+        progress(f"chaos: {name}: {'FAILED' if failed(row) else 'ok'} in {row['seconds']:.0f}s; {row['detail']}")
+        return row
+
     try:
-        for name in names or list(SCENARIOS):
-            workdir = root / name
-            workdir.mkdir(parents=True, exist_ok=True)
-            progress(f"chaos: {name} ...")
-            started = time.time()
-            try:
-                row = SCENARIOS[name](workdir, quick=quick)
-            except Exception as exc:  # a scenario that broke is a failed row, not a stopped suite
-                row = {"scenario": name, "injected": 1, "detected": 0, "lost": 0, "bad_loaded": 0, "finished": False,
-                       "leaks": [], "detail": f"{type(exc).__name__}: {exc}"}
-            row["seconds"] = round(time.time() - started, 1)
-            row.pop("audit", None)
-            rows.append(row)
-            progress(f"chaos: {name}: {'FAILED' if failed(row) else 'ok'} in {row['seconds']:.0f}s; {row['detail']}")
+        shared = [name for name in names if name not in SOLO]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            rows = dict(zip(shared, pool.map(one, shared)))
+        rows.update((name, one(name)) for name in names if name in SOLO)
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
-    return rows
+    return [rows[name] for name in names]
 
 
 def print_table(rows: list[dict]) -> None:

@@ -57,6 +57,11 @@ def _parse(text: str, where: str) -> Ed25519PrivateKey:
                                "restore the secrets file the run was started with") from None
 
 
+def read_key(path: Path) -> Ed25519PrivateKey:
+    """The key in a secrets file (``key_path``), with one clear error when it is not a key."""
+    return _parse(path.read_text(errors="replace"), str(path))
+
+
 def run_key(run_id: str, *, create: bool = False) -> Ed25519PrivateKey:
     """The learner's signing key: ``$ECHO2_RUN_KEY``, else the secrets file of the run (made with ``create``).
 
@@ -67,7 +72,7 @@ def run_key(run_id: str, *, create: bool = False) -> Ed25519PrivateKey:
         return _parse(os.environ[KEY_ENV], f"${KEY_ENV}")
     path = key_path(run_id)
     if path.exists():
-        return _parse(path.read_text(errors="replace"), str(path))
+        return read_key(path)
     if not create:
         raise MissingRunKey(f"no key for run {run_id}: set {KEY_ENV} or provide {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
