@@ -148,9 +148,9 @@ def print_cost(result: dict, console=None) -> None:
                       f"search {fleet['search_seconds'] * 1000:.1f} ms over {fleet['candidates']} candidates "
                       f"({fleet['types_searched']} after merging and dominance)"
                       + ("" if fleet["proven_optimal"] else "; search cut: maybe not optimal"))
-    others = ", ".join(f"{r['gpu']} ${r['usd_per_hour']:.2f}" for r in result["on_demand_single_type"]
-                       if r["usd_per_hour"] is not None)
-    console.print(f"on-demand single-type fleets for the same throughput: {others}")
+    others = ", ".join(f"{r['gpu']} ${r['usd_per_hour']:.2f} ({r['activation_over_this']:.2f})"
+                       for r in result["on_demand_single_type"] if r["activation_over_this"] is not None)
+    console.print(f"on-demand single-type fleets for the same throughput (activation / that fleet): {others}")
     if result["sweep"]:
         table = Table(title="the same at other rollout rates (activation vs the cheapest on-demand single type)")
         for col in ("rollouts/s", "tokens/s", "activation $/h", "spot share", "baseline $/h", "baseline GPU", "ratio",
@@ -167,3 +167,6 @@ def print_cost(result: dict, console=None) -> None:
         console.print(f"activation ${result['activation_usd_per_hour']:.4f}/h vs baseline "
                       f"${result['baseline_usd_per_hour']:.4f}/h: ratio {result['ratio']:.3f} "
                       f"(acceptance <= {result['acceptance_ratio']}: {'met' if result['meets_acceptance'] else 'NOT met'})")
+        if result["ratio"] > 1 - 1e-9:  # activation searches every mix, single-type on-demand fleets included
+            console.print("the cheapest mix at this rate is itself an on-demand fleet of one type: no mix of these "
+                          "offers costs less; spot pays where the cheapest on-demand rows run out (see the sweep)")
