@@ -55,16 +55,27 @@ def environment(workdir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+STOP = threading.Event()
+"""Set when the suite is interrupted (Ctrl-C): scenarios running in other threads stop their runs."""
+
+
+class Stopped(Exception):
+    """The suite was interrupted while this scenario ran."""
+
+
 def run_cli(args: list[str], workdir: Path, log: Path, *, env: dict | None = None, timeout: float = 900.0,
             while_running=None) -> int:
     """``python -m echo2.cli ARGS`` to completion (or ``timeout``); its exit code. ``while_running(proc)`` is
-    called every half second while it runs (a scenario's injector)."""
+    called every half second while it runs (a scenario's injector). Raises ``Stopped`` once ``STOP`` is set
+    (its run killed with its whole session)."""
+    if STOP.is_set():
+        raise Stopped("interrupted")
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, env=env or environment(workdir),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         try:
-            while proc.poll() is None and time.time() < deadline:
+            while proc.poll() is None and time.time() < deadline and not STOP.is_set():
                 if while_running is not None:
                     while_running(proc)
                 time.sleep(0.5)
@@ -73,6 +84,8 @@ def run_cli(args: list[str], workdir: Path, log: Path, *, env: dict | None = Non
             proc.wait()
         finally:
             reap(proc)
+    if STOP.is_set():
+        raise Stopped("interrupted")
     return proc.returncode
 
 

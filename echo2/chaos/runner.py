@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from echo2.chaos import harness
 from echo2.chaos.scenarios import SCENARIOS
 
 SOLO = ("load",)
@@ -41,6 +42,7 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
         raise ValueError(f"--jobs {jobs}: run at least one scenario at a time")
     names = list(names or SCENARIOS)
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="echo2-chaos-"))
+    harness.STOP.clear()
 
     def one(name: str) -> dict:
         workdir = root / name
@@ -49,6 +51,8 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
         started = time.time()
         try:
             row = SCENARIOS[name](workdir, quick=quick)
+        except harness.Stopped:
+            raise
         except Exception as exc:  # a scenario that broke is a failed row, not a stopped suite
             row = {"scenario": name, "injected": 1, "detected": 0, "lost": 0, "bad_loaded": 0, "finished": False,
                    "leaks": [], "detail": f"{type(exc).__name__}: {exc}"}
@@ -59,8 +63,14 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
 
     try:
         shared = [name for name in names if name not in SOLO]
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
             rows = dict(zip(shared, pool.map(one, shared)))
+        except BaseException:  # Ctrl-C: the scenarios in the other threads stop their runs too
+            harness.STOP.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         rows.update((name, one(name)) for name in names if name in SOLO)
     finally:
         if keep is None:
