@@ -95,6 +95,7 @@ def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path
     run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
     fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
                        actor_command=[sys.executable, str(REPO / "tests" / "recording_actor.py")])
+
     def both_hold(version: int) -> bool:
         logs = [p.read_text() for p in run.log_dir.glob("*.log")]
         return len(logs) == 2 and all(f"now generating with policy v{version} " in log for log in logs)
