@@ -1,5 +1,7 @@
 """Builders for rollout files used by several tests."""
 
+import time
+
 from echo2.data import layout
 from echo2.data.rollouts import Rollout, encode_rollouts
 
@@ -74,6 +76,16 @@ def reap_tagged(tag: str) -> int:
             if marker in (proc / "environ").read_bytes().split(b"\0"):
                 os.kill(int(proc.name), signal.SIGKILL)
                 killed += 1
-        except (OSError, ProcessLookupError):  # gone meanwhile, or not ours to read
+        except OSError:  # gone meanwhile (ProcessLookupError), or not ours to read
             continue
     return killed
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.2 s until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -22,20 +21,13 @@ from echo2.data.store import open_store
 from echo2.data.weights import read_manifest, unique_state_dict
 from echo2.fleet.manager import make_fleet
 from echo2.learner.run import LearnerRun
+from helpers import wait_until
 
 STEPS = 8
 
 
 def hashes(tensors) -> dict[str, str]:
     return {name: e["sha256"] for name, e in tensor_table(tensors).items()}
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

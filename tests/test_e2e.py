@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ import pytest
 
 from conftest import REPO
 from echo2.data.store import open_store
-from helpers import ledger_audit, reap_session
+from helpers import ledger_audit, reap_session, wait_until
 
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2",
@@ -52,15 +51,6 @@ def pid_alive(pid: int) -> bool:
 def actor_pids(run_dir: Path) -> list[int]:
     events = [json.loads(p.read_text()) for p in (run_dir / "ledger" / "events").glob("*.json")]
     return [e["pid"] for e in events if e["kind"] == "launch"]
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
