@@ -69,6 +69,17 @@ def test_an_actor_only_install_pulls_no_prefect():
     assert "prefect" in learner and "fastapi" in learner  # what the learner side does pull
 
 
+def test_vllm_is_pinned_below_the_next_minor_version():
+    """The vLLM engine reaches into vLLM internals (``echo2/rollout/vllm_engine.py``) that change between
+    minor versions: the extra admits the versions it was run with (0.32, 0.33) and nothing newer."""
+    from packaging.requirements import Requirement
+
+    (spec,) = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    req = Requirement(spec)
+    admitted = set(req.specifier.filter(["0.31.0", "0.32.0", "0.33.0", "0.33.2", "0.34.0", "0.35.1", "1.0.0"]))
+    assert req.name == "vllm" and admitted == {"0.32.0", "0.33.0", "0.33.2"}, spec
+
+
 def test_echo2_run_without_the_learner_extra_says_how_to_install_it():
     """An actor-only machine that runs `echo2 run`: one line naming the extra, exit 2."""
     code = ("import sys, importlib.util as u; real = u.find_spec\n"
