@@ -51,7 +51,7 @@ def fleet_history(store, clock):
           spot=True, price_usd_per_hour=2.0, on_demand_usd_per_hour=8.0)
     event(store, clock, 0, "launch", "a3", backend="local", pid=1, price_usd_per_hour=0.0)
     event(store, clock, 0.2, "resize", "fleet", actors_from=1, actors_to=2, reason="test")
-    event(store, clock, 0.5, "exited", "a3", code=1)
+    event(store, clock, 0.5, "crashed", "a3", detail="exit code 1, log a3.log")
     event(store, clock, 0.5, "launch", "a4", backend="skypilot", provider="lambda", gpu="A100-80GB", spot=False,
           price_usd_per_hour=1.5)
     event(store, clock, 1, "reclaimed", "a1")
@@ -127,6 +127,29 @@ def test_cost_report_totals_equal_the_ledger_events(tmp_path, clock):
     assert (run_dir / "reports" / "cost.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_local_actors_killed_with_the_learner_are_billed_until_it_died(tmp_path, clock):
+    """A SIGKILLed learner writes no `terminated` for its local actors, which die with it (PDEATHSIG):
+    their rows end at its last ledger activity, not at the next resume or the time of the report."""
+    store = new_run(tmp_path / "killed")
+    event(store, clock, 0, "launch", "l1", backend="local", price_usd_per_hour=1.0)
+    event(store, clock, 0, "launch", "c1", backend="skypilot", price_usd_per_hour=2.0)
+    clock[0] = T0 + 3600
+    ledger.write_consumed(store, 1, {"used": []})  # the learner's last step; then SIGKILL
+    event(store, clock, 5, "resume", "learner", step=1, orphaned=0, orphaned_rollouts=[])  # resumed 4 h later
+    event(store, clock, 5, "launch", "l2", backend="local", price_usd_per_hour=1.0)
+    clock[0] = T0 + 6 * 3600
+    ledger.write_consumed(store, 2, {"used": []})  # killed again, and nobody resumes
+    report = cost_report(store, now=T0 + 100 * 3600)  # the report, days later
+    rows = {r["actor_id"]: r for r in report["workers"]}
+    assert rows["l1"]["hours"] == pytest.approx(1) and rows["l1"]["ended_by"] == "died with the learner"
+    assert rows["l2"]["hours"] == pytest.approx(1) and rows["l2"]["ended_by"] == "died with the learner"
+    # a cloud VM does not die with the learner (SkyPilot actors can outlive it): billed until seen gone
+    assert rows["c1"]["hours"] == pytest.approx(100) and report["still_running"] == 1
+    # the live figure of a running learner: the first local actor stopped costing at the resume, the
+    # cloud VM and the new local actor go on until now
+    assert fleet_usd(store, now=T0 + 50 * 3600) - fleet_usd(store, now=T0 + 6 * 3600) == pytest.approx((2 + 1) * 44)
+
+
 def test_simulated_prices_and_an_unpriced_learner_say_so(tmp_path, clock):
     store = new_run(tmp_path / "sim")
     event(store, clock, 0, "launch", "a0", backend="local", provider="runpod", gpu="RTX 4090", spot=True,
@@ -178,7 +201,8 @@ def audit_fixture(run_dir: Path, *, finished: bool = True):
     if finished:
         ledger.write_final(store, 2, [keys["left"]])
     for kind, actor, fields in (("launch", "a1", {}), ("reclaimed", "a1", {}), ("launch", "a2", {}),
-                                ("exited", "a2", {"code": 1}), ("launch", "a3", {}), ("exited", "a3", {"code": 0}),
+                                ("crashed", "a2", {"detail": "exit code 1"}), ("launch", "a3", {}),
+                                ("exited", "a3", {"detail": "exit code 0"}),
                                 ("resume", "learner", {"step": 4, "orphaned_rollouts": [orphan]}),
                                 ("reclaimed", "a3", {})):
         ledger.write_event(store, kind, actor, **fields)
@@ -194,9 +218,45 @@ def test_audit_accounts_for_every_committed_file(tmp_path):
     assert result["lost"] == 1 and result["lost_files"][0].endswith("lost-000003.arrow")
     assert result["pending"] == 0 and result["orphaned"] == 1
     assert result["used"] + sum(result["dropped"].values()) + result["quarantined"] + result["lost"] == 8
-    # a reclaim and a crash (exit code 1), each followed by a launch; the last reclaim is not replaced
+    # a reclaim and a crash, each followed by a launch; the clean exit is no failure; the last reclaim is not replaced
     assert (result["reclaims"], result["crashes"], result["replacements"]) == (2, 1, 2)
     assert result["unreplaced"] == ["a3 (reclaim)"]
+
+
+def test_the_audit_counts_fleet_failures_as_the_real_manager_records_them(tmp_path):
+    """The events come from the real fleet manager and local backend, with real processes (one exits 0,
+    one exits 3), not from a hand-made ledger: the audit's rules must fit what the manager writes, which
+    is a ``crashed`` event for a nonzero exit and an ``exited`` event, with no exit code, for code 0."""
+    from echo2.config import FleetConfig
+    from echo2.fleet.backend import ActorLaunch
+    from echo2.fleet.local import LocalBackend
+    from echo2.fleet.manager import FleetManager
+
+    store = new_run(tmp_path / "fleet")
+    first = iter(["raise SystemExit(0)", "raise SystemExit(3)"])  # the two first actors; replacements wait
+    backend = LocalBackend(FleetConfig().local, tmp_path / "logs")
+
+    def spec(actor_id, offer):
+        body = next(first, "import time\nwhile True: time.sleep(0.1)")
+        return ActorLaunch(actor_id, store.url, [sys.executable, "-c", body], offer=offer)
+
+    fleet = FleetManager(backend, FleetConfig(actors=2, max_restarts=3), store, launch_spec=spec)
+    fleet.start()
+    try:
+        for proc in list(backend.procs.values()):
+            proc.wait(timeout=60)
+        fleet.reconcile()  # records both ends and launches two replacements
+    finally:
+        fleet.stop()
+    ended = {e["kind"]: e for e in ledger.read_events(store) if e["kind"] in ("exited", "crashed")}
+    assert set(ended) == {"exited", "crashed"} and "code" not in ended["exited"], ended
+    result = audit_run(store)
+    assert (result["reclaims"], result["crashes"], result["replacements"], result["unreplaced"]) == (0, 1, 1, [])
+    assert cost_report(store)["crashes"] == 1
+    # what the manager never writes decides nothing: an `exited` event is a clean end whatever it carries
+    from echo2.data.audit import failure_kind
+
+    assert failure_kind({"kind": "exited", "actor_id": "a", "code": 1}) is None
 
 
 def test_a_file_committed_after_the_run_finished_is_not_lost(tmp_path):

@@ -20,8 +20,9 @@ Each committed file lands in exactly one category:
 - ``lost``: nothing settles it although the run has finished (or an orphaned file no resume
   explains). Lost files and files used twice are the two failures (exit code 1 of the command).
 
-Fleet health comes from ``ledger/events``: ``reclaims`` (kind ``reclaimed``), ``crashes`` (kind
-``crashed``, or ``exited`` with a nonzero code) and ``replacements`` (each failure matched to the
+Fleet health comes from ``ledger/events`` as the fleet manager writes them: ``reclaims`` (kind
+``reclaimed``), ``crashes`` (kind ``crashed``: every backend reports a nonzero exit as a crash, and
+``exited`` means code 0, so an ``exited`` event is never a failure) and ``replacements`` (each failure matched to the
 first later launch not already matched; a launch naming ``replaces`` is matched to that actor).
 """
 
@@ -59,15 +60,12 @@ def finite_number(value: Any) -> float | None:
 
 def failure_kind(event: dict) -> str | None:
     """``reclaim``, ``crash`` or None: a reclaim is the provider taking the machine back; a crash is
-    the actor dying by itself (an ``exited`` event with a nonzero code counts: local actors write no
-    ``crashed``)."""
+    the actor dying by itself. Only the event's kind decides: the manager records an actor's end as
+    ``reclaimed``, ``crashed`` or ``exited`` (code 0, ``ActorState.EXITED``) with a free-text
+    ``detail``, and writes no exit code."""
     kind = event.get("kind")
     if kind in FAILURES:
         return "reclaim" if kind == "reclaimed" else "crash"
-    if kind == "exited":
-        code = event.get("code")
-        if code not in (0, None):
-            return "crash"
     return None
 
 

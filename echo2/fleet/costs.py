@@ -15,6 +15,12 @@ and ``reports/summary.json`` (``wall_seconds``; for a crashed run, the last ledg
 at ``fleet.learner_usd_per_hour`` of the run's config when that field exists, otherwise at $0 and
 labelled unpriced -- a bill that guesses is worse than one that says what it does not know.
 
+A local actor (``backend: local``) is a child of the learner and dies with it (PR_SET_PDEATHSIG): one
+whose row has no end event was killed with a learner that could write none (SIGKILL, a crash). Its
+row ends at that learner's last ledger activity before the next ``resume`` event, and in a report
+(not the live ``usd_so_far`` of a running learner) at the run's last activity: never at the time the
+report is made.
+
 Prices marked ``simulated_price`` (a local actor priced as a catalog offer) make the whole report
 say "simulated prices" in its title: the dollars are what the hours would have cost, not a bill.
 """
@@ -22,6 +28,7 @@ say "simulated prices" in its title: the dollars are what the hours would have c
 from __future__ import annotations
 
 import io
+import math
 import time
 from typing import Any
 
@@ -86,14 +93,30 @@ def _timeline(events: list[dict]) -> list[dict]:
     return sorted(valid, key=lambda e: float(e["ts"]))
 
 
-def worker_rows(events: list[dict], now: float | None = None) -> list[dict]:
-    """One billing row per worker life, from the fleet events (see the module docstring)."""
+def _died_with_the_learner(open_rows: dict[str, dict], at: float, before: float = math.inf) -> None:
+    """Close the open rows of local actors started before ``before`` at ``at``: their learner is gone,
+    so are they."""
+    for actor_id, row in list(open_rows.items()):
+        if row["backend"] == "local" and row["start"] < before:
+            row["end"], row["ended_by"] = max(at, row["start"]), "died with the learner"
+            del open_rows[actor_id]
+
+
+def worker_rows(events: list[dict], now: float | None = None, *,
+                learner_activity: list[float] | None = None) -> list[dict]:
+    """One billing row per worker life, from the fleet events (see the module docstring).
+    A local actor still open at a ``resume`` event ends at the dead learner's last activity before it;
+    with ``learner_activity`` (when each ledger record was written: a report, not the live figure of a
+    running learner) one still open at the end ends at the last activity."""
     now = time.time() if now is None else now
+    activity = sorted([*(learner_activity or []), *(float(e["ts"]) for e in _timeline(events))])
     rows: list[dict] = []
     open_rows: dict[str, dict] = {}
     seen: set[str] = set()
     for e in _timeline(events):
         ts, kind, actor_id = float(e["ts"]), e.get("kind"), str(e.get("actor_id", "?"))
+        if kind == "resume":  # a new learner: the old one's children died with it
+            _died_with_the_learner(open_rows, max([t for t in activity if t < ts], default=ts), before=ts)
         row = open_rows.get(actor_id)
         if row is None and (kind in STARTS or (kind in STATUS and actor_id not in seen)):
             row = open_rows[actor_id] = _new_row(e, ts)
@@ -105,6 +128,8 @@ def worker_rows(events: list[dict], now: float | None = None) -> list[dict]:
         if kind in ENDS:
             row["end"], row["ended_by"] = ts, kind
             del open_rows[actor_id]
+    if learner_activity is not None and activity:
+        _died_with_the_learner(open_rows, activity[-1])
     return [_finish(r, now) for r in rows]
 
 
@@ -116,6 +141,7 @@ def actor_costs(events: list[dict], now: float | None = None) -> list[dict]:
 def _ledger_facts(store: ObjectStore) -> dict:
     """Steps, completions used (an amendment's quarantine takes them back) and the last activity."""
     steps, completions, last = 0, 0, None
+    written: list[float] = []
     used: dict[str, int] = {}
     amended: set[str] = set()
     for key in consumed_keys(store):
@@ -126,6 +152,8 @@ def _ledger_facts(store: ObjectStore) -> dict:
         if not isinstance(record, dict):
             continue
         last = max(last or 0.0, _num(record.get("written_at"), 0.0))
+        if _num(record.get("written_at")) is not None:
+            written.append(_num(record.get("written_at")))
         if record.get("amendment"):
             amended.update(str(i.get("key")) for i in record.get("quarantined", []) if isinstance(i, dict))
             continue
@@ -134,7 +162,7 @@ def _ledger_facts(store: ObjectStore) -> dict:
             if isinstance(item, dict) and "key" in item:
                 used[str(item["key"])] = used.get(str(item["key"]), 0) + int(_num(item.get("rows"), 0))
     completions = sum(n for k, n in used.items() if k not in amended)
-    return {"steps": steps, "completions_used": completions, "last_activity": last}
+    return {"steps": steps, "completions_used": completions, "last_activity": last, "written": written}
 
 
 def _get(store: ObjectStore, key: str) -> dict:
@@ -176,7 +204,7 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     summary = summary if summary is not None else _get(store, layout.SUMMARY)
     events = read_events(store)
     facts = _ledger_facts(store)
-    rows = worker_rows(events, now)
+    rows = worker_rows(events, now, learner_activity=facts["written"])
     if not any(r["role"] == "learner" for r in rows):
         last = max([facts["last_activity"] or 0.0, *(float(e["ts"]) for e in _timeline(events))]) or None
         learner = _learner_row(_get(store, layout.RUN_JSON), summary, last, now)
