@@ -41,16 +41,33 @@ PREFECT_DEFAULTS = {
 
 
 class _CtrlC:
-    """Whether the user pressed Ctrl-C. Prefect can turn the KeyboardInterrupt into another error
-    (a ValueError when it lands while a task run is being created), so the exception alone
-    cannot tell."""
+    """Whether the user pressed Ctrl-C, or the process got SIGTERM (``kill``, a supervisor, a CI job's
+    timeout): both stop the run the same way. Prefect can turn the KeyboardInterrupt into another
+    error (a ValueError when it lands while a task run is being created), so the exception alone
+    cannot tell. During a flow run Prefect puts its own SIGTERM handler in place (it marks the flow
+    run crashed, then sends the signal again to the handler it replaced: this one)."""
 
     pressed = False
+    signum = signal.SIGINT
 
     @classmethod
     def handler(cls, signum, frame) -> None:
-        cls.pressed = True
+        cls.pressed, cls.signum = True, signum
         raise KeyboardInterrupt
+
+    @classmethod
+    def install(cls) -> None:
+        """Ctrl-C (SIGINT) and SIGTERM stop the run cleanly (checkpoint, actors stopped, Prefect's
+        temporary server stopped at exit; exit 130 or 143) however we were started: a shell script
+        that puts a job in the background makes it inherit SIGINT ignored, and the default action of
+        SIGTERM would end this process without a word, leaving Prefect's server behind."""
+        cls.pressed, cls.signum = False, signal.SIGINT
+        signal.signal(signal.SIGINT, cls.handler)
+        signal.signal(signal.SIGTERM, cls.handler)
+
+    @classmethod
+    def exit_code(cls) -> int:
+        return 128 + int(cls.signum)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -108,11 +125,7 @@ def run(
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
     from echo2.config import dump_config
 
-    # Ctrl-C (SIGINT) stops the run cleanly (checkpoint, actors stopped, exit 130) however we were
-    # started: a shell script that puts a job in the background makes it inherit SIGINT ignored
-    _CtrlC.pressed = False
-    signal.signal(signal.SIGINT, _CtrlC.handler)
-
+    _CtrlC.install()
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     if not verbose:
@@ -136,23 +149,23 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
     """The echo2-train flow in this process, with progress, and what to print or exit with."""
     from flows.api_server import start_prefect_api
 
-    prefect_api_ready = start_prefect_api()  # comes up while torch and transformers import (flows.train)
-    from echo2.progress import RichReporter, make_reporter, set_reporter
+    try:  # a signal before the flow starts: Prefect's temporary server is stopped at exit all the same
+        prefect_api_ready = start_prefect_api()  # comes up while torch and transformers import (flows.train)
+        from echo2.progress import RichReporter, make_reporter, set_reporter
 
-    # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
-    reporter = make_reporter()
-    _setup_logging(verbose, reporter.console if isinstance(reporter, RichReporter) else None)
-    set_reporter(reporter)
-    from flows.train import train
+        # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
+        reporter = make_reporter()
+        _setup_logging(verbose, reporter.console if isinstance(reporter, RichReporter) else None)
+        set_reporter(reporter)
+        from flows.train import train
 
-    prefect_api_ready()
-    try:
+        prefect_api_ready()
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
     except BaseException as exc:
         if _CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
             typer.echo(f"interrupted: every actor was stopped; continue with `{rerun} --resume "
                        f"--set run.id={cfg.run.id}`", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(_CtrlC.exit_code()) from None
         if isinstance(exc, Echo2InputError):
             _fail(str(exc))
         if isinstance(exc, TimeoutError):  # no rollouts arrived: say so plainly, the logs have the rest
@@ -188,6 +201,8 @@ def _torchrun(cfg, resume: bool, verbose: bool) -> None:
     try:
         code = proc.wait()
     except KeyboardInterrupt:  # torchrun passes the signal on to every rank; rank 0 checkpoints and stops
+        if _CtrlC.signum == signal.SIGTERM:  # Ctrl-C reached the whole process group; a SIGTERM only us
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait()
     finally:
         os.unlink(f.name)
@@ -221,8 +236,7 @@ def learner(
         _setup_logging(verbose)
         DistributedLearner(resolve_model(cfg.model.name), cfg.train, temperature=cfg.rollout.temperature).follow()
         return
-    _CtrlC.pressed = False
-    signal.signal(signal.SIGINT, _CtrlC.handler)
+    _CtrlC.install()
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     if not verbose:

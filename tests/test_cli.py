@@ -70,3 +70,50 @@ def test_an_error_without_ctrl_c_is_not_reported_as_an_interrupt(tiny_model, tmp
     finally:
         signal.signal(signal.SIGINT, previous)
     assert isinstance(result.exception, ValueError) and result.exit_code == 1
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment holds ``ECHO2_TEST_TAG=tag`` (zombies excluded)."""
+    from pathlib import Path
+
+    marker, out = f"ECHO2_TEST_TAG={tag}".encode(), []
+    for proc in Path("/proc").iterdir():
+        try:
+            if (proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0")
+                    and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"):
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_sigterm_to_echo2_chaos_stops_every_process_of_its_scenarios(tmp_path):
+    """`kill` (or a CI job's timeout) on `echo2 chaos` stops what its scenarios started as Ctrl-C does: their
+    runs live in sessions of their own, so the default action of SIGTERM used to leave each scenario's
+    learner, actors and Prefect server running."""
+    import secrets
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from helpers import reap_tagged, wait_until
+
+    tag = f"chaos-{secrets.token_hex(4)}"
+    env = dict(os.environ, ECHO2_TEST_TAG=tag)
+    with open(tmp_path / "chaos.log", "w") as log:
+        chaos = subprocess.Popen([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "reclaims", "--quick",
+                                  "--keep", str(tmp_path / "kept")], cwd=REPO, env=env, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    steps = tmp_path / "kept" / "reclaims" / "runs" / "notice1" / "ledger" / "consumed"
+    try:
+        wait_until(lambda: (steps / "step-000001.json").exists(), 300, "the scenario's run to train")
+        assert len(tagged_pids(tag)) >= 3  # the suite, its learner, actors (and Prefect's server)
+        chaos.send_signal(signal.SIGTERM)
+        chaos.wait(timeout=120)
+        wait_until(lambda: not tagged_pids(tag), 30, "every process of the scenario to exit")
+    finally:
+        chaos.kill()
+        chaos.wait()
+        reap_tagged(tag)
+    output = (tmp_path / "chaos.log").read_text()
+    assert chaos.returncode == 143 and "interrupted" in output, output[-3000:]

@@ -199,7 +199,10 @@ def test_run_on_s3_against_moto(tiny_model, s3_store, s3_server, tmp_path):
     assert (tmp_path / "echo2-logs" / "s3run").is_dir()  # actor logs stay local for remote stores
 
 
-def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
+@pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code):
+    """Ctrl-C, and SIGTERM (`kill`, a supervisor, a CI timeout) the same way: checkpoint, actors stopped, and
+    nothing left running (SIGTERM's default action used to end the learner at once, its Prefect server left)."""
     args = ["run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=intr", *TINY,
                                       "train.max_steps=500", "eval.before=false")]
     # output to files, not pipes: a pipe is held open by every child that inherited it, so reading it to
@@ -215,14 +218,14 @@ def test_ctrl_c_stops_every_process(tiny_model, tmp_path):
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists(), 240, "training to start")
         pids = actor_pids(run)
         assert pids and all(pid_alive(p) for p in pids)
-        learner.send_signal(signal.SIGINT)
+        learner.send_signal(stop)
         learner.wait(timeout=90)
         # nothing the learner started outlives it for long (actors, Prefect's ephemeral server)
         wait_until(lambda: not session_pids(learner.pid), 30, "the learner's processes to exit")
     finally:
         reap_session(learner)
     err = err_path.read_text()
-    assert learner.returncode == 130, err
+    assert learner.returncode == code, err
     assert "--resume" in err
     assert not any(pid_alive(p) for p in pids)
     kinds = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]

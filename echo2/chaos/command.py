@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import List, Optional
 
@@ -11,6 +12,20 @@ import typer
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def _stop_on_sigterm() -> list[int]:
+    """SIGTERM stops the suite as Ctrl-C does (its default action would end this process alone and leave
+    the scenarios' runs, in sessions of their own, running); returns a list holding the stopping signal."""
+    stopped_by = [int(signal.SIGINT)]
+
+    def interrupt(signum, frame):
+        stopped_by[0] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    return stopped_by
 
 
 def chaos(
@@ -29,10 +44,14 @@ def chaos(
               "pip install -e '.[learner,dev]'")
     from echo2.chaos.runner import as_json as to_json, failed, print_table, run_scenarios
 
+    stopped_by = _stop_on_sigterm()
     try:
         rows = run_scenarios(scenario, quick=quick, keep=keep, jobs=jobs, progress=lambda line: typer.echo(line, err=True))
     except ValueError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:  # the suite has stopped every process its scenarios started
+        typer.echo("interrupted: every scenario's processes were stopped", err=True)
+        raise typer.Exit(128 + stopped_by[0]) from None
     typer.echo(to_json(rows)) if as_json else print_table(rows)
     if any(failed(r) for r in rows):
         raise typer.Exit(1)

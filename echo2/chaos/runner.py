@@ -5,6 +5,11 @@ run did not finish, when it detected fewer faults than it injected, or when a se
 must never be (``failed``). The command exits 1 when any scenario failed. ``--quick`` runs the small
 sizes; the full ones are what the README's reliability table shows.
 
+Interrupted (Ctrl-C, or SIGTERM: ``command.py`` makes it the same), the suite stops every process its
+scenarios started -- runs in sessions of their own, their actors and Prefect servers, hostile actors --
+before it waits for the scenarios' threads: each such process carries the suite's tag in its environment
+(``SUITE_TAG_ENV``, inherited from this process), and ``reap_suite`` ends the ones that carry it.
+
 Scenarios run ``jobs`` at a time (each in its own folder, with its own runs, keys and Prefect home): their
 runs spend much of their time waiting (on actors' polls, a store outage, a learner's restart), so two at a
 time take little more than one on two cores. ``SOLO`` scenarios run alone, after the others: the load
@@ -14,7 +19,10 @@ scenario measures how listing time and memory grow, which other runs beside it w
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
+import signal
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +33,27 @@ from echo2.chaos.scenarios import SCENARIOS
 
 SOLO = ("load",)
 """Scenarios that run with nothing beside them."""
+
+
+SUITE_TAG_ENV = "ECHO2_CHAOS_SUITE"
+"""Set in this process's environment while a suite runs: every process a scenario starts inherits it."""
+
+
+def reap_suite(tag: str) -> int:
+    """SIGKILL every process (but this one) whose environment holds ``SUITE_TAG_ENV=tag``: what the suite's
+    scenarios started, in whatever session. Returns how many were killed."""
+    marker = f"{SUITE_TAG_ENV}={tag}".encode()
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return killed
 
 
 def failed(row: dict) -> bool:
@@ -43,6 +72,9 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
     names = list(names or SCENARIOS)
     root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="echo2-chaos-"))
     harness.STOP.clear()
+    tag = secrets.token_hex(8)
+    previous_tag = os.environ.get(SUITE_TAG_ENV)
+    os.environ[SUITE_TAG_ENV] = tag
 
     def one(name: str) -> dict:
         workdir = root / name
@@ -66,13 +98,22 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
         pool = ThreadPoolExecutor(max_workers=jobs)
         try:
             rows = dict(zip(shared, pool.map(one, shared)))
-        except BaseException:  # Ctrl-C: the scenarios in the other threads stop their runs too
+        except BaseException:  # Ctrl-C, SIGTERM: the scenarios in the other threads stop their runs too
             harness.STOP.set()
+            reap_suite(tag)  # now, not after the threads: one may be waiting on a process (an audit, a run)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         rows.update((name, one(name)) for name in names if name in SOLO)
+    except BaseException:
+        harness.STOP.set()
+        reap_suite(tag)  # and what a thread started before it saw STOP
+        raise
     finally:
+        if previous_tag is None:
+            os.environ.pop(SUITE_TAG_ENV, None)
+        else:
+            os.environ[SUITE_TAG_ENV] = previous_tag
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
     return [rows[name] for name in names]
