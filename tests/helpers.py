@@ -29,6 +29,16 @@ def commit_rollouts(store, version, seq, *, actor="a", run_id="run", data=None, 
     return key
 
 
+def put_glacier(s3_store, key: str, data: bytes) -> None:
+    """Commit ``data`` at ``key`` of an S3 store as an actor can with its own credentials: a PutObject with
+    ``StorageClass=GLACIER`` (moto then answers HEAD, and refuses GET and CopyObject, as S3 does)."""
+    import boto3
+
+    bucket, _, root = s3_store.root.partition("/")
+    boto3.client("s3", endpoint_url=s3_store.options["endpoint_url"], region_name="us-east-1").put_object(
+        Bucket=bucket, Key=f"{root}/{key}", Body=data, StorageClass="GLACIER")
+
+
 def ledger_audit(store):
     """Every committed rollout file of a run, and how the ledger accounts for it: the rules of
     ``echo2 audit`` (echo2/data/audit.py), plus a file not settled yet counting as a problem.

@@ -7,7 +7,7 @@ from echo2.data.ledger import ConsumedIndex
 from echo2.data.store import open_store
 from echo2.data.rollouts import RolloutLimits
 from echo2.learner.collector import RolloutCollector, is_fresh
-from helpers import commit_rollouts, make_rollouts, rollout_bytes
+from helpers import commit_rollouts, ledger_audit, make_rollouts, put_glacier, rollout_bytes
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
@@ -190,3 +190,120 @@ def test_a_poll_lists_only_the_version_folders_a_step_can_use(tmp_path):
         else:  # then only the window t - S .. newest (plus the folders that just fell out of it)
             assert listed <= {f"{layout.ROLLOUTS}{layout.version_name(v)}/" for v in range(t - 2, t + 1)}, listed
     assert FULL_SWEEP_EVERY > 3
+
+
+# -- unreadable, huge and replaced files: quarantined, never read whole, never a crash (issue 18, item 1) --
+class _Reads:
+    """The real store, with each read recorded as (key, end of the range; None for a whole object)."""
+
+    def __init__(self, store):
+        self.store, self.reads = store, []
+
+    def get(self, key):
+        self.reads.append((key, None))
+        return self.store.get(key)
+
+    def get_range(self, key, start, end):
+        self.reads.append((key, end))
+        return self.store.get_range(key, start, end)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_glacier_rollout_is_quarantined_by_reference_not_raised(s3_store):
+    data = rollout_bytes(1)
+    glacier = layout.rollout_key(1, "a", 1)
+    put_glacier(s3_store, glacier, data)
+    honest = [commit_rollouts(s3_store, 1, 2, actor="b"), commit_rollouts(s3_store, 1, 3, actor="b")]
+    col = _collector(s3_store)
+    sel = col.collect(step=2, learner_version=1, timeout_s=30)
+    assert [u["key"] for u in sel.used] == honest
+    [q] = sel.quarantined
+    assert q["key"] == glacier and q["reason"].startswith("unreadable: PermissionError"), q
+    assert "storage class" in q["reason"]
+    record = s3_store.get_json(layout.quarantine_reason_key(glacier))
+    assert record["by_reference"] is True and record["size"] == len(data), record
+    assert "ObjectNotInActiveTierError" in record["copy_error"]
+    assert s3_store.exists(glacier) and not s3_store.exists(layout.quarantine_key(glacier))  # it stays, recorded
+    assert glacier in ConsumedIndex(s3_store).refresh()  # settled: no actor counts it as pending
+    assert ledger_audit(s3_store) == ([], {"files": 3, "orphaned": 0, "used": 2, "dropped": 0, "quarantined": 1})
+
+    # killed before the step completed (its entry moved aside): the next learner records it once, unread
+    s3_store.move(layout.consumed_key(2), "orphaned/1/" + layout.consumed_key(2))
+    reads = _Reads(s3_store)
+    resumed = _collector(reads)
+    again = resumed.collect(step=2, learner_version=1, timeout_s=30)
+    assert [q["key"] for q in again.quarantined] == [glacier]
+    assert [u["key"] for u in again.used] == honest
+    assert glacier not in {key for key, _ in reads.reads}
+
+
+def test_an_actor_file_is_read_once_bounded_and_quarantined_unread(tmp_path):
+    """A sparse file far over the limit is judged by its size and moved unread; a file the actor
+    replaces by a bigger one right after its size check is read only to one byte past the limit."""
+    store = open_store(str(tmp_path))
+    limit = 64 * 2**10
+    huge = layout.rollout_key(1, "a", 1)
+    (tmp_path / huge).parent.mkdir(parents=True)
+    with open(tmp_path / huge, "wb") as f:
+        f.truncate(512 * 2**20)
+    replaced = commit_rollouts(store, 1, 2, actor="a")
+    honest = [commit_rollouts(store, 1, 3, actor="b"), commit_rollouts(store, 1, 4, actor="b")]
+
+    class ReplacedAfterItsSizeCheck(_Reads):
+        def size(self, key):
+            n = self.store.size(key)
+            if key == replaced:  # the actor overwrites its own file between the HEAD and the GET
+                self.store.put(key, b"\0" * (16 * limit), if_absent=False)
+            return n
+
+    reads = ReplacedAfterItsSizeCheck(store)
+    sel = _collector(reads, max_file_bytes=limit).collect(step=2, learner_version=1, timeout_s=5)
+    assert [u["key"] for u in sel.used] == honest
+    reasons = {q["key"]: q["reason"] for q in sel.quarantined}
+    assert set(reasons) == {huge, replaced} and all("over the limit" in r for r in reasons.values()), reasons
+    assert (tmp_path / layout.quarantine_key(huge)).stat().st_size == 512 * 2**20  # kept
+    assert reads.reads == [(replaced, limit + 1)] + [(key, limit + 1) for key in honest]
+
+
+def test_a_store_outage_while_reading_a_file_quarantines_nothing(s3_server, s3_store):
+    """The store going down while a file is read propagates (the flow retries it), and blames no file.
+    The outage is the fault-injecting proxy's (503, 500, resets), begun as the collector reads a file."""
+    from echo2.chaos.s3_proxy import FaultyS3Proxy
+    from echo2.data.store import is_transient
+
+    key = commit_rollouts(s3_store, 1, 0)
+    proxy = FaultyS3Proxy(s3_server, fail_rate=0.0)
+    url = proxy.start()
+    try:
+        proxied = open_store(f"s3://{s3_store.root}", {"endpoint_url": url, "skip_instance_cache": True}, retry_s=0.5)
+
+        class OutageAsAFileIsRead(_Reads):
+            def get_range(self, key, start, end):
+                proxy.outage(3600)
+                return super().get_range(key, start, end)
+
+        with pytest.raises(Exception) as err:
+            _collector(OutageAsAFileIsRead(proxied)).collect(step=2, learner_version=1, timeout_s=30)
+        assert is_transient(err.value), repr(err.value)
+    finally:
+        proxy.stop()
+    assert s3_store.exists(key)
+    assert s3_store.list(layout.QUARANTINE) == []
+
+
+def test_a_read_error_the_learners_own_files_share_blames_no_file(tmp_path):
+    """A non-transient error that reading the run's own ``run.json`` meets too (the learner's credentials
+    revoked, say) is the learner's problem, not the file's: it propagates and nothing is quarantined."""
+    store = open_store(str(tmp_path))
+    store.put_json(layout.RUN_JSON, {"run_id": "run"})
+    key = commit_rollouts(store, 1, 0)
+
+    class RevokedAfterListing(_Reads):  # test double: the cloud's answer to revoked credentials
+        def size(self, key):
+            raise PermissionError("test double: AccessDenied (the learner's credentials were revoked)")
+
+    with pytest.raises(PermissionError, match="revoked"):
+        _collector(RevokedAfterListing(store)).collect(step=2, learner_version=1, timeout_s=5)
+    assert store.exists(key) and store.list(layout.QUARANTINE) == []

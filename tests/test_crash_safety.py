@@ -15,7 +15,7 @@ from echo2.data.weights import download, publish_version, write_weights
 from echo2.learner.checkpoint import load_checkpoint, save_checkpoint
 from echo2.learner.collector import RolloutCollector
 from echo2.data.rollouts import RolloutLimits
-from helpers import commit_rollouts
+from helpers import commit_rollouts, put_glacier
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
@@ -98,6 +98,28 @@ def test_a_quarantine_of_an_unfinished_step_is_recorded_again_after_resume(tmp_p
 def test_no_rollouts_is_not_retried_as_a_store_hiccup():
     """The flow retried TimeoutError as transient (it is an OSError): 4x the configured timeout."""
     from prefect.states import Failed
+
+def test_resume_sets_an_unreadable_file_of_the_lost_timeline_aside_unread(s3_store):
+    """Resume's orphan move copies server-side; a rollout file the store can neither read nor copy (an
+    actor wrote it as GLACIER) is quarantined by reference and recorded once by the next learner."""
+    from echo2.data.run_folder import orphan_after
+
+    kept = commit_rollouts(s3_store, 1, 0)
+    lost = commit_rollouts(s3_store, 2, 0, actor="b")
+    glacier = layout.rollout_key(2, "a", 1)
+    put_glacier(s3_store, glacier, b"rows of a lost timeline")
+    manifest = layout.manifest_key(layout.policy_dir(2))
+    s3_store.put(manifest, b"{}")
+    moved = orphan_after(s3_store, 1)  # the checkpoint is step 1: version 2 belongs to the lost timeline
+    assert sorted(moved) == sorted([lost, manifest])
+    assert [k.split("/", 2)[2] for k in s3_store.list(layout.ORPHANED)] == sorted([manifest, lost])
+    assert s3_store.exists(glacier) and not s3_store.exists(lost)
+    record = s3_store.get_json(layout.quarantine_reason_key(glacier))
+    assert record["by_reference"] is True and "resume from step 1" in record["reason"]
+    col = RolloutCollector(s3_store, run_id="run", staleness=2, groups_per_step=2, limits=LIMITS)
+    sel = col.collect(step=2, learner_version=1, timeout_s=30)
+    assert [q["key"] for q in sel.quarantined] == [glacier] and [u["key"] for u in sel.used] == [kept]
+
 
     from echo2.data.store import StoreError
     from echo2.learner.collector import NoRollouts

@@ -8,7 +8,10 @@ by replacing ``*`` with ``.*`` only: ``.`` stays a regex dot and ``?`` (one char
 the rollout pattern) breaks the regex. ``aws_wildcards`` replaces that one matcher with AWS's
 documented semantics (``*`` any run of characters, ``?`` exactly one, the rest literal); the rest of
 moto's evaluation (actions, statements, roles, STS, auth) is moto's own. moto ignores the
-``StringLike`` condition on ``s3:prefix``; ``test_list_condition`` checks it separately.
+``StringLike`` condition on ``s3:prefix``; ``test_list_condition`` checks it separately. moto evaluates
+only ``StringEquals`` conditions, and only on the values a caller hands ``is_action_permitted`` (its
+S3 server hands none): ``aws_conditions`` adds AWS's documented ``StringEqualsIfExists`` and ``Null``
+to its table, so the document's conditions on ``PutObject`` (storage class, SSE-C) are evaluated.
 """
 
 from __future__ import annotations
@@ -41,19 +44,35 @@ def aws_wildcards(monkeypatch):
     monkeypatch.setattr(IAMPolicyStatement, "_match", staticmethod(_aws_match))
 
 
+@pytest.fixture
+def aws_conditions(monkeypatch):
+    """AWS's ``StringEqualsIfExists`` and ``Null`` in moto's condition table. moto checks each key a
+    request carries against the operator and skips the keys it lacks, which is what ``...IfExists``
+    means, and what ``Null: "true"`` (the key is absent) needs once any carried value fails it."""
+    from moto.iam import policy_conditions
+
+    def null(expected, actual):  # called only for a key the request carries: it is not null
+        return str(expected).lower() == "false"
+
+    monkeypatch.setitem(policy_conditions.CONDITION_OPERATIONS, "StringEqualsIfExists",
+                        policy_conditions.string_equals_operation)
+    monkeypatch.setitem(policy_conditions.CONDITION_OPERATIONS, "Null", null)
+
+
 def _arn(prefix: str, run: str, key: str) -> str:
     return f"arn:aws:s3:::{BUCKET}/{C.run_root(prefix, run)}{key}"
 
 
 # -- (a) the document, evaluated by moto's IAMPolicy ----------------------------------------------
 @pytest.mark.parametrize("prefix", ["", "root", "deep/store"])
-def test_policy_evaluated(aws_wildcards, prefix):
+def test_policy_evaluated(aws_wildcards, aws_conditions, prefix):
     from moto.iam.access_control import IAMPolicy, PermissionResult
 
     policy = IAMPolicy(json.dumps(C.actor_policy(BUCKET, prefix, "r1", "a")))
 
-    def allowed(action: str, key: str, run: str = "r1") -> bool:
-        return policy.is_action_permitted(action, _arn(prefix, run, key)) == PermissionResult.PERMITTED
+    def allowed(action: str, key: str, run: str = "r1", headers: dict | None = None) -> bool:
+        return policy.is_action_permitted(action, _arn(prefix, run, key),
+                                          incoming_condition_values=headers) == PermissionResult.PERMITTED
 
     own = layout.rollout_key(42, "a", 7)
     assert allowed("s3:PutObject", own)
@@ -86,6 +105,13 @@ def test_policy_evaluated(aws_wildcards, prefix):
         assert not allowed("s3:DeleteObject", key), key
     for key in (layout.rollout_key(1, "b", 1), layout.manifest_key(layout.checkpoint_dir(40)), layout.event_key(1.0, "b", "x")):
         assert not allowed("s3:GetObject", key), key
+    # only objects the learner can read and copy: STANDARD (or no class named), no customer-provided key
+    for key in (own, layout.peer_key("a")):
+        assert allowed("s3:PutObject", key, headers={"s3:x-amz-storage-class": "STANDARD"}), key
+        for storage_class in ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "STANDARD_IA", "REDUCED_REDUNDANCY"):
+            assert not allowed("s3:PutObject", key, headers={"s3:x-amz-storage-class": storage_class}), (key, storage_class)
+        assert not allowed("s3:PutObject", key,
+                           headers={"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"}), key
     assert policy.is_action_permitted("s3:ListBucket", f"arn:aws:s3:::{BUCKET}") == PermissionResult.PERMITTED
     assert policy.is_action_permitted("s3:ListBucket", "arn:aws:s3:::other-bucket") != PermissionResult.PERMITTED
     assert policy.is_action_permitted("s3:DeleteBucket", f"arn:aws:s3:::{BUCKET}") != PermissionResult.PERMITTED

@@ -174,3 +174,44 @@ def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch
         fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True))
         spec = fleet.launch_spec("a0", None)  # an unpriced local actor
         assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]
+
+
+def test_stop_tells_every_actor_to_stop_before_it_waits_for_any(tmp_path):
+    """A cancelled flow run has Prefect's 30 s grace for its checkpoint and the whole teardown: `stop` must
+    signal every actor at once, not one grace period (10 s locally, a `sky down` on a cloud) after another.
+    Real processes: each one, told to stop, exits cleanly only once all three were told; stopped one at a
+    time, the first waits out its grace and is killed."""
+    import json as json_
+
+    from echo2.fleet.local import LocalBackend
+    from helpers import wait_until
+
+    told, up = tmp_path / "told", tmp_path / "up"
+    told.mkdir()
+    up.mkdir()
+    body = f"""
+import os, pathlib, signal, sys, time
+told, up = pathlib.Path({str(told)!r}), pathlib.Path({str(up)!r})
+def on_term(*_):
+    (told / str(os.getpid())).touch()
+    while len(list(told.iterdir())) < 3:
+        time.sleep(0.05)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+(up / str(os.getpid())).touch()
+while True:
+    time.sleep(0.1)
+"""
+    store = FsspecStore(str(tmp_path / "run"), {})
+    backend = LocalBackend(LocalFleetConfig(), tmp_path / "logs")
+    spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, [sys.executable, "-c", body], offer=offer)  # noqa: E731
+    fleet = FleetManager(backend, FleetConfig(actors=3), store, launch_spec=spec)
+    fleet.start()
+    try:
+        wait_until(lambda: len(list(up.iterdir())) == 3, 60, "every actor to have its handler in place")
+    finally:
+        fleet.stop()
+    codes = {actor_id: proc.returncode for actor_id, proc in backend.procs.items()}
+    assert codes and set(codes.values()) == {0}, codes  # -9: waited out its grace, then killed
+    ended = [e["actor_id"] for e in read_events(store) if e["kind"] == "terminated"]
+    assert sorted(ended) == sorted(codes), json_.dumps(ended)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from echo2.data.store import AlreadyExists, NotFound, open_store
+from echo2.data.store import AlreadyExists, NotFound, is_transient, open_store
 
 
 @pytest.fixture(params=["file", "memory", "s3"])
@@ -58,6 +58,45 @@ def test_move_keeps_the_bytes(store):
     store.move("rollouts/v000001/a.arrow", "quarantine/rollouts/v000001/a.arrow")
     assert not store.exists("rollouts/v000001/a.arrow")
     assert store.get("quarantine/rollouts/v000001/a.arrow") == b"data"
+
+
+def test_copy_replaces_the_target_and_keeps_the_source(store):
+    store.put("rollouts/v000001/a.arrow", b"data")
+    store.put("quarantine/rollouts/v000001/a.arrow", b"what an interrupted earlier move left")
+    store.copy("rollouts/v000001/a.arrow", "quarantine/rollouts/v000001/a.arrow")
+    assert store.get("quarantine/rollouts/v000001/a.arrow") == b"data"
+    assert store.get("rollouts/v000001/a.arrow") == b"data"
+    with pytest.raises(NotFound):
+        store.copy("rollouts/v000001/missing.arrow", "quarantine/x")
+    assert not store.exists("quarantine/x")
+    assert not [k for k in store.list() if ".tmp-" in k]
+
+
+def test_a_huge_local_file_is_moved_without_reading_it(tmp_path):
+    """Moving (quarantine, resume's orphan move) links the file under its new name: a sparse file far
+    over any rollout limit moves at once, as the very same file (inode), never read."""
+    store = open_store(str(tmp_path / "store"))
+    key = "rollouts/v000001/a-000001.arrow"
+    path = tmp_path / "store" / key
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as f:
+        f.truncate(512 * 2**20)  # sparse: no block of it is written
+    inode = path.stat().st_ino
+    store.move(key, "quarantine/" + key)
+    moved = tmp_path / "store" / "quarantine" / key
+    assert moved.stat().st_ino == inode and moved.stat().st_size == 512 * 2**20
+    assert not path.exists()
+
+
+def test_a_create_that_meets_its_own_bytes_succeeds(store):
+    """A create whose object is already there with exactly its bytes has succeeded (an earlier try of
+    its own landed); any other object there is a conflict, whatever its size."""
+    store.put("rollouts/v000001/a.arrow", b"payload")
+    store.put("rollouts/v000001/a.arrow", b"payload")
+    for other in (b"PAYLOAD", b"payload, longer", b"p"):
+        with pytest.raises(AlreadyExists):
+            store.put("rollouts/v000001/a.arrow", other)
+    assert store.get("rollouts/v000001/a.arrow") == b"payload"
 
 
 def test_concurrent_creators_exactly_one_wins(tmp_path):
@@ -157,6 +196,74 @@ def test_s3_retried_create_still_refuses_other_bytes(s3_store, monkeypatch):
             s3_store.put("commit", b"ours")
     assert len(calls) == 2  # the 412 came on the retry, where the object is read back
     assert s3_store.get("commit") == b"theirs"
+
+
+def test_s3_create_retried_inside_the_client_library_succeeds(s3_store, monkeypatch):
+    """The lost response was retried by botocore or s3fs inside one attempt of ours: the object landed
+    and the library's own retry got 412, so our first attempt sees AlreadyExists (issue 18, item 11)."""
+    real_pipe_file = s3_store.fs.pipe_file
+    calls = []
+
+    def pipe_file_whose_library_retry_got_412(path, data, **kwargs):
+        calls.append(data)
+        real_pipe_file(path, data, **kwargs)  # the PutObject landed; its answer was lost
+        raise FileExistsError("test double: the library's retry of the PutObject got 412 Precondition Failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(s3_store.fs, "pipe_file", pipe_file_whose_library_retry_got_412)
+        s3_store.put("rollouts/v000001/a-000001.arrow", b"payload")
+        assert len(calls) == 1  # settled on the first attempt, by reading the object back
+        with pytest.raises(AlreadyExists):  # the same lost answer over another's object is a conflict
+            s3_store.put("rollouts/v000001/a-000001.arrow", b"another")
+    assert s3_store.get("rollouts/v000001/a-000001.arrow") == b"payload"
+
+
+def test_one_layer_retries_a_failing_store(s3_server, monkeypatch):
+    """echo2's retry loop is the only one: botocore and s3fs make one request per attempt of ours, so a
+    dead store surfaces after ``retry_s`` (issue 18, item 11: the layers stacked to over 8 minutes).
+    The store is behind the fault-injecting proxy in an outage (503 SlowDown, 500, connection reset
+    in turn, each of which botocore and s3fs used to retry); ``retry_s=0`` is one attempt of ours."""
+    from echo2.chaos.s3_proxy import FaultyS3Proxy
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    proxy = FaultyS3Proxy(s3_server, fail_rate=0.0)
+    url = proxy.start()
+    try:
+        proxy.outage(3600)
+        store = open_store("s3://echo2-outage/root", {"endpoint_url": url, "skip_instance_cache": True}, retry_s=0)
+        for attempt in range(3):  # the proxy's three kinds of failure meet each operation in turn
+            for op in (lambda: store.get("k"), lambda: store.put("k", b"1"), lambda: store.get_range("k", 0, 1)):
+                before = proxy.failed
+                with pytest.raises(Exception) as err:
+                    op()
+                assert is_transient(err.value), repr(err.value)
+                # one request; two where the proxy reset a pooled keep-alive connection, on which aiohttp
+                # sends the request once more (before: 7 to 15 requests, botocore's and s3fs's retries)
+                assert 1 <= proxy.failed - before <= 2, (attempt, repr(err.value))
+    finally:
+        proxy.stop()
+
+
+def test_answers_about_an_object_are_not_transient():
+    """A 4xx answer is about the request, even where s3fs files an unknown code under EIO (a GLACIER
+    object's CopyObject: ObjectNotInActiveTierError): retrying it would only delay the quarantine."""
+    import errno
+
+    from botocore.exceptions import ClientError
+
+    def translated(status: int, code: str) -> OSError:
+        exc = OSError(errno.EIO, f"{code} (test value, as s3fs translates an unknown code)")
+        exc.__cause__ = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+        return exc
+
+    assert not is_transient(translated(403, "ObjectNotInActiveTierError"))
+    assert not is_transient(translated(400, "InvalidRequest"))
+    assert not is_transient(PermissionError("The operation is not valid for the object's storage class"))
+    for status, code in ((503, "SlowDown"), (500, "InternalError"), (429, "TooManyRequests"), (400, "RequestTimeout")):
+        assert is_transient(translated(status, code)), code
+    assert is_transient(OSError(errno.EIO, "no answer")) and is_transient(ConnectionResetError())
 
 
 def test_size(store):

@@ -6,6 +6,11 @@ Atomic create-if-absent, per backend:
 - S3: ``PutObject`` with ``If-None-Match: *`` (412 when the key exists);
 - memory: check-and-set under a process-wide lock (the memory filesystem is per process);
 - others: exclusive-create open (``mode="xb"``) where the backend supports it.
+
+Retries have one owner: this module's tenacity loop (``retry_s``, the run's ``store.retry_s``). s3fs
+and botocore are told not to retry (s3fs's ``retries`` and botocore's ``retries.max_attempts``), where
+each otherwise retried on its own, inside every one of our attempts: a dead store then took many times
+``retry_s`` to surface. What counts as transient is ``store.is_transient``.
 """
 
 from __future__ import annotations
@@ -21,43 +26,19 @@ from typing import Any
 import fsspec
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError, is_transient
 
 _TMP_MARK = ".tmp-"
 _memory_lock = threading.Lock()
 
 
-TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNRESET,
-                              errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE, errno.EAGAIN})
-"""OSError numbers that mean "not now" rather than an answer: s3fs maps S3's 503 SlowDown /
-ServiceUnavailable to EBUSY and its 500 InternalError to EREMOTEIO (s3fs/errors.py)."""
 RETRY_S = 120.0
 """How long a store operation keeps retrying transient errors (an outage of the store) before it raises:
 long enough to ride out a restart of the store or of the network, short enough to fail a dead one."""
 
 
-def _transient(exc: BaseException) -> bool:
-    """Network hiccups and the store's "slow down / unavailable / internal error" are retried;
-    answers from the store (missing, exists, denied) are not."""
-    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, AlreadyExists, NotFound)):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in {
-        "EndpointConnectionError",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ServerDisconnectedError",
-        "ClientConnectorError",
-        "ClientOSError",
-        "ClientPayloadError",
-        "ConnectionClosedError",
-        "ResponseStreamingError",
-    }:
-        return True
-    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
-
-
 def _policy(retry_s: float) -> dict:
-    return dict(retry=retry_if_exception(_transient), stop=stop_after_delay(retry_s),
+    return dict(retry=retry_if_exception(is_transient), stop=stop_after_delay(retry_s),
                 wait=wait_exponential(multiplier=0.2, max=5), reraise=True)
 
 
@@ -85,21 +66,28 @@ def split_url(url: str) -> tuple[str, str]:
     return protocol, rest.rstrip("/")
 
 
-def _open_in_new_or_existing_folder(path: Path):
-    """``open(path, "wb")`` after creating its folder.
+def _in_new_or_existing_folder(path: Path, create):
+    """``create(path)`` (open a new file, link one) after creating its folder.
 
     A concurrent ``delete_prefix`` may remove the folder after ``mkdir`` made it and before the
-    open, which then fails with ``FileNotFoundError`` (or ``mkdir`` itself with
+    create, which then fails with ``FileNotFoundError`` (or ``mkdir`` itself with
     ``FileExistsError``, when the folder vanishes between its two checks): create it again.
     """
     for _ in range(_FOLDER_RACE_ROUNDS - 1):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            return open(path, "wb")
+            return create(path)
         except (FileNotFoundError, FileExistsError):
             continue  # the folder vanished meanwhile: make it again
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "wb")  # a persistent cause (a file where the folder should be) raises here
+    return create(path)  # a persistent cause (a file where the folder should be, no source) raises here
+
+
+def _no_client_retries(options: dict[str, Any]) -> dict[str, Any]:
+    """s3fs options with botocore's own retries off (unless the store's options set them): ours own them."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"max_attempts": 0})  # botocore: retries after the first attempt
+    return {**options, "config_kwargs": config}
 
 
 class FsspecStore(ObjectStore):
@@ -117,10 +105,16 @@ class FsspecStore(ObjectStore):
                 # objects appear while we run: a cached listing would hide them (s3fs also sizes
                 # reads from it), so every listing and read goes to the store
                 fs_options.setdefault("use_listings_cache", False)
+            if self.protocol in ("s3", "s3a"):
+                fs_options = _no_client_retries(fs_options)
             try:
                 self.fs = fsspec.filesystem(self.protocol, **fs_options)
             except (ImportError, ValueError) as exc:
                 raise StoreError(f"cannot open store {self.url}: {exc}") from None
+            if self.protocol in ("s3", "s3a"):
+                # s3fs retries some errors itself, ``retries`` times per request and again per read
+                # (a class attribute, not an option); one attempt each, and our loop retries
+                self.fs.retries = 1
 
     # -- helpers ---------------------------------------------------------------------------
     def _path(self, key: str) -> str:
@@ -143,13 +137,14 @@ class FsspecStore(ObjectStore):
     def put(self, key: str, data: bytes, *, if_absent: bool = True) -> None:
         """Write ``data`` under ``key``, retrying transient (network) errors.
 
-        A retried create can meet the object its own earlier attempt wrote: on S3 the PutObject
-        may have landed while its response was lost, and the retry then gets 412. So an
-        ``AlreadyExists`` on a retry (never on the first attempt, which keeps exactly-one-winner
-        among racing creators) reads the object back: holding our bytes, the earlier attempt
-        succeeded and the put returns; holding anything else, it raises ``AlreadyExists``. A racing
-        writer of the very same bytes is then indistinguishable from our own attempt, and both
-        succeed: the object is the same either way.
+        A create can meet the object an earlier try of its own wrote: on S3 the PutObject may have
+        landed while its response was lost, and the retry then gets 412 -- a retry of ours or one a
+        client library made inside a single attempt of ours, which we cannot tell apart. So every
+        ``AlreadyExists`` reads the object back: holding our bytes, the create succeeded and the put
+        returns; holding anything else, it raises ``AlreadyExists``. Racing creators of different
+        bytes still have exactly one winner; a racing writer of the very same bytes is
+        indistinguishable from our own earlier try, and both succeed: the object is the same
+        either way.
         """
         path = self._path(key)
         for attempt in Retrying(**_policy(self.retry_s)):
@@ -157,15 +152,17 @@ class FsspecStore(ObjectStore):
                 try:
                     self._put_once(key, path, data, if_absent)
                 except AlreadyExists:
-                    if attempt.retry_state.attempt_number > 1 and self._holds(key, data):
+                    if self._holds(key, data):
                         return
                     raise
 
     def _holds(self, key: str, data: bytes) -> bool:
-        """Whether ``key`` is an object with exactly ``data`` (the size first: one HEAD, no download)."""
+        """Whether ``key`` is an object with exactly ``data``: the size first (one HEAD), then a read
+        bounded by our own size (the object may have been replaced by a bigger one meanwhile). An
+        object we may not read is not shown to be ours."""
         try:
-            return self.size(key) == len(data) and self.get(key) == data
-        except NotFound:
+            return self.size(key) == len(data) and (not data or self.get_range(key, 0, len(data) + 1) == data)
+        except (NotFound, PermissionError):
             return False
 
     def _put_once(self, key: str, path: str, data: bytes, if_absent: bool) -> None:
@@ -200,7 +197,7 @@ class FsspecStore(ObjectStore):
         tmp = final.with_name(f"{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
         # once the temp file exists its folder is not empty, so nothing tidies it away until the
         # link/replace below has put the final name in it
-        with _open_in_new_or_existing_folder(tmp) as f:
+        with _in_new_or_existing_folder(tmp, lambda p: open(p, "wb")) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -217,6 +214,33 @@ class FsspecStore(ObjectStore):
 
     def put_pointer(self, key: str, data: bytes) -> None:
         self.put(key, data, if_absent=False)
+
+    @_retry
+    def copy(self, src: str, dst: str) -> None:
+        """Server-side: a hard link on local files (no byte is read, however big), CopyObject on S3
+        (UploadPartCopy above 5 GB), the backend's own copy elsewhere. S3 cannot copy an object it
+        cannot read either (GLACIER: ``ObjectNotInActiveTierError``); that raises."""
+        source, target = self._path(src), self._path(dst)
+        try:
+            if self.protocol == "file":
+                self._copy_local(source, Path(target))
+            elif self.protocol == "memory":
+                with _memory_lock:
+                    self.fs.cp_file(source, target)
+            else:
+                self.fs.cp_file(source, target)
+        except FileNotFoundError:
+            raise NotFound(src) from None
+
+    def _copy_local(self, source: str, final: Path) -> None:
+        if not os.path.isfile(source):
+            raise FileNotFoundError(source)
+        tmp = final.with_name(f"{final.name}{_TMP_MARK}{uuid.uuid4().hex}")
+        try:  # a new name for the same bytes, then swapped in: readers see the old copy or the new one
+            _in_new_or_existing_folder(tmp, lambda p: os.link(source, p))
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     @_retry
     def delete(self, key: str) -> None:

@@ -17,9 +17,10 @@ from datetime import datetime, timezone
 from echo2.data import layout
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.data.quarantine import by_reference as quarantine_by_reference
 from echo2.data.relay_certs import RelayCA
 from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_text
-from echo2.data.store import AlreadyExists, NotFound, ObjectStore
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_transient
 from echo2.errors import Echo2InputError
 
 log = logging.getLogger("echo2.data")
@@ -90,7 +91,12 @@ def check_run_key(record: dict, key: Ed25519PrivateKey | None) -> None:
 
 
 def orphan_after(store: ObjectStore, step: int) -> list[str]:
-    """Move everything of the lost timeline (after checkpoint ``step``) to ``orphaned/<time>/``; returns the keys."""
+    """Move everything of the lost timeline (after checkpoint ``step``) to ``orphaned/<time>/``; returns the keys.
+
+    A move copies server-side and reads nothing. A rollout file the store cannot copy (an actor wrote it
+    as GLACIER, say) is quarantined by reference instead (``data/quarantine.py``): it stays, is not
+    among the keys returned, and the next ledger entry records it as quarantined.
+    """
     dest = layout.orphaned_prefix(f"{time.time():.0f}")
     late = []
     for prefix in (layout.POLICY, layout.ROLLOUTS, layout.CHECKPOINTS):  # folders numbered by version or step
@@ -104,8 +110,21 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
             late.append(key)
     # a manifest first, so that an interrupted move never leaves a folder that looks committed
     late.sort(key=lambda k: (not k.endswith("/" + layout.MANIFEST), k))
+    kept = []
     for key in late:
-        store.move(key, dest + key)
+        try:
+            store.copy(key, dest + key)
+        except Exception as exc:
+            if is_transient(exc) or isinstance(exc, NotFound) or layout.parse_rollout_key(key) is None:
+                raise  # the learner's own objects are readable, or the store is broken: say so
+            quarantine_by_reference(store, key, f"unreadable: the resume from step {step} could not move it "
+                                                f"to {dest}", exc)
+            kept.append(key)
+            continue
+        store.delete(key)
+    late = [k for k in late if k not in kept]
+    kept_folders = {k.rsplit("/", 1)[0] + "/" for k in kept}
     for folder in sorted({k.rsplit("/", 1)[0] + "/" for k in late if not k.startswith(layout.LEDGER_CONSUMED)}):
-        store.delete_prefix(folder)  # tidy the emptied folders (nothing writes there while the learner is down)
+        if folder not in kept_folders:  # a file quarantined by reference stays in its folder
+            store.delete_prefix(folder)  # tidy the emptied folders (nothing writes there while the learner is down)
     return late

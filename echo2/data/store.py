@@ -8,6 +8,7 @@ that is overwritten in place is a pointer (``policy/LATEST``), through ``put_poi
 
 from __future__ import annotations
 
+import errno
 import json
 from abc import ABC, abstractmethod
 from typing import Any
@@ -23,6 +24,53 @@ class AlreadyExists(StoreError):
 
 class NotFound(StoreError, KeyError):
     """The key does not exist."""
+
+
+TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNRESET,
+                              errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE, errno.EAGAIN})
+"""OSError numbers that mean "not now" rather than an answer: s3fs maps S3's 503 SlowDown /
+ServiceUnavailable to EBUSY and its 500 InternalError to EREMOTEIO (s3fs/errors.py)."""
+
+_TRANSIENT_TYPES = frozenset({
+    "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+    "HTTPClientError", "ResponseParserError", "IncompleteRead", "ResponseStreamingError",  # botocore / http.client
+    "ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "ClientPayloadError",  # aiohttp
+})
+"""Exception classes (or their bases, by name: no client library is imported for them) of a request
+that got no usable answer: what s3fs and botocore retried themselves before echo2 made them stop."""
+
+_TRANSIENT_HTTP = frozenset({408, 409, 429})
+"""4xx answers that still mean "try again": request timeout, a conflicting operation in progress, throttling."""
+_TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "XAmzContentSHA256Mismatch"})
+"""S3 error codes that mean "try again" whatever their status (a body corrupted in transit is one)."""
+
+
+def _http_answer(exc: BaseException) -> tuple[int, str] | None:
+    """(HTTP status, error code) when ``exc`` is (or was translated from) an error answer of the store."""
+    for err in (exc, exc.__cause__):
+        response = getattr(err, "response", None)
+        if isinstance(response, dict):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status, str(response.get("Error", {}).get("Code", ""))
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a store error means "the store is not answering now" (retry, and never blame an object)
+    rather than an answer about this request (missing, exists, denied, not valid for the object's
+    storage class): network failures, timeouts, throttling and 5xx answers are transient; any other
+    4xx answer is not, even where s3fs files an unknown error code under ``EIO``."""
+    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, StoreError)):
+        return False
+    answer = _http_answer(exc)
+    if answer is not None:
+        status, code = answer
+        return status >= 500 or status in _TRANSIENT_HTTP or code in _TRANSIENT_CODES
+    if isinstance(exc, (ConnectionError, TimeoutError)) or any(
+            c.__name__ in _TRANSIENT_TYPES for c in type(exc).__mro__):
+        return True
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
 
 
 class ObjectStore(ABC):
@@ -86,12 +134,17 @@ class ObjectStore(ABC):
     def get_json(self, key: str) -> Any:
         return json.loads(self.get(key))
 
+    def copy(self, src: str, dst: str) -> None:
+        """Make ``dst`` a copy of ``src`` (replacing ``dst``) without the bytes passing through this
+        process: a store copies server-side. Only for destinations no one else writes (``quarantine/``,
+        ``orphaned/``): the copy is not create-if-absent. ``NotFound`` if ``src`` is absent."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy objects server-side")
+
     def move(self, src: str, dst: str) -> None:
-        """Copy then delete: used to set a rejected file aside without losing it."""
-        try:
-            self.put(dst, self.get(src), if_absent=True)
-        except AlreadyExists:
-            pass  # an earlier, interrupted move already copied it
+        """Copy then delete: used to set a rejected file aside without losing it (and without reading
+        it: an object an actor wrote may be any size, or unreadable). A move interrupted between the
+        two is simply done again: the copy replaces the earlier one."""
+        self.copy(src, dst)
         self.delete(src)
 
 

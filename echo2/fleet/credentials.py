@@ -10,7 +10,9 @@ nothing else. What an actor touches in the run root (read in ``rollout/actor.py`
 - lists ``rollouts/`` (its backlog) and ``ledger/consumed/``;
 - writes its own rollout files ``rollouts/v<version>/<actor>-<seq>.arrow`` (create-if-absent,
   whose retry reads its own object back) and its relay record ``peers/<actor>.json``, which it
-  deletes when it leaves.
+  deletes when it leaves; both only as objects the learner can read: in the ``STANDARD`` storage
+  class (a ``GLACIER`` object answers a HEAD but no GET or copy) and without a customer-provided
+  encryption key (SSE-C: reading needs the key the actor kept).
 
 Everything else is the learner's: it cannot publish a version (``policy/``), forge or erase the
 ledger, rewrite ``run.json``, write in another actor's name, or touch another run.
@@ -63,6 +65,14 @@ def run_root(prefix: str, run_id: str) -> str:
     return f"{prefix + '/' if prefix else ''}{layout.RUNS}/{run_id}/"
 
 
+READABLE_WRITES = {"StringEqualsIfExists": {"s3:x-amz-storage-class": "STANDARD"},
+                   "Null": {"s3:x-amz-server-side-encryption-customer-algorithm": "true"}}
+"""The condition on an actor's ``PutObject``: no storage class other than ``STANDARD`` (none named is
+``STANDARD``) and no SSE-C key, so every object it writes is one the learner can read and copy. A
+condition on the grant rather than a Deny statement: nothing else grants ``PutObject`` there, so it
+denies just as much (the learner quarantines whatever else reaches it, ``data/quarantine.py``)."""
+
+
 def _statements(bucket: str, root: str, actor_glob: str) -> list[dict[str, Any]]:
     """The grant, for one actor (``actor_glob`` its id) or all (``*``); ``root`` ends with ``/``."""
     obj = f"arn:aws:s3:::{bucket}/{root}"
@@ -75,12 +85,12 @@ def _statements(bucket: str, root: str, actor_glob: str) -> list[dict[str, Any]]
         {"Sid": "ListRun", "Effect": "Allow", "Action": ["s3:ListBucket"],
          "Resource": [f"arn:aws:s3:::{bucket}"],
          "Condition": {"StringLike": {"s3:prefix": [root + "*"]}}},
-        # GetObject too: a retried create-if-absent reads its own object back (FsspecStore.put).
+        # GetObject too: a create-if-absent that meets an object reads it back (FsspecStore.put).
         {"Sid": "WriteOwnRollouts", "Effect": "Allow",
          "Action": ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload"],
-         "Resource": [obj + layout.rollout_key_glob(actor_glob)]},
+         "Resource": [obj + layout.rollout_key_glob(actor_glob)], "Condition": READABLE_WRITES},
         {"Sid": "OwnPeerRecord", "Effect": "Allow", "Action": ["s3:PutObject", "s3:DeleteObject"],
-         "Resource": [obj + layout.peer_key(actor_glob)]},
+         "Resource": [obj + layout.peer_key(actor_glob)], "Condition": READABLE_WRITES},
     ]
 
 

@@ -30,6 +30,7 @@ import logging
 import os
 import secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -168,8 +169,15 @@ class FleetManager:
         if self._stopped:
             return
         self._stopped = True
-        for slot in self.slots:
-            self._retire(slot)
+        # every actor is told to stop at once, not one grace period after another: a cancelled flow run
+        # has Prefect's 30 s grace for its checkpoint and the whole teardown
+        # (threads, not a pool: this also runs at exit, where a pool takes no more work)
+        stopping = [threading.Thread(target=self._retire, args=(slot,), name=f"echo2-stop-{slot.actor_id}")
+                    for slot in self.slots]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
         self.slots = []
         self.backend.close()
         atexit.unregister(self.stop)

@@ -4,6 +4,15 @@ At learner version t, a committed rollout file of policy version v is
 - dropped if t - v > S (too stale), recorded in the ledger with the reason;
 - dropped if the same content was already used under another name (content hash in the ledger);
 - quarantined if it fails validation: moved to ``quarantine/<key>`` beside a ``.json`` reason.
+  A file that cannot be read or decoded fails it too, whatever the error (a GLACIER object, one the
+  store refuses, bytes that exhaust the decoder): only the store being down (``store.is_transient``),
+  or an error that reading the learner's own ``run.json`` shares, propagates, so an outage never
+  quarantines honest files. A file is read once, after its size check, and never past
+  ``max_file_bytes`` (a bounded ranged read: a file replaced by a bigger one is not read whole).
+  Quarantine never reads a file (``data/quarantine.py``): a server-side copy, then a delete; where the
+  store cannot copy it either (S3 will not copy a GLACIER object), *by reference*: the file stays where
+  it is, its reason record says so, and the ledger's ``quarantined`` section settles it like any other
+  (no step reads it, no actor counts it as pending again; a resumed learner records it unread).
   Validation bounds everything the loss relies on (``data/rollouts.py``), re-derives every prompt
   from the task and re-scores verifiable rewards (``verify.py``), and spot-checks behavior logprobs
   (``behavior_audit.py``); a file whose claims are false (``Dishonest``) also bans its actor, whose
@@ -34,8 +43,9 @@ import pyarrow as pa
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.ledger import pending_rollouts, write_consumed
+from echo2.data.quarantine import quarantine
 from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, decode_rollouts, validate_rollouts
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import NotFound, ObjectStore, is_transient
 from echo2.learner.behavior_audit import Dishonest
 
 log = logging.getLogger("echo2.learner")
@@ -109,6 +119,8 @@ class RolloutCollector:
         # files quarantined by a step that never completed (the learner was killed): their ledger
         # entry went to orphaned/, so the next entry records them again from quarantine/'s reasons
         self._unrecorded: list[dict] = self._quarantined_unsettled()
+        # one quarantined by reference still lies among the rollouts: the next entry records it, unread
+        self.in_flight |= {item["key"] for item in self._unrecorded}
 
     def _quarantined_unsettled(self) -> list[dict]:
         out = []
@@ -130,19 +142,48 @@ class RolloutCollector:
 
     def _check(self, key: str, version: int, actor_id: str, learner_version: int) -> pa.Table:
         """Download and validate one file; raises ``InvalidRollouts`` (or ``NotFound`` if it vanished)."""
-        size = self.store.size(key)
-        if size > self.max_file_bytes:
-            raise InvalidRollouts(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
-        data = self.store.get(key)
-        if len(data) > self.max_file_bytes:  # replaced by a bigger object between the size check and the read
-            raise InvalidRollouts(f"file of {len(data)} bytes is over the limit of {self.max_file_bytes}")
-        table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
-                                  expected_version=version, learner_version=learner_version, limits=self.limits)
+        data = self._read(key)
+        try:
+            table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
+                                      expected_version=version, learner_version=learner_version, limits=self.limits)
+        except InvalidRollouts:
+            raise
+        except Exception as exc:  # a function of the actor's bytes alone (a MemoryError, say): the file's fault
+            raise InvalidRollouts(f"undecodable: {type(exc).__name__}: {str(exc)[:200]}") from None
         if self.verifier is not None:
             self.verifier.check(table)
         if self.auditor is not None and self.auditor.wants(actor_id):
             self.auditor.check(table, version, actor_id)
         return table
+
+    def _read(self, key: str) -> bytes:
+        """The bytes of an actor's file, at most ``max_file_bytes`` of them: the size first (a HEAD),
+        then one ranged read that stops one byte past the limit. Errors: see the module docstring."""
+        try:
+            size = self.store.size(key)
+            if size > self.max_file_bytes:
+                raise InvalidRollouts(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
+            data = self.store.get_range(key, 0, self.max_file_bytes + 1) if size else b""
+        except (InvalidRollouts, NotFound):
+            raise
+        except Exception as exc:
+            if is_transient(exc) or not self._store_answers():
+                raise
+            raise InvalidRollouts(f"unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
+        if len(data) > self.max_file_bytes:  # replaced by a bigger object between the size check and the read
+            raise InvalidRollouts(f"file of more than {self.max_file_bytes} bytes is over the limit")
+        return data
+
+    def _store_answers(self) -> bool:
+        """Whether the store still answers the learner about its own ``run.json`` (there or not): if it
+        does not, a failed read of an actor's file says nothing about the file."""
+        try:
+            self.store.size(layout.RUN_JSON)
+        except NotFound:
+            pass
+        except Exception:  # any failure: the caller raises the file's error instead of blaming the file
+            return False
+        return True
 
     def collect(self, step: int, learner_version: int, *, timeout_s: float, poll_s: float = 0.25,
                 should_abort=lambda: None) -> Selection:
@@ -236,10 +277,3 @@ class RolloutCollector:
     def unrecorded_leftovers(self) -> list[str]:
         """Committed rollout files no step settled (what the run leaves unused when it finishes)."""
         return [key for _, key in pending_rollouts(self.store, self.settled)]
-
-
-def quarantine(store: ObjectStore, key: str, reason: str) -> None:
-    """Set a rejected rollout file aside with its reason (the reason first: a moved file always has one)."""
-    store.put_json(layout.quarantine_reason_key(key), {"key": key, "reason": reason, "at": time.time()},
-                   if_absent=False)
-    store.move(key, layout.quarantine_key(key))
