@@ -95,10 +95,6 @@ def test_a_quarantine_of_an_unfinished_step_is_recorded_again_after_resume(tmp_p
     assert [u["key"] for u in again.used] == [good]
 
 
-def test_no_rollouts_is_not_retried_as_a_store_hiccup():
-    """The flow retried TimeoutError as transient (it is an OSError): 4x the configured timeout."""
-    from prefect.states import Failed
-
 def test_resume_sets_an_unreadable_file_of_the_lost_timeline_aside_unread(s3_store):
     """Resume's orphan move copies server-side; a rollout file the store can neither read nor copy (an
     actor wrote it as GLACIER) is quarantined by reference and recorded once by the next learner."""
@@ -120,6 +116,10 @@ def test_resume_sets_an_unreadable_file_of_the_lost_timeline_aside_unread(s3_sto
     sel = col.collect(step=2, learner_version=1, timeout_s=30)
     assert [q["key"] for q in sel.quarantined] == [glacier] and [u["key"] for u in sel.used] == [kept]
 
+
+def test_no_rollouts_is_not_retried_as_a_store_hiccup():
+    """The flow retried TimeoutError as transient (it is an OSError): 4x the configured timeout."""
+    from prefect.states import Failed
 
     from echo2.data.store import StoreError
     from echo2.learner.collector import NoRollouts
