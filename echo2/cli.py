@@ -268,13 +268,15 @@ def export(
     dest: Path = typer.Argument(..., help="Directory to write a Hugging Face model into."),
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint or policy version N (default: latest policy)."),
 ) -> None:
-    """Export a published version or checkpoint as a from_pretrained-loadable directory."""
+    """Export a published version or checkpoint as a from_pretrained-loadable directory: only one the
+    run's key signed, every file checked against its manifest (else one line, exit 2)."""
     from echo2.data import layout
     from echo2.data.delta import DeltaRejected
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
-    from echo2.data.weights import latest_version
+    from echo2.data.weights import CorruptWeights, latest_version
 
+    created = not dest.exists()
     try:  # every manifest read names plain files of its folder only, or is refused (ManifestRejected)
         store = open_store(run, _store_options_from_env())
         if step is None:
@@ -288,28 +290,41 @@ def export(
                 break
         else:
             _fail(f"{run} has neither checkpoint {step} nor policy version {step}")
-    except (StoreError, NotFound, ManifestRejected, DeltaRejected) as exc:
+    except (StoreError, NotFound, ManifestRejected, DeltaRejected, CorruptWeights, Echo2InputError) as exc:
+        if created:  # the files that verified before one did not are no model: leave no folder of them
+            import shutil
+
+            shutil.rmtree(dest, ignore_errors=True)
         _fail(str(exc))
     typer.echo(f"exported {prefix} ({len(manifest['files'])} files, verified) to {dest}")
 
 
 def _download_weights(store, prefix: str, dest: Path) -> dict:
     """A weights folder of a run (checkpoint or policy version) as a ``from_pretrained`` folder at ``dest``,
-    every byte checked against its manifest; an adapter version is folded into its base. Returns the manifest."""
+    every byte checked against its manifest, and every manifest against the run's key (``run_folder.weights_key``:
+    a folder the run's learner did not sign is refused, ManifestRejected); an adapter version is folded into its
+    base. Returns the manifest."""
     from echo2.data import layout
+    from echo2.data.run_folder import RunRecordRejected, weights_key
+    from echo2.data.store import NotFound
     from echo2.data.weights import download, iter_tensors, merge_into_folder
 
-    manifest = download(store, prefix, dest)
+    try:
+        public_key = weights_key(store.get_json(layout.RUN_JSON))
+    except (NotFound, ValueError):
+        raise RunRecordRejected(f"{store.url} has no readable {layout.RUN_JSON}: not a run folder, so there is no key "
+                                "to check its weights with") from None
+    manifest = download(store, prefix, dest, public_key=public_key)
     if manifest.get("weights") == "lora":
         adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}
-        download(store, layout.policy_dir(manifest["base_version"]), dest)
+        download(store, layout.policy_dir(manifest["base_version"]), dest, public_key=public_key)
         merge_into_folder(dest, adapter, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
     if manifest.get("weights") == "delta":  # a sparse delta: rebuilt through its chain, every link verified
         from echo2.data.delta_chain import read_version
         from echo2.data.weights import save_as_indexed
 
-        tensors, keyframe = read_version(store, manifest["version"])
-        download(store, layout.policy_dir(keyframe["version"]), dest, kinds=("aux",))
+        tensors, keyframe = read_version(store, manifest["version"], public_key)
+        download(store, layout.policy_dir(keyframe["version"]), dest, kinds=("aux",), public_key=public_key)
         save_as_indexed(dest, tensors)
     for extra in ("optimizer.pt", "trainer_state.json", "adapter.safetensors"):  # learner state, not the model
         (dest / extra).unlink(missing_ok=True)
@@ -365,6 +380,7 @@ def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
     from echo2.data import layout
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
+    from echo2.data.weights import CorruptWeights
     from echo2.learner.evaluate import evaluate_policy
     from echo2.models import resolve_model
     from echo2.tasks import make_task
@@ -378,7 +394,7 @@ def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
             if not store.exists(f"{kind}/{name}/{layout.MANIFEST}"):
                 _fail(f"{model} is not a committed weights folder (no {layout.MANIFEST})")
             _download_weights(store, f"{kind}/{name}", tmp)
-        except (StoreError, NotFound, ManifestRejected) as exc:
+        except (StoreError, NotFound, ManifestRejected, CorruptWeights) as exc:
             _fail(str(exc))
         model_dir = tmp
     else:

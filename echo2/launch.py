@@ -40,6 +40,11 @@ def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
     """The config of the run to resume with ``overrides`` applied; refuses what would split learner and actors."""
     run_id = run_id or find_resumable_run(runs)
     record = read_run_record(runs, run_id)
+    try:
+        key = run_key(run_id)
+    except MissingRunKey:
+        key = None
+    check_run_key(record, key)  # first: run.json is the one the run's learner signed, before its config is read
     source = f"{runs.url}/{run_id}/{layout.RUN_JSON}"
     original = config_from_dict(record["config"], source)
     config = config_from_dict(apply_overrides(record["config"], overrides), source)
@@ -47,9 +52,4 @@ def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
     if changed:
         raise Echo2InputError(f"--resume cannot change {', '.join(changed)}: the run's actors read it from "
                               f"run.json, which is written once; start a new run instead")
-    try:
-        key = run_key(run_id)
-    except MissingRunKey:
-        key = None
-    check_run_key(record, key)
     return config

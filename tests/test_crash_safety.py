@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.data import layout
 from echo2.data.store import AlreadyExists, open_store
@@ -47,20 +48,23 @@ class _Payload:
 
 
 def test_a_checkpoint_never_unpickles_code(tmp_path):
+    """Even one the run's key signed (defense in depth: an unsigned one is refused before any file is read)."""
     store = open_store(str(tmp_path / "store"))
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
-    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt.state_dict(), {"settled": []}, shard_mb=1, extra_files={})
-    assert load_checkpoint(store, 5).optimizer["optimizer"]["param_groups"]  # a real one loads
+    key = Ed25519PrivateKey.generate()
+    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt.state_dict(), {"settled": []}, shard_mb=1, extra_files={},
+                    key=key)
+    assert load_checkpoint(store, 5, key.public_key()).optimizer["optimizer"]["param_groups"]  # a real one loads
 
     marker = tmp_path / "pwned"
     buf = io.BytesIO()
     torch.save({"optimizer": _Payload(marker)}, buf, pickle_protocol=pickle.DEFAULT_PROTOCOL)
     # a consistent folder (sizes and hashes match): only weights_only stands in the way
     write_weights(store, layout.checkpoint_dir(6), {"w": torch.ones(2)}, shard_mb=1, meta={"step": 6},
-                  extra_files={"optimizer.pt": buf.getvalue(), "trainer_state.json": b'{"step": 6}'})
+                  extra_files={"optimizer.pt": buf.getvalue(), "trainer_state.json": b'{"step": 6}'}, key=key)
     with pytest.raises(pickle.UnpicklingError):
-        load_checkpoint(store, 6)
+        load_checkpoint(store, 6, key.public_key())
     assert not marker.exists()
 
 

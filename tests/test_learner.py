@@ -124,6 +124,7 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     from transformers import AutoModelForCausalLM
 
     from echo2.config import BroadcastConfig
+    from echo2.data.run_folder import create_run
     from echo2.data.store import open_store
     from echo2.learner.publisher import publish
     from conftest import REPO
@@ -131,8 +132,10 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     cfg = TrainConfig(lr=5e-2, lora_rank=4, lora_alpha=8.0)
     learner = Learner(tiny_model, cfg, temperature=1.0)
     store = open_store(str(tmp_path / "run"))
+    key = Ed25519PrivateKey.generate()
+    create_run(store, "lora", {}, key=key, echo2_version="test")  # export checks versions with run.json's key
     publish_args = dict(extra_files=learner.extra_files, train=cfg, broadcast=BroadcastConfig(mode="store"),
-                        key=Ed25519PrivateKey.generate())
+                        key=key)
     publish(store, 0, *learner.policy_version_tensors(), **publish_args)
     for _ in range(2):
         learner.train_step([decode_rollouts(rollout_bytes(0, reward=lambda g, s: float(s == 0)))])

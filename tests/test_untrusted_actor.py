@@ -271,4 +271,4 @@ def test_a_signed_manifest_naming_a_path_outside_is_refused_by_receiver_export_a
     assert not out.exists() and not (tmp_path / "out" / "x").exists() and not (tmp_path / "escaped").exists()
 
     with pytest.raises(ManifestRejected, match="outside its folder"):
-        load_checkpoint(store, 1)
+        load_checkpoint(store, 1, key.public_key())

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 
@@ -107,8 +108,9 @@ def rebuild(chain: list[dict], files_of: FilesOf, start: dict[str, torch.Tensor]
 
 # -- the store's view -----------------------------------------------------------------------
 
-def store_manifest_of(store: ObjectStore) -> ManifestOf:
-    return lambda version: read_manifest(store, layout.policy_dir(version))
+def store_manifest_of(store: ObjectStore, public_key: Ed25519PublicKey | None = None) -> ManifestOf:
+    """Manifests read from the store; with ``public_key`` each link's signature is checked (``echo2 export``)."""
+    return lambda version: read_manifest(store, layout.policy_dir(version), public_key)
 
 
 def store_files_of(store: ObjectStore) -> FilesOf:
@@ -119,10 +121,11 @@ def store_files_of(store: ObjectStore) -> FilesOf:
     return files
 
 
-def read_version(store: ObjectStore, version: int) -> tuple[dict[str, torch.Tensor], dict]:
+def read_version(store: ObjectStore, version: int,
+                 public_key: Ed25519PublicKey | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Full weights of a published version (rebuilt through its chain when it is a delta), and the
     manifest of the full version it starts from (whose model files go with it)."""
-    chain = chain_manifests(version, store_manifest_of(store))
+    chain = chain_manifests(version, store_manifest_of(store, public_key))
     return rebuild(chain, store_files_of(store)), chain[0]
 
 

@@ -5,6 +5,13 @@ Resume continues from the newest committed checkpoint c. Everything the dead lea
 c belongs to a timeline that no longer exists: policy versions > c, rollouts generated with them,
 ledger entries of steps > c, and checkpoint folders > c (a manifest-less one is a checkpoint the
 learner was killed writing). They are moved, never deleted, to ``orphaned/<time>/``.
+
+``run.json`` is signed with the run's key (the manifest scheme, ``manifest.sign``), and a resume
+checks that signature with the key it holds (``check_run_key``): the learner resumes only from the
+record it wrote, so a ``run.json`` swapped in the store (another public key or relay CA, which actors
+would then trust, or another config) stops the resume in one line instead of being carried on.
+``weights_key`` is the key ``echo2 export`` checks weights with: the local run key when this machine
+holds it (after the same check of ``run.json``), else ``run.json``'s public key, what actors trust.
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import secrets
 import time
 from datetime import datetime, timezone
 
-from echo2.data import layout
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from echo2.data import layout
+from echo2.data.manifest import ManifestRejected, check_file_name, sign, verify_signature
 from echo2.data.quarantine import by_reference as quarantine_by_reference
 from echo2.data.relay_certs import RelayCA
-from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_text
+from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_of, public_key_text, run_key
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_transient
 from echo2.errors import Echo2InputError
 
@@ -58,10 +66,12 @@ def create_run(store: ObjectStore, run_id: str, config: dict, *, key: Ed25519Pri
                echo2_version: str) -> dict:
     """Write ``run.json`` once: the resolved config, and the public half of the signing key with its
     fingerprint (actors verify versions with it; the private key stays with the learner), and the relay
-    CA's certificate (peers verify each other's with it; the CA key is derived from the run key)."""
+    CA's certificate (peers verify each other's with it; the CA key is derived from the run key); signed with
+    the run key, so a resumed learner knows it for its own (``check_run_key``)."""
     record = {"run_id": run_id, "created_at": time.time(), "echo2_version": echo2_version, "config": config,
               "public_key": public_key_text(key), "key_fingerprint": fingerprint(key),
               "relay_ca": RelayCA(key, run_id).certificate_pem()}
+    record = sign(record, key)
     try:
         store.put_json(layout.RUN_JSON, record)
     except AlreadyExists:
@@ -69,25 +79,55 @@ def create_run(store: ObjectStore, run_id: str, config: dict, *, key: Ed25519Pri
     return record
 
 
+class RunRecordRejected(Echo2InputError):
+    """``run.json`` is not the record this run's learner wrote (unsigned, altered, or signed by another key)."""
+
+
 def check_run_key(record: dict, key: Ed25519PrivateKey | None) -> None:
-    """Refuse to resume with a key other than the one the run's versions were signed with.
+    """Refuse to resume unless ``key`` is the run's and ``run.json`` is the record it signed.
 
     Actors verify every manifest with the public key in ``run.json``: a learner that made itself a
-    new key would publish versions no actor accepts and wait for rollouts forever.
+    new key would publish versions no actor accepts and wait for rollouts forever. And ``run.json``
+    is in the store, where a learner must not take it on trust: one swapped for another public key or
+    relay CA would hand the run's actors to whoever holds that key, so its signature must verify with
+    the key the learner holds (a record without one, from an echo2 before signed records, is refused too).
     """
+    run_id = record.get("run_id")
+    if not isinstance(record.get("public_key"), str):
+        raise MissingRunKey(f"run {run_id} was signed with an HMAC key (echo2 before Ed25519-signed "
+                            "versions) or its run.json carries no public key: its actors cannot check versions "
+                            "signed now; start a new run")
+    where = f"${KEY_ENV} or {key_path(str(run_id))}"
     expected = record.get("key_fingerprint")
-    if expected is None:  # a run from before fingerprints were recorded
-        return
-    if "public_key" not in record:
-        raise MissingRunKey(f"run {record['run_id']} was signed with an HMAC key (echo2 before Ed25519-signed "
-                            "versions): its actors cannot check versions signed now; start a new run")
-    where = f"${KEY_ENV} or {key_path(record['run_id'])}"
     if key is None:
-        raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but there is no key at {where}; "
+        raise MissingRunKey(f"run {run_id} was signed with key {expected}, but there is no key at {where}; "
                             "restore the secrets file the run was started with")
     if public_key_text(key) != record["public_key"]:
-        raise MissingRunKey(f"run {record['run_id']} was signed with key {expected}, but the key at {where} is "
-                            f"{fingerprint(key)}; restore the secrets file the run was started with")
+        raise MissingRunKey(f"run {run_id} was signed with key {expected}, but the key at {where} is "
+                            f"{fingerprint(key)}; restore the secrets file the run was started with (if it is the "
+                            "right key, run.json was replaced in the store)")
+    try:
+        verify_signature(record, key.public_key())
+    except ManifestRejected:
+        raise RunRecordRejected(f"run.json of run {run_id} is not the record its learner wrote (its signature does "
+                                f"not verify with the run's key {fingerprint(key)}): it was altered in the store, or "
+                                "written by an echo2 before signed run records; refusing to resume") from None
+
+
+def weights_key(record: dict) -> Ed25519PublicKey:
+    """The key a run's weights are verified with outside the learner (``echo2 export``, ``echo2 eval``):
+    the run key's public half where this machine holds the run key (``run.json`` checked against it by
+    ``check_run_key``), else ``run.json``'s public key: what the run's actors trust, as good as the store."""
+    try:  # the id names a file of the secrets folder: a plain name only
+        run_id = check_file_name(record.get("run_id"))
+    except ValueError as exc:
+        raise RunRecordRejected(f"run.json names run id {exc}") from None
+    try:
+        key = run_key(run_id)
+    except MissingRunKey:
+        return public_key_of(record)
+    check_run_key(record, key)
+    return key.public_key()
 
 
 def orphan_after(store: ObjectStore, step: int) -> list[str]:

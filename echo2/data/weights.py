@@ -19,10 +19,10 @@ from typing import Callable, Iterable
 
 import torch
 from safetensors.torch import load as st_load
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from safetensors.torch import save as st_save
 
-from echo2.data.manifest import check_file_name, check_manifest, chunk_hashes, sign
+from echo2.data.manifest import ManifestRejected, check_file_name, check_manifest, chunk_hashes, sign, verify_signature
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
@@ -139,9 +139,28 @@ def write_folder(store: ObjectStore, prefix: str, files: list[tuple[str, str, by
     return manifest
 
 
-def read_manifest(store: ObjectStore, prefix: str) -> dict:
-    """The manifest of the folder ``prefix``, its file names checked (ManifestRejected); not its signature."""
-    return check_manifest(store.get_json(layout.manifest_key(prefix)), f"manifest of {prefix}")
+def read_manifest(store: ObjectStore, prefix: str, public_key: Ed25519PublicKey | None = None) -> dict:
+    """The manifest of the folder ``prefix``, its file names checked (ManifestRejected). With ``public_key``
+    (the run's) also its signature, and that it was signed for this folder: a signed manifest copied into
+    another folder (``checkpoints/step-999999/``, ``policy/v999999/``) names another number and is refused."""
+    try:
+        manifest = store.get_json(layout.manifest_key(prefix))
+    except ValueError:  # not JSON (NotFound is a KeyError, not this)
+        raise ManifestRejected(f"manifest of {prefix} is not JSON") from None
+    check_manifest(manifest, f"manifest of {prefix}")
+    if public_key is None:
+        return manifest
+    try:
+        verify_signature(manifest, public_key)
+    except ManifestRejected:
+        raise ManifestRejected(f"{prefix} is not signed with the run's key (unsigned, altered or signed with "
+                               "another key): not written by this run's learner") from None
+    folder = prefix.rstrip("/").rsplit("/", 1)[-1]
+    for field, number in (("version", layout.parse_version_dir(folder)), ("step", layout.parse_step_dir(folder))):
+        if number is not None and manifest.get(field) != number:
+            raise ManifestRejected(f"{prefix} holds the signed manifest of {field} {manifest.get(field)!r:.20}, "
+                                   "copied from another folder")
+    return manifest
 
 
 def read_verified(store: ObjectStore, prefix: str, entry: dict) -> bytes:
@@ -158,10 +177,11 @@ def iter_tensors(store: ObjectStore, prefix: str, manifest: dict) -> Iterable[tu
         yield from st_load(blob).items()
 
 
-def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, ...] = ("shard", "aux")) -> dict:
-    """Copy a committed weights folder to ``dest`` (verified). Returns its manifest."""
+def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, ...] = ("shard", "aux"),
+             public_key: Ed25519PublicKey | None = None) -> dict:
+    """Copy a committed weights folder to ``dest`` (verified; its signature too with ``public_key``). Returns its manifest."""
     try:
-        manifest = read_manifest(store, prefix)
+        manifest = read_manifest(store, prefix, public_key)
     except NotFound:
         raise NotFound(f"{store.url}/{prefix} has no manifest: not a committed weights folder") from None
     dest.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,11 @@
 
 The Prefect flow (``flows/train.py``) drives this object; nothing here knows about Prefect.
 
-Resume: the learner restarts from its newest checkpoint c with the run's own signing key (its
-public half is in ``run.json``). What the dead learner made after c is moved to ``orphaned/<time>/``
-(``data/run_folder.py``), and the run continues from version c. Rollout files a step had chosen
+Resume: the learner restarts from its newest checkpoint c that the run's own signing key signed (its
+public half is in ``run.json``, which must carry the learner's signature too: ``run_folder.check_run_key``);
+a newer checkpoint folder that fails verification is planted or damaged, logged and skipped (``checkpoint.py``).
+What the dead learner made after c is moved to ``orphaned/<time>/`` (``data/run_folder.py``), and the run
+continues from version c. Rollout files a step had chosen
 but not trained on when it died are used again; every committed rollout file ends in the ledger
 exactly once: used, dropped (stale, duplicate, or unused when the run finished) or quarantined.
 """
@@ -29,7 +31,7 @@ from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.behavior_audit import BehaviorAuditor
-from echo2.learner.checkpoint import checkpoint_steps, load_checkpoint, prune_checkpoints, save_checkpoint
+from echo2.learner.checkpoint import newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
 from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
@@ -100,16 +102,16 @@ class LearnerRun:
             auditor=self.auditor, banned=state.get("banned", {}),
         )
         if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
-            self.auditor.published(self.step, self.learner.policy_version_tensors()[0])
+            self._audit_as_published(*self.learner.policy_version_tensors())
 
     # -- start -----------------------------------------------------------------------------
     def _resume(self) -> dict:
-        """Restore the newest checkpoint, move the lost timeline aside, re-point LATEST; returns its state."""
-        steps = checkpoint_steps(self.store)
-        step = steps[-1] if steps else 0
+        """Restore the newest checkpoint this run's key signed (newer folders that fail verification are
+        logged and skipped: ``checkpoint.py``), move the lost timeline aside, re-point LATEST; returns its state."""
+        ckpt = newest_checkpoint(self.store, self.key.public_key())
+        step = ckpt.step if ckpt is not None else 0
         state: dict = {}
-        if steps:
-            ckpt = load_checkpoint(self.store, step)
+        if ckpt is not None:
             self.learner.load_state(ckpt.tensors, ckpt.optimizer["optimizer"], ckpt.adapter)
             torch.set_rng_state(ckpt.optimizer["torch_rng"])
             random.setstate(_as_random_state(ckpt.optimizer["py_rng"]))
@@ -204,7 +206,7 @@ class LearnerRun:
 
     def interrupted(self) -> None:
         """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""
-        if self.step > 0 and self.step not in checkpoint_steps(self.store):
+        if self.step > 0 and not verified_steps(self.store, self.key.public_key(), [self.step]):
             self.checkpoint()
         write_event(self.store, "interrupted", "learner", step=self.step)
         log.warning("run %s interrupted at step %d; resume with --resume", self.run_id, self.step)
@@ -217,10 +219,15 @@ class LearnerRun:
             self.publisher = Publisher(self.store, train=self.config.train, broadcast=self.config.broadcast,
                                        key=self.key, extra_files=self.learner.extra_files)
         tensors, meta = self.learner.policy_version_tensors()
-        if self.auditor is not None:  # what actors run as this version (an adapter merged into its base)
-            self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
+        if self.auditor is not None:
+            self._audit_as_published(tensors, meta)
         manifest, self.last_publish = self.publisher.publish(self.step, tensors, meta, revoked=self.revoked)
         return manifest
+
+    def _audit_as_published(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Give the auditor the weights actors run as this version: a LoRA version publishes only its
+        adapter, which actors merge into the base, so the auditor gets the merge (as after a resume)."""
+        self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
 
     def checkpoint(self) -> None:
         # only what completed steps settled: files chosen for a step still in flight are used again on resume
@@ -230,9 +237,9 @@ class LearnerRun:
                  "run_id": self.run_id}
         learner = self.learner
         save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer_state(), state,
-                        shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
+                        key=self.key, shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
                         adapter=learner.adapter_tensors() if learner.lora else None)
-        prune_checkpoints(self.store, self.config.train.keep_checkpoints)
+        prune_checkpoints(self.store, self.config.train.keep_checkpoints, self.key.public_key())
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.started
