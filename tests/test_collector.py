@@ -48,7 +48,7 @@ def test_malformed_files_are_quarantined_with_reason_and_the_step_goes_on(tmp_pa
     rows = make_rollouts()
     rows[0].completion_token_ids = [4, 5, 999]
     bad_vocab = commit_rollouts(store, 2, 2, data=rollout_bytes(2, rollouts=rows))
-    good = [commit_rollouts(store, 2, 3), commit_rollouts(store, 2, 4)]
+    good = [commit_rollouts(store, 2, 3, actor="b"), commit_rollouts(store, 2, 4, actor="b")]  # an honest actor's
     sel = _collector(store).collect(step=3, learner_version=2, timeout_s=5)
     assert [u["key"] for u in sel.used] == good
     assert {q["key"] for q in sel.quarantined} == {garbage, foreign, bad_vocab}
@@ -187,8 +187,9 @@ def test_a_poll_lists_only_the_version_folders_a_step_can_use(tmp_path):
         listed = {p for p in counting.prefixes if p.startswith(layout.ROLLOUTS) and p != layout.ROLLOUTS}
         if step == 1:  # the first collection sweeps every folder once: the 60 old files are dropped as stale
             assert len(listed) == 7
-        else:  # then only the window t - S .. newest (plus the folders that just fell out of it)
-            assert listed <= {f"{layout.ROLLOUTS}{layout.version_name(v)}/" for v in range(t - 2, t + 1)}, listed
+        else:  # then only the window t - S .. t + 1 (plus the folder that just fell out of it; at t + 1 a file
+            # committed before its version exists is quarantined as from the future at once)
+            assert listed <= {f"{layout.ROLLOUTS}{layout.version_name(v)}/" for v in range(t - 2, t + 2)}, listed
     assert FULL_SWEEP_EVERY > 3
 
 

@@ -216,10 +216,11 @@ def test_cli_prices_bad_input_is_one_line_and_exit_2(args, words):
 # --- worker profiles overridden by measurement -------------------------------------------------------------
 
 def _synthetic_run(root, files: list[tuple[str, int, int, float]], events: list[dict]):
-    """A run folder: rollout files (actor, version, completion tokens per row x 4 rows, seconds) and events."""
+    """A run folder: rollout files (actor, version, completion tokens per row x 4 rows, seconds), each used by
+    a step whose ledger entry records its figures as the learner does, and events."""
     from echo2.data import layout
-    from echo2.data.ledger import write_event
-    from echo2.data.rollouts import Rollout, encode_rollouts
+    from echo2.data.ledger import used_measurements, write_consumed, write_event
+    from echo2.data.rollouts import Rollout, decode_rollouts, encode_rollouts
     from echo2.data.store import open_store
 
     store = open_store(str(root))
@@ -228,8 +229,11 @@ def _synthetic_run(root, files: list[tuple[str, int, int, float]], events: list[
         rows = [Rollout(prompt_id="p", group_id=f"{actor}-{seq}", sample_index=i, prompt_token_ids=[1, 2],
                         completion_token_ids=[3] * tokens, behavior_logprobs=[-0.5] * tokens, reward=1.0,
                         finish_reason="stop", generation_seconds=seconds) for i in range(4)]
-        store.put(layout.rollout_key(version, actor, seq),
-                  encode_rollouts(rows, run_id="r", actor_id=actor, policy_version=version, task="arithmetic"))
+        data = encode_rollouts(rows, run_id="r", actor_id=actor, policy_version=version, task="arithmetic")
+        key = layout.rollout_key(version, actor, seq)
+        store.put(key, data)
+        write_consumed(store, seq + 1, {"used": [{"key": key, "policy_version": version,
+                                                  "measured": used_measurements(decode_rollouts(data))}]})
     for e in events:
         write_event(store, e.pop("kind"), e.pop("actor_id"), **e)
     return store

@@ -160,6 +160,12 @@ class TrainConfig(_Section):
     """Largest safetensors shard of a published version (delta shards too)."""
     max_rollout_file_mb: float = Field(64.0, gt=0)
     """A rollout file larger than this is quarantined before it is downloaded or decoded."""
+    max_invalid_files_per_actor: int = Field(3, ge=1)
+    """An actor with this many rollout files that are malformed (unreadable, over the size limit, failing
+    validation, more groups than rollout.groups_per_batch) or from a version the learner has not published
+    is banned: expelled from the fleet, its relay token revoked, its later files quarantined unread. No
+    honest actor writes such a file; a file the task could not grade the same way everywhere (a grading
+    timeout) does not count."""
     max_prompt_tokens: int = Field(4096, ge=1)
     """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
     audit_fraction: float = Field(0.1, ge=0, le=1)

@@ -122,6 +122,12 @@ def consumed_key(step: int, amendment: str | None = None) -> str:
 FINAL_CONSUMED = f"{LEDGER_CONSUMED}final.json"
 """What was still unused when the run finished (so every committed file is in the ledger)."""
 
+COLLECTING = f"{LEDGER_CONSUMED}collecting.json"
+"""The collection in progress, replaced in place while the learner waits (``put_pointer``): the files it
+has judged so far that still lie in ``rollouts/`` and the actors whose files it found junk, so that the
+actors' flow control stops counting them at once (``ledger.ConsumedIndex``). Not a ledger entry: the
+step's entry records the same files when it is written."""
+
 
 def step_of_consumed_key(key: str) -> int | None:
     """``ledger/consumed/step-000043.json`` (or an amendment of it) -> 43; None for other keys."""

@@ -6,12 +6,18 @@ writers never contend for one file.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from echo2.data import layout
-from echo2.data.store import ObjectStore
+from echo2.data.rollouts import MEASURED_PREFIX
+from echo2.data.store import NotFound, ObjectStore
 
 SECTIONS = ("used", "dropped", "quarantined")
 
@@ -23,6 +29,33 @@ def write_consumed(store: ObjectStore, step: int, record: dict[str, Any], *, ame
     store.put_json(layout.consumed_key(step, amendment), {"step": step, "written_at": time.time(), **extra, **record})
 
 
+MEASURED_NAMES = ("dissemination_seconds", "fetch_seconds", "put_seconds", "swap_seconds", "previous_batch_seconds")
+"""The timings an actor writes into its files' schema metadata (``rollouts.MEASURED_PREFIX``)."""
+
+
+def used_measurements(table: pa.Table) -> dict[str, float]:
+    """What a used file (a validated table) says of its own making, recorded in its ledger entry so that
+    the capacity fit (``fleet/fit.py``, ``fleet/measured.py``) never reads an actor's file: its batch's
+    ``generation_seconds``, its policy tokens, when it was written (``created_at``, seconds since the
+    epoch, from the column's integer: no calendar date is built from an actor's number) and the timings
+    in ``MEASURED_NAMES``. Actor claims: only finite non-negative numbers are kept, the rest left out."""
+    meta = table.schema.metadata or {}
+    claims: dict[str, object] = {name: meta.get(f"{MEASURED_PREFIX}{name}".encode(), b"").decode(errors="replace")
+                                 for name in MEASURED_NAMES}
+    claims["generation_seconds"] = table.column("generation_seconds")[0].as_py()
+    claims["created_at"] = table.column("created_at").cast(pa.int64())[0].as_py() / 1e6
+    claims["tokens"] = pc.sum(pc.list_flatten(table.column("completion_mask"))).as_py()
+    out = {}
+    for name, value in claims.items():
+        try:
+            x = float(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if math.isfinite(x) and x >= 0:
+            out[name] = x
+    return out
+
+
 def write_final(store: ObjectStore, step: int, leftovers: list[str]) -> None:
     """What the run leaves unused when it finishes, so that every committed file is in the ledger."""
     store.put_json(layout.FINAL_CONSUMED, {"step": step, "written_at": time.time(), "used": [], "quarantined": [],
@@ -31,21 +64,32 @@ def write_final(store: ObjectStore, step: int, leftovers: list[str]) -> None:
 
 
 def consumed_keys(store: ObjectStore) -> list[str]:
-    return [k for k in store.list(layout.LEDGER_CONSUMED) if k.endswith(".json")]
+    """The ledger's entries (not the collection in progress, ``layout.COLLECTING``)."""
+    return [k for k in store.list(layout.LEDGER_CONSUMED) if k.endswith(".json") and k != layout.COLLECTING]
 
 
-def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int | None = None) -> list[tuple[int, str]]:
+def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int | None = None,
+                     newest_version: int | None = None) -> list[tuple[int, str]]:
     """Committed rollout files that no step has settled, as (version, key), oldest version first.
 
     The one listing of the backlog, shared by the collector (which also drops the stale ones) and
     the actors' flow control (which counts only those of ``oldest_version`` or newer). Only the
-    version folders from ``oldest_version`` on are listed (one request for the folder names, one per
-    folder), so a poll costs the same however many files older versions hold.
+    version folders from ``oldest_version`` on are listed, so a poll costs the same however many
+    files older versions hold. With both bounds, the folders are listed by name, one request each,
+    and nothing beyond ``newest_version`` is looked at: whoever may write ``rollouts/`` can make
+    folders of any version (an actor's scoped credentials allow a million), and no honest file lies
+    beyond the newest published version. Without ``newest_version`` every folder is listed (one
+    request for the folder names, one per folder): the collector's periodic sweep, the final entry.
     """
+    if oldest_version is not None and newest_version is not None:
+        names = [layout.version_name(v) for v in range(max(0, oldest_version), newest_version + 1)]
+    else:
+        names = store.list_folders(layout.ROLLOUTS)
     out = []
-    for name in store.list_folders(layout.ROLLOUTS):
+    for name in names:
         v = layout.parse_version_dir(name)
-        if v is None or (oldest_version is not None and v < oldest_version):
+        if v is None or (oldest_version is not None and v < oldest_version) or \
+                (newest_version is not None and v > newest_version):
             continue
         for key in store.list(f"{layout.ROLLOUTS}{name}/"):
             if key not in settled and layout.version_of_rollout_key(key) == v:
@@ -64,10 +108,43 @@ def read_events(store: ObjectStore) -> list[dict[str, Any]]:
     return [store.get_json(k) for k in store.list(layout.LEDGER_EVENTS) if k.endswith(".json")]
 
 
+def collecting_record(step: int, selection: dict[str, list[dict]]) -> dict[str, Any]:
+    """What the collection of ``step`` has judged so far (``layout.COLLECTING``), from its entry-to-be
+    (``used``, ``dropped``, ``quarantined``): the judged files still in ``rollouts/`` (quarantined ones
+    were moved out), and the actors whose newest file it found junk (``_junk_verdicts``)."""
+    judged = sorted({item["key"] for section in ("used", "dropped") for item in selection.get(section, [])})
+    return {"step": step, "judged": judged, "junk": sorted(a for a, junk in _junk_verdicts(selection).items() if junk)}
+
+
+def _junk_verdicts(record: dict[str, Any]) -> dict[str, bool]:
+    """Per actor named in a ledger record: whether the record found its files junk (a file quarantined,
+    or dropped as a copy of one already used) rather than usable (only used or stale files)."""
+    verdicts: dict[str, bool] = {}
+    for section in SECTIONS:
+        for item in record.get(section, []):
+            parsed = layout.parse_rollout_key(str(item.get("key", "")))
+            if parsed is None:
+                continue
+            junk = section == "quarantined" or str(item.get("reason", "")).startswith("duplicate")
+            if junk or section == "used":
+                verdicts[parsed[1]] = verdicts.get(parsed[1], False) or junk
+    return verdicts
+
+
+def fleet_backlog(pending: list[tuple[int, str]], actor_id: str, cap: int, uncounted: set[str] = frozenset()) -> int:
+    """The backlog of usable batches that actor ``actor_id``'s flow control sees in ``pending`` (files
+    not judged yet): all of its own (an actor never outruns itself), at most ``cap`` of each other actor
+    (one actor flooding the store cannot fill the fleet's backlog and stop the honest ones), and none
+    of an actor in ``uncounted`` (its newest judged file was junk: its files are no backlog to wait for)."""
+    per_actor = Counter(parsed[1] for parsed in map(layout.parse_rollout_key, (key for _, key in pending)) if parsed)
+    return sum(n if actor == actor_id else 0 if actor in uncounted else min(n, cap) for actor, n in per_actor.items())
+
+
 class ConsumedIndex:
     """The set of rollout keys the ledger has settled (used, dropped or quarantined), read incrementally.
 
-    Ledger entries are immutable, so each is read once and cached; actors use this for flow control.
+    Ledger entries are immutable, so each is read once and cached; actors use this for flow control
+    (``backlog``), with what the learner's collection in progress has judged so far (``layout.COLLECTING``).
     """
 
     def __init__(self, store: ObjectStore):
@@ -78,16 +155,42 @@ class ConsumedIndex:
         """The newest step whose files the learner has chosen (0 before the first): it trains that
         step or has finished it, so its next collection happens at learner version ``latest_step``.
         Read from the listing each time, so a resume that moves newer entries aside lowers it."""
+        self.junk: dict[str, bool] = {}
+        """Per actor: whether the newest entry that judged its files found junk (``_junk_verdicts``)."""
+        self.judging: set[str] = set()
+        """Files the collection in progress (of step ``latest_step + 1``) judged and left in place."""
+        self.judging_junk: set[str] = set()
+        """Actors whose files the collection in progress found junk."""
 
     def refresh(self) -> set[str]:
         keys = consumed_keys(self.store)
         self.latest_step = max((s for s in map(layout.step_of_consumed_key, keys) if s is not None), default=0)
-        for key in keys:
+        for key in sorted(keys, key=lambda k: (layout.step_of_consumed_key(k) or 0, k)):  # oldest verdicts first
             if key in self._read:
                 continue
             record = self.store.get_json(key)
             for section in SECTIONS:
                 self.settled.update(item["key"] for item in record.get(section, []))
+            self.junk.update(_junk_verdicts(record))
             self._read.add(key)
+        self._refresh_collecting()
         return self.settled
+
+    def _refresh_collecting(self) -> None:
+        """The collection in progress; a record of another step (written before the newest entry, or by
+        a timeline a resume moved aside) says nothing about the backlog now."""
+        try:
+            record = self.store.get_json(layout.COLLECTING)
+        except NotFound:
+            record = {}
+        current = isinstance(record, dict) and record.get("step") == self.latest_step + 1
+        self.judging = set(record.get("judged", [])) if current else set()
+        self.judging_junk = set(record.get("junk", [])) if current else set()
+
+    def backlog(self, actor_id: str, oldest_version: int, newest_version: int, cap: int) -> int:
+        """The batches of versions ``oldest_version`` to ``newest_version`` that wait for the learner, as
+        actor ``actor_id``'s flow control counts them (``fleet_backlog``), from the last ``refresh``."""
+        pending = pending_rollouts(self.store, self.settled | self.judging, oldest_version, newest_version)
+        uncounted = {actor for actor, junk in self.junk.items() if junk} | self.judging_junk
+        return fleet_backlog(pending, actor_id, cap, uncounted)
 

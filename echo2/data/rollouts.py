@@ -85,6 +85,9 @@ class RolloutLimits:
     reward_range: tuple[float, float]
     """The task's rewards lie in [low, high]; a reward near the float32 maximum would overflow the group std."""
     logprob_min: float = LOGPROB_FLOOR
+    max_groups: int | None = None
+    """The most groups one file may hold (the run's rollout.groups_per_batch: what an honest actor writes),
+    so one file cannot bring more than its batch into a step; None: no limit."""
 
 
 _CONTENT_COLUMNS = ("prompt_id", "sample_index", "prompt_token_ids", "completion_token_ids", "completion_mask",
@@ -241,6 +244,9 @@ def _validate(table: pa.Table, *, run_id: str, actor_id: str, expected_version: 
         table.validate(full=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
         raise InvalidRollouts(f"columns do not fit the schema: {str(exc).splitlines()[0][:200]}") from None
+    # the actor's timings (MEASURED_PREFIX) ride along, short ones only: the ledger records them for the fit
+    table = table.replace_schema_metadata({**ROLLOUT_SCHEMA.metadata, **{
+        k: v for k, v in meta.items() if k.startswith(MEASURED_PREFIX.encode()) and len(k) <= 64 and len(v) <= 64}})
     if table.num_rows == 0:
         raise InvalidRollouts("file has no rows")
     for name in ROLLOUT_SCHEMA.names:
@@ -253,7 +259,7 @@ def _validate(table: pa.Table, *, run_id: str, actor_id: str, expected_version: 
     _check_identity(table, run_id=run_id, actor_id=actor_id, expected_version=expected_version,
                     learner_version=learner_version)
     _check_lengths_and_bounds(table, limits)
-    _check_groups(table, limits.group_size)
+    _check_groups(table, limits)
     return table
 
 
@@ -327,11 +333,16 @@ def _check_lengths_and_bounds(table: pa.Table, limits: RolloutLimits) -> None:
             raise InvalidRollouts(f"reward_detail is not JSON: {detail[:60]!r}") from None
 
 
-def _check_groups(table: pa.Table, group_size: int) -> None:
-    """Every group: exactly G rows, sample_index 0..G-1 once each, one prompt (id and tokens)."""
+def _check_groups(table: pa.Table, limits: RolloutLimits) -> None:
+    """Every group: exactly G rows, sample_index 0..G-1 once each, one prompt (id and tokens); at most
+    ``limits.max_groups`` groups."""
+    group_size = limits.group_size
     stats = table.group_by("group_id").aggregate([
         ("sample_index", "count"), ("sample_index", "count_distinct"), ("sample_index", "min"),
         ("sample_index", "max"), ("prompt_id", "count_distinct")])
+    if limits.max_groups is not None and stats.num_rows > limits.max_groups:
+        raise InvalidRollouts(f"file holds {stats.num_rows} groups, more than a batch's {limits.max_groups} "
+                              f"(rollout.groups_per_batch)")
     sizes = set(stats.column("sample_index_count").to_pylist())
     if sizes != {group_size}:
         raise InvalidRollouts(f"groups have sizes {sorted(sizes)[:5]}, expected {group_size} (a group_id is one group of one file)")

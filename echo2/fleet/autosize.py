@@ -2,10 +2,12 @@
 
 The fleet starts with ``fleet.min_actors``. Once a few steps are in, the learner's busy time per
 step, the actors' batch time and the dissemination and upload times are measured from the run
-itself (``fit.py``), and the fleet becomes the smallest one the model predicts keeps the learner
-busy ``fleet.target_utilization`` of the time (``capacity.workers_needed``), never more than
-``fleet.max_actors``. It is measured again every ``RESIZE_EVERY`` steps, since a model's speed and
-the learner's step time change as completions grow or shrink during training.
+itself (``fit.py``: from the files steps used, as the ledger records them), and the fleet becomes
+the smallest one the model predicts keeps the learner busy ``fleet.target_utilization`` of the time
+(``capacity.workers_needed``), never more than ``fleet.max_actors``. It is measured again every
+``RESIZE_EVERY`` steps, since a model's speed and the learner's step time change as completions
+grow or shrink during training. Sizing is an optimization: when it fails, for whatever reason, the
+fleet stays as it is and the run goes on (``auto_fleet_size`` logs why).
 """
 
 from __future__ import annotations
@@ -35,13 +37,29 @@ def due(step: int, sized_at: int | None) -> bool:
 
 
 def auto_fleet_size(config: Config, store: ObjectStore, history: list[dict]) -> tuple[int, str] | None:
-    """The number of actors the model asks for now, with the reason; None when it cannot tell yet."""
-    fleet = config.fleet
+    """The number of actors the model asks for now, with the reason; None when it cannot tell yet, or
+    when sizing fails: the fleet is an optimization, and a failure of its estimate must never end a run
+    (logged with its traceback, then the fleet stays as it is)."""
     try:
-        fit = fit_run(store, skip_steps=1, history=history)
+        return _fleet_size(config, store, history)
     except Echo2InputError as exc:  # too few steps or files yet: keep the fleet as it is
         log.info("fleet sizing: %s", exc)
-        return None
+    except Exception as exc:
+        if store.url in _FAILED:  # tried again at every step: the traceback once, then one line each
+            log.warning("fleet sizing failed again (%s: %s); the fleet stays as it is", type(exc).__name__, exc)
+        else:
+            _FAILED.add(store.url)
+            log.exception("fleet sizing failed; the fleet stays as it is")
+    return None
+
+
+_FAILED: set[str] = set()
+"""Runs (store URLs) whose fleet sizing has failed and logged its traceback."""
+
+
+def _fleet_size(config: Config, store: ObjectStore, history: list[dict]) -> tuple[int, str]:
+    fleet = config.fleet
+    fit = fit_run(store, skip_steps=1, history=history)
     per_batch = statistics.median(fit.batch_seconds)
     n = workers_needed(fit.workload, per_batch, fleet.target_utilization, fleet.max_actors)
     n = max(fleet.min_actors, n)

@@ -21,6 +21,12 @@ Every input is read from what the run recorded, none is guessed:
          file's ``created_at``) over used files (upload plus the poll delay)
     Version 0's arrival figures (dissemination, fetch, swap) are left out: they include the actor starting.
 
+The actors' figures come only from files a step used (``used_files``): the learner validated them and
+recorded what each says of its making in the file's ledger entry (``ledger.used_measurements``), so
+the fit reads no actor's file, and junk or a claim no honest file makes (a ``created_at`` in the year
+146000) never reaches it. A run recorded before the ledger kept these figures is measured from its
+used files themselves, each read only up to the run's ``train.max_rollout_file_mb``.
+
 Measured against predicted: utilization = sum of busy time / wall time between the first and last
 measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-up steps (version 0
 reaching every actor, the backlog filling).
@@ -37,16 +43,18 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from echo2.config import config_from_dict
 from echo2.data import layout
-from echo2.data.ledger import consumed_keys
-from echo2.data.rollouts import MEASURED_PREFIX, InvalidRollouts, decode_rollouts
+from echo2.data.ledger import MEASURED_NAMES, consumed_keys, used_measurements
+from echo2.data.rollouts import InvalidRollouts, decode_rollouts
 from echo2.data.store import NotFound, ObjectStore, open_store
 from echo2.errors import Echo2InputError
 from echo2.fleet.capacity import Workload
 
 MAX_FILES_READ = 400
-"""Rollout files read for G and D (the newest ones): enough for medians, bounded for long runs."""
+"""Used rollout files measured for G and D (the newest ones): enough for medians, bounded for long runs."""
 
 
 @dataclass
@@ -110,15 +118,17 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     utilization = min(1.0, sum(busy[1:]) / wall) if wall > 0 else 1.0
     first_measured_step = skip_steps + 2  # history[i] is step i + 1; the first kept step only starts the clock
 
-    generation, measured_by_actors, created = _read_rollouts(store)
-    used_at, lag = _read_ledger(store, first_measured_step)
+    entries = _ledger_entries(store)
+    used = used_files(store, entries, max_file_bytes=int(config.train.max_rollout_file_mb * 2**20))
+    generation, measured_by_actors, created = _actor_figures(used)
+    used_at, lag = _read_ledger(entries, first_measured_step)
     uploads = sorted(used_at[k] - created[k] for k in used_at if k in created and used_at[k] >= created[k])
     upload = uploads[len(uploads) // 10] if uploads else 0.0
 
     r, t = config.rollout, config.train
     per_actor = [statistics.median(v) for v in generation.values() if v]
     if not per_actor:
-        raise Echo2InputError(f"{store.url} has no readable rollout files to measure generation time")
+        raise Echo2InputError(f"{store.url} has no used rollout files with their timings to measure generation time")
     n = config.fleet.actors if isinstance(config.fleet.actors, int) else len(per_actor)
     if len(per_actor) != n:  # replaced (or, with auto, added) actors have new ids: n workers of the typical speed
         per_actor = [statistics.median(per_actor)] * n
@@ -135,52 +145,96 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
                   len(measured), median.get("dissemination_seconds"))
 
 
-MEASURED = ("dissemination_seconds", "fetch_seconds", "put_seconds", "swap_seconds", "previous_batch_seconds")
+MEASURED = MEASURED_NAMES
 
 
-def _read_rollouts(store: ObjectStore) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+@dataclass(frozen=True)
+class UsedFile:
+    """A rollout file a step used, with what it says of its making (``ledger.used_measurements``)."""
+
+    key: str
+    actor: str
+    version: int
+    measured: dict[str, float]
+
+
+def _ledger_entries(store: ObjectStore) -> list[tuple[int, dict]]:
+    """(step, entry) of every step's ledger entry (amendments included), oldest first."""
+    out = []
+    for key in consumed_keys(store):
+        step = layout.step_of_consumed_key(key)
+        if step is not None:
+            out.append((step, store.get_json(key)))
+    return sorted(out, key=lambda se: se[0])
+
+
+def used_files(store: ObjectStore, entries: list[tuple[int, dict]] | None = None, *,
+               max_file_bytes: int) -> list[UsedFile]:
+    """The newest ``MAX_FILES_READ`` files the run's steps used, oldest first, with their figures: from
+    their ledger entries, or (an entry written before the ledger kept them) from the file itself if it is
+    at most ``max_file_bytes`` and decodes. A file no step used is never read."""
+    files: dict[str, UsedFile] = {}
+    for _, record in entries if entries is not None else _ledger_entries(store):
+        for item in record.get("used", []):
+            parsed = layout.parse_rollout_key(str(item.get("key", "")))
+            if parsed is not None:
+                measured = item.get("measured")
+                files[item["key"]] = UsedFile(item["key"], parsed[1], parsed[0],
+                                              measured if isinstance(measured, dict) else None)
+    chosen = sorted(files.values(), key=lambda f: (f.version, f.key))[-MAX_FILES_READ:]
+    out = []
+    for f in chosen:
+        measured = f.measured if f.measured is not None else _measured_from_file(store, f.key, max_file_bytes)
+        if measured is not None:
+            out.append(UsedFile(f.key, f.actor, f.version,
+                                {k: _finite(v) for k, v in measured.items() if _finite(v) is not None}))
+    return out
+
+
+def _measured_from_file(store: ObjectStore, key: str, max_file_bytes: int) -> dict[str, float] | None:
+    """The figures of a used file its ledger entry does not hold (a run recorded before it did): None when
+    the file is gone, too large or does not read as a rollout file."""
+    try:
+        if store.size(key) > max_file_bytes:
+            return None
+        return used_measurements(decode_rollouts(store.get(key)))
+    except (InvalidRollouts, NotFound, KeyError, IndexError, TypeError, ValueError, pa.ArrowException):
+        return None  # not a rollout file (any more): no figures
+
+
+def file_limit(store: ObjectStore) -> int:
+    """The run's own limit on a rollout file's size in bytes (``train.max_rollout_file_mb``)."""
+    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    return int(config.train.max_rollout_file_mb * 2**20)
+
+
+def _actor_figures(used: list[UsedFile]) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
     """Per actor: batch generation seconds; per name in MEASURED: the actors' values; per file: created_at."""
     generation: dict[str, list[float]] = defaultdict(list)
     measured: dict[str, list[float]] = defaultdict(list)
     created: dict[str, float] = {}
-    keys = sorted(store.list(layout.ROLLOUTS), key=lambda k: (layout.version_of_rollout_key(k) or -1, k))
-    for key in keys[-MAX_FILES_READ:]:
-        try:
-            table = decode_rollouts(store.get(key))
-        except (InvalidRollouts, NotFound):
-            continue
-        if table.num_rows == 0 or "generation_seconds" not in table.schema.names:
-            continue
-        actor = key.rsplit("/", 1)[-1].rsplit("-", 1)[0]
-        meta = table.schema.metadata or {}
-        values = {name: _finite(meta.get(f"{MEASURED_PREFIX}{name}".encode(), b"").decode(errors="replace") or None)
-                  for name in MEASURED}
-        if layout.version_of_rollout_key(key) == 0:  # version 0's arrival includes the actor starting up
+    for f in used:
+        values = {name: f.measured.get(name) for name in MEASURED}
+        if f.version == 0:  # version 0's arrival includes the actor starting up
             values.update(dissemination_seconds=None, fetch_seconds=None, swap_seconds=None)
         for name, value in values.items():
             if value is not None:
                 measured[name].append(value)
         turn, put = values["previous_batch_seconds"], values["put_seconds"]
-        seconds = turn - put if turn is not None and put is not None and turn >= put else \
-            _finite(table.column("generation_seconds")[0].as_py())
+        whole_turn = turn is not None and put is not None and turn >= put
+        seconds = turn - put if whole_turn else f.measured.get("generation_seconds")
         if seconds is not None:
-            generation[actor].append(seconds)
-        if "created_at" in table.schema.names:
-            stamp = table.column("created_at")[0].as_py()
-            if stamp is not None and hasattr(stamp, "timestamp"):
-                created[key] = stamp.timestamp()
+            generation[f.actor].append(seconds)
+        if "created_at" in f.measured:
+            created[f.key] = f.measured["created_at"]
     return generation, measured, created
 
 
-def _read_ledger(store: ObjectStore, first_step: int) -> tuple[dict[str, float], Counter]:
+def _read_ledger(entries: list[tuple[int, dict]], first_step: int) -> tuple[dict[str, float], Counter]:
     """When each used file was chosen, and the lag histogram (groups) of steps >= ``first_step``."""
     used_at: dict[str, float] = {}
     lag: Counter = Counter()
-    for key in consumed_keys(store):
-        step = layout.step_of_consumed_key(key)
-        if step is None:
-            continue
-        record = store.get_json(key)
+    for step, record in entries:
         for item in record.get("used", []):
             used_at[item["key"]] = record.get("written_at", 0.0)
             if step >= first_step:

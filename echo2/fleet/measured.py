@@ -8,8 +8,9 @@ fields, ``backend.Offer.event_fields``). Together they give a measured rollout s
 
     tokens/s per GPU = sum of policy tokens (completion_mask = 1) / sum of (generation_seconds x gpu_count)
 
-over every readable file of an actor whose GPU is known (version 0 left out when later files exist:
-the first batch carries the engine's warm-up). Events of a local process *priced as* an offer
+over every file a step used of an actor whose GPU is known (version 0 left out when later files exist:
+the first batch carries the engine's warm-up), as its ledger entry records them (``fit.used_files``:
+no actor's file is read, and none a step did not use). Events of a local process *priced as* an offer
 (``simulated_price``) are ignored: the process ran on this machine's CPU, not on that GPU.
 
 The model size is the event's ``model_params_b`` when the fleet recorded it, else what the caller
@@ -28,16 +29,13 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from echo2.data import layout
 from echo2.data.ledger import read_events
-from echo2.data.rollouts import InvalidRollouts, decode_rollouts
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import ObjectStore
+from echo2.fleet.fit import file_limit, used_files
 from echo2.fleet.prices import Profile, gpu_key, profile_for
 
 SIZE_TOLERANCE = 0.05
 """A measurement at 1.47B replaces the profile's 1.5B figure (relative size difference <= 5%)."""
-MAX_FILES_READ = 400
-"""Rollout files read per run (the newest): enough for a steady figure, bounded for long runs."""
 
 
 @dataclass(frozen=True)
@@ -84,37 +82,30 @@ def actor_gpus(events: list[dict]) -> dict[str, tuple[str, int, float | None]]:
 def measure_run(store: ObjectStore, model_params_b: float | None = None) -> list[Measurement]:
     """The measured speed of every (GPU, model size) the run in ``store`` used."""
     gpus = actor_gpus(read_events(store))
-    files: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for key in store.list(layout.ROLLOUTS):
-        parsed = layout.parse_rollout_key(key)
-        if parsed is not None and parsed[1] in gpus:
-            files[parsed[1]].append((parsed[0], key))
-    chosen = []
-    for actor, keys in files.items():
-        keys.sort()
-        later = [k for k in keys if k[0] > 0]
-        chosen += [(actor, key) for _, key in (later or keys)]
-    chosen = sorted(chosen, key=lambda ak: (layout.version_of_rollout_key(ak[1]) or 0, ak[1]))[-MAX_FILES_READ:]
+    files = defaultdict(list)
+    for f in used_files(store, max_file_bytes=file_limit(store)):
+        if f.actor in gpus:
+            files[f.actor].append(f)
     totals: dict[tuple[str, float | None], list] = {}
-    for actor, key in chosen:
-        try:
-            table = decode_rollouts(store.get(key))
-        except (InvalidRollouts, NotFound):
-            continue
-        if table.num_rows == 0:
-            continue
-        seconds = _positive(table.column("generation_seconds")[0].as_py())
-        tokens = sum(sum(m) for m in table.column("completion_mask").to_pylist() if m)
-        if seconds is None or tokens <= 0:
-            continue
-        gpu, count, size = gpus[actor]
-        size = size if size is not None else model_params_b
-        t = totals.setdefault((gpu_key(gpu), size), [gpu, 0, 0.0, 0])
-        t[1] += tokens
-        t[2] += seconds * count
-        t[3] += 1
+    for actor, used in files.items():
+        for f in [f for f in used if f.version > 0] or used:
+            seconds, tokens = _positive(f.measured.get("generation_seconds")), f.measured.get("tokens") or 0
+            if seconds is None or tokens <= 0:
+                continue
+            _add(totals, gpus[actor], model_params_b, int(tokens), seconds)
     return [Measurement(gpu, size, tokens, seconds, n, (store.url,))
             for (_, size), (gpu, tokens, seconds, n) in sorted(totals.items(), key=lambda kv: str(kv[0]))]
+
+
+def _add(totals: dict, gpu_of_actor: tuple[str, int, float | None], model_params_b: float | None, tokens: int,
+         seconds: float) -> None:
+    """Add one file's tokens and GPU-seconds to its (GPU, model size) total."""
+    gpu, count, size = gpu_of_actor
+    size = size if size is not None else model_params_b
+    t = totals.setdefault((gpu_key(gpu), size), [gpu, 0, 0.0, 0])
+    t[1] += tokens
+    t[2] += seconds * count
+    t[3] += 1
 
 
 def merge(measurements: list[Measurement]) -> list[Measurement]:

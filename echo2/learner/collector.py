@@ -16,14 +16,25 @@ At learner version t, a committed rollout file of policy version v is
   Validation bounds everything the loss relies on (``data/rollouts.py``), re-derives every prompt
   from the task and re-scores verifiable rewards (``verify.py``), and spot-checks behavior logprobs
   (``behavior_audit.py``); a file whose claims are false (``Dishonest``) also bans its actor, whose
-  later files are quarantined unread;
+  later files are quarantined unread, and so do ``max_invalid_files`` (``train.max_invalid_files_per_actor``)
+  malformed files (``Malformed``: unreadable, too large, failing validation, more groups than a batch)
+  or files from the future, which no honest actor writes (a file the task could not grade the same
+  way everywhere does not count);
+- quarantined unread if its version is from the future (t < v: no such policy exists yet);
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
 A poll lists only the version folders a step can still use (and, once, the ones that just fell out of
-the window), plus every folder in a periodic full sweep, every ``FULL_SWEEP_EVERY`` collections or, once
+the window) and the next one (t + 1: a file there is from the future, judged at once), each by its name,
+so no folder beyond t + 1 costs a poll anything however many an actor makes; those hold only junk and are
+looked at in a periodic full sweep (which quarantines what they hold), every ``FULL_SWEEP_EVERY`` collections or, once
 there are more version folders than that, every as many collections as there are folders: the sweep's
 cost grows with the folders, its period too, so a step's share stays flat however long the run and
 however many files older versions hold (the final entry sweeps everything anyway).
+
+While a collection waits for more groups, ``layout.COLLECTING`` tells the actors what it has judged so
+far (files dropped, or used by the step), and whose files it found junk, so their flow control never
+waits on files the learner will not use (``ledger.ConsumedIndex.backlog``). It fails with ``NoRollouts``
+after ``timeout_s`` without a usable file: junk judged meanwhile is no sign of a live fleet.
 
 The ledger entry of a step is written when its files are chosen (before training), so actors see
 at once that the backlog shrank. The files stay "in flight" until the step completes
@@ -34,6 +45,7 @@ step's ledger entry aside with the rest of the lost timeline, so the ledger show
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,7 +54,7 @@ import pyarrow as pa
 
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
-from echo2.data.ledger import pending_rollouts, write_consumed
+from echo2.data.ledger import collecting_record, pending_rollouts, used_measurements, write_consumed
 from echo2.data.quarantine import quarantine
 from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, decode_rollouts, validate_rollouts
 from echo2.data.store import NotFound, ObjectStore, is_transient
@@ -57,6 +69,13 @@ FULL_SWEEP_EVERY = 16
 
 class NoRollouts(TimeoutError):
     """No usable rollouts arrived within ``train.rollout_timeout_s``: not a transient store error."""
+
+
+class Malformed(InvalidRollouts):
+    """The file itself is wrong, as no honest actor's file is (unreadable, over the size limit, undecodable,
+    failing validation): counts toward its actor's expulsion (``max_invalid_files``). Not raised for a file
+    the task's checks reject (``Dishonest`` bans at once; a file the task could not grade the same way on
+    every machine is set aside without counting)."""
 
 
 def is_fresh(learner_version: int, rollout_version: int, staleness: int) -> bool:
@@ -93,7 +112,7 @@ class RolloutCollector:
     def __init__(self, store: ObjectStore, *, run_id: str, staleness: int, groups_per_step: int,
                  limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
                  settled: set[str] | None = None, used_hashes: set[str] | None = None, auditor=None,
-                 banned: dict[str, str] | None = None):
+                 banned: dict[str, str] | None = None, max_invalid_files: int = 3):
         self.store = store
         self.run_id = run_id
         self.staleness = staleness
@@ -104,7 +123,11 @@ class RolloutCollector:
         self.auditor = auditor
         """``behavior_audit.BehaviorAuditor`` (or None): spot checks of the behavior logprobs."""
         self.banned: dict[str, str] = dict(banned or {})
-        """Actors caught with a dishonest file, and why: every later file of theirs is quarantined unread."""
+        """Actors caught with a dishonest file, or with ``max_invalid_files`` malformed or future-version
+        ones, and why: every later file of theirs is quarantined unread (and the flow expels and revokes them)."""
+        self.max_invalid_files = max_invalid_files
+        self.invalid_files: dict[str, int] = {}
+        """Per actor: its files quarantined as ``Malformed`` or from the future (no honest actor writes one)."""
         self.settled: set[str] = set(settled or ())
         """Keys settled by completed steps (what a checkpoint records)."""
         self.used_hashes: set[str] = set(used_hashes or ())
@@ -146,10 +169,10 @@ class RolloutCollector:
         try:
             table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
                                       expected_version=version, learner_version=learner_version, limits=self.limits)
-        except InvalidRollouts:
-            raise
+        except InvalidRollouts as exc:
+            raise Malformed(str(exc)) from None
         except Exception as exc:  # a function of the actor's bytes alone (a MemoryError, say): the file's fault
-            raise InvalidRollouts(f"undecodable: {type(exc).__name__}: {str(exc)[:200]}") from None
+            raise Malformed(f"undecodable: {type(exc).__name__}: {str(exc)[:200]}") from None
         if self.verifier is not None:
             self.verifier.check(table)
         if self.auditor is not None and self.auditor.wants(actor_id):
@@ -162,16 +185,16 @@ class RolloutCollector:
         try:
             size = self.store.size(key)
             if size > self.max_file_bytes:
-                raise InvalidRollouts(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
+                raise Malformed(f"file of {size} bytes is over the limit of {self.max_file_bytes}")
             data = self.store.get_range(key, 0, self.max_file_bytes + 1) if size else b""
         except (InvalidRollouts, NotFound):
             raise
         except Exception as exc:
             if is_transient(exc) or not self._store_answers():
                 raise
-            raise InvalidRollouts(f"unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
+            raise Malformed(f"unreadable: {type(exc).__name__}: {str(exc)[:200]}") from None
         if len(data) > self.max_file_bytes:  # replaced by a bigger object between the size check and the read
-            raise InvalidRollouts(f"file of more than {self.max_file_bytes} bytes is over the limit")
+            raise Malformed(f"file of more than {self.max_file_bytes} bytes is over the limit")
         return data
 
     def _store_answers(self) -> bool:
@@ -195,22 +218,27 @@ class RolloutCollector:
         sel = Selection(step=step, learner_version=learner_version)
         sel.quarantined.extend(self._unrecorded)
         started = time.time()
-        deadline = time.time() + timeout_s
+        deadline = time.time() + timeout_s  # moved on by every usable file: junk judged meanwhile is no sign of life
         taken: set[str] = set()
         hashes: set[str] = set()
-        # a file a slow actor commits late into an old folder is found by the next full sweep (or at the end)
+        # a file a slow actor commits late into an old folder is found by the next full sweep (or at the end);
+        # a poll looks no further than the version after the learner's (a file there is from the future, judged
+        # at once): no honest file lies beyond, so what does is junk, left to the sweep
         sweep = self._since_sweep is None or self._since_sweep >= self._sweep_every
-        oldest = None if sweep else self._listed_from
+        oldest, newest = (None, None) if sweep else (self._listed_from, learner_version + 1)
+        shown = collecting_record(step, {})  # what the actors were last told of this collection
         while sel.groups < self.groups_per_step:
             progressed = False
             listed = time.time()
-            pending = pending_rollouts(self.store, self.settled | self.in_flight | taken, oldest)
+            pending = pending_rollouts(self.store, self.settled | self.in_flight | taken, oldest, newest)
             sel.list_seconds += time.time() - listed
             for version, key in [p for p in pending if p[0] > learner_version]:
                 # no policy of a version from the future exists: judged at once by its key, unread (and never
                 # left pending to be listed at every poll while honest files keep arriving)
                 taken.add(key)
-                self._quarantine(sel, key, f"version {version} is from the future (the learner is at {learner_version})")
+                reason = f"version {version} is from the future (the learner is at {learner_version})"
+                self._quarantine(sel, key, reason)
+                self._count_invalid(layout.parse_rollout_key(key)[1], reason)
             for version, key in [p for p in pending if p[0] <= learner_version]:
                 if sel.groups >= self.groups_per_step:
                     break
@@ -235,6 +263,8 @@ class RolloutCollector:
                         log.error("banning actor %s: %s", actor_id, exc)
                         self.banned[actor_id] = str(exc)
                     self._quarantine(sel, key, str(exc))
+                    if isinstance(exc, Malformed):
+                        self._count_invalid(actor_id, str(exc))
                     continue
                 digest = content_hash(table)
                 if digest in self.used_hashes or digest in hashes:
@@ -245,9 +275,11 @@ class RolloutCollector:
                 sel.tables.append(table)
                 sel.used.append({"key": key, "policy_version": version, "lag": learner_version - version,
                                  "groups": len(table.column("group_id").unique()), "rows": table.num_rows,
-                                 "sha256": digest})
+                                 "sha256": digest, "measured": used_measurements(table)})
+                deadline = time.time() + timeout_s
             if sel.groups >= self.groups_per_step:
                 break
+            shown = self._show_progress(sel, shown)
             should_abort()
             if time.time() > deadline:
                 raise NoRollouts(
@@ -267,6 +299,27 @@ class RolloutCollector:
         sel.waited_s = time.time() - started
         self.in_flight |= sel.keys
         return sel
+
+    def _count_invalid(self, actor_id: str, reason: str) -> None:
+        """One more malformed or future-version file of ``actor_id``: at ``max_invalid_files`` the actor is
+        banned (like a dishonest one: the flow expels it and the next version revokes its token)."""
+        if actor_id in self.banned:
+            return
+        n = self.invalid_files[actor_id] = self.invalid_files.get(actor_id, 0) + 1
+        if n >= self.max_invalid_files:
+            why = f"{n} invalid or future-version files (the last: {reason[:300]})"
+            log.error("banning actor %s: %s", actor_id, why)
+            self.banned[actor_id] = why
+
+    def _show_progress(self, sel: Selection, shown: dict) -> dict:
+        """Tell the actors what this collection has judged so far while it waits (``layout.COLLECTING``):
+        their flow control must not count files judged here (dropped, or used by a step still short of
+        groups) as a backlog, nor wait for the files of an actor found sending junk, or junk a step never
+        uses would stop the very actors the step waits for. Written only when it changed."""
+        record = collecting_record(sel.step, sel.ledger_record())
+        if record != shown:
+            self.store.put_pointer(layout.COLLECTING, json.dumps(record).encode())
+        return record
 
     def settle(self, selection: Selection) -> None:
         """The step that used ``selection`` completed: its files are settled for good."""

@@ -94,12 +94,13 @@ class LearnerRun:
         r, t = config.rollout, config.train
         limits = RolloutLimits(vocab_size=self.learner.vocab_size, group_size=r.group_size,
                                max_completion_tokens=r.max_new_tokens + self.task.max_env_tokens,
-                               max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range)
+                               max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range,
+                               max_groups=r.groups_per_batch)  # an honest file holds one batch: no more in a step
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
-            auditor=self.auditor, banned=state.get("banned", {}),
+            auditor=self.auditor, banned=state.get("banned", {}), max_invalid_files=t.max_invalid_files_per_actor,
         )
         if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
             self._audit_as_published(*self.learner.policy_version_tensors())

@@ -15,7 +15,9 @@
 An actor holds no state that matters: killing it loses at most the batch in flight. It stops
 on SIGTERM/SIGINT or a spot preemption notice from the instance metadata (``preemption.py``;
 finishing a commit already under way, dropping a batch in generation, leaving ``peers/``), when
-its parent process dies, or when the run has written its summary. It never imports Prefect or the learner.
+its parent process dies, when the run has written its summary, or when the learner has left no new mark in
+the store (LATEST, the ledger) for ``fleet.learner_silence_s`` (``learner_watch.py``: a dead learner cannot
+stop a cloud actor, which would bill on). It never imports Prefect or the learner.
 """
 
 from __future__ import annotations
@@ -44,12 +46,13 @@ from echo2.broadcast.reconstruct import Reconstructor
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected
-from echo2.data.ledger import ConsumedIndex, pending_rollouts
+from echo2.data.ledger import ConsumedIndex
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
 from echo2.rollout.engine import Engine, SamplingParams, make_engine
 from echo2.rollout.machine import machine_broadcast
+from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task
 
@@ -62,6 +65,16 @@ def backlog_bound(config: Config) -> int:
     wait forever for a step the fleet stopped short of."""
     per_step = -(-config.train.groups_per_step // config.rollout.groups_per_batch)
     return max(config.rollout.max_pending_batches, per_step)
+
+
+def per_actor_cap(config: Config) -> int:
+    """The most waiting batches of any one other actor that count against the backlog: its share of
+    ``backlog_bound`` in the configured fleet (``fleet.actors``, or ``fleet.max_actors`` when sized
+    automatically), at least one. An honest actor keeps about its share waiting, so the cap costs the
+    honest fleet nothing, while an actor that floods the store with files counts no more than its share
+    (and nothing once the learner found one of its files junk: ``ledger.fleet_backlog``)."""
+    actors = config.fleet.actors if isinstance(config.fleet.actors, int) else config.fleet.max_actors
+    return max(1, -(-backlog_bound(config) // actors))
 
 
 class _Stop(Exception):
@@ -88,6 +101,7 @@ class Actor:
         self.rng = random.Random(self.seed)
         torch.manual_seed(self.seed)
         self.consumed = ConsumedIndex(store)
+        self.learner_watch = LearnerWatch(store, self.config.fleet.learner_silence_s)
         # what an actor holds: the run's public key (verifies versions and peers' tokens) and its own
         # relay token (talks to peers); neither signs anything, and the learner's private key is never read here
         r = self.config.rollout  # the relay binds and advertises this machine's address (machine.py)
@@ -150,6 +164,10 @@ class Actor:
             return True
         if self.store.exists(layout.SUMMARY):
             log.info("run %s has finished; stopping", self.run_id)
+            return True
+        if self.learner_watch.silent():
+            log.warning("no new policy version or ledger entry for %.0fs (fleet.learner_silence_s): the learner "
+                        "is gone; stopping", self.config.fleet.learner_silence_s)
             return True
         return False
 
@@ -267,15 +285,19 @@ class Actor:
         instead of generating a batch the learner could only drop (with S = 0 it would otherwise
         generate one doomed batch per step). The fleet's backlog of batches still usable at c must
         also be short (``rollout.max_pending_batches``, never less than one step's worth), which
-        bounds the lag a queue adds.
+        bounds the lag a queue adds. Only files the learner has not judged count, other actors' files at
+        most ``per_actor_cap`` each and junk producers' not at all (``ConsumedIndex.backlog``), and only
+        in the folders of versions the learner has published (up to ``latest_step``): a flood of junk or
+        of files from the future cannot stop honest actors.
         """
         assert self.version is not None
-        settled = self.consumed.refresh()
+        self.consumed.refresh()
         oldest_usable = self.consumed.latest_step - self.config.train.staleness
         if self.version < oldest_usable:
             return False
-        pending = pending_rollouts(self.store, settled, oldest_usable)
-        return len(pending) < backlog_bound(self.config)
+        newest = max(self.consumed.latest_step, self.version)
+        waiting = self.consumed.backlog(self.actor_id, oldest_usable, newest, per_actor_cap(self.config))
+        return waiting < backlog_bound(self.config)
 
     def _sample(self, prompts: list[list[int]], max_new_tokens: int) -> list:
         """The task's sampler: one continuation of each prompt from the engine, at the run's temperature."""
