@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from echo2.config import FleetConfig, load_config
+from echo2.config import load_config
 from echo2.data.rollouts import Rollout, RolloutLimits, decode_rollouts
 from echo2.data.store import open_store
 from echo2.learner.batch import assemble, policy_logprobs
@@ -36,8 +36,10 @@ def setup(tiny_model):
     return tiny_model, tok, engine, weights, task
 
 
-def honest_rows(setup, seed=0, groups=3, n=4) -> list[Rollout]:
-    _, tok, engine, _, task = setup
+def honest_rows(setup, seed=0, groups=3, n=4, engine=None) -> list[Rollout]:
+    """Rows sampled by ``engine`` (default: one with the model's own weights), with its logprobs."""
+    _, tok, base_engine, _, task = setup
+    engine = engine or base_engine
     problems = task.sample_train(random.Random(seed), groups)
     prompts = [prompt_token_ids(tok, p) for p in problems]
     torch.manual_seed(seed)
@@ -148,7 +150,86 @@ def test_the_fleet_expels_a_banned_actor_once_and_replaces_it(tmp_path):
     fleet.stop()
 
 
-def test_the_audit_config_is_documented_and_off_means_off():
-    cfg = load_config(None, ["train.audit_fraction=0"])
-    assert cfg.train.audit_fraction == 0 and FleetConfig().max_restarts >= 0
-    assert load_config(None).train.audit_max_gap == THRESHOLD
+def learner_run(model_dir, tmp_path, monkeypatch, *, resume: bool, **train):
+    """The learner of a run on a local store, with its key in a secrets folder of the test."""
+    from echo2.config import config_from_dict
+    from echo2.data import layout
+    from echo2.learner.run import LearnerRun
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    monkeypatch.delenv("ECHO2_RUN_KEY", raising=False)
+    config = config_from_dict({
+        "run": {"id": "r1"}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(model_dir)},
+        "rollout": {"group_size": 4, "groups_per_batch": 3, "max_new_tokens": 8},
+        "train": {"max_steps": 10, "groups_per_step": 3, "num_threads": 1, **train},
+        "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
+    })
+    return LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=resume)
+
+
+def test_a_resumed_lora_run_audits_against_the_weights_its_version_had(setup, tmp_path, monkeypatch):
+    """Issue 18, item 8: a LoRA version publishes only its adapter; the auditor must hold base + adapter
+    merged (what actors run), after a resume as when the version was published."""
+    model_dir, tok, _, _, _ = setup
+    run = learner_run(model_dir, tmp_path, monkeypatch, resume=False, lora_rank=4, audit_fraction=1.0)
+    for seed in range(2):  # two real steps of the adapter
+        run.learner.train_step([decode_rollouts(rollout_bytes(0, salt=str(seed)))])
+    with torch.no_grad():  # and an adapter that moves the policy far more than two tiny steps do
+        for name, p in run.learner.model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn_like(p) * 0.5)
+    run.publish()
+    run.checkpoint()
+    version = run.step
+    merged = {k: v.clone() for k, v in run.learner.full_tensors().items()}
+    run.sink.close()
+
+    resumed = learner_run(model_dir, tmp_path, monkeypatch, resume=True, lora_rank=4, audit_fraction=1.0)
+    assert resumed.step == version and resumed.auditor is not None
+    engine = TransformersEngine(model_dir, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    engine.load_weights(merged.items())  # an honest actor: the base with the version's adapter merged
+    honest = honest_rows(setup, engine=engine)
+    # the tiny random model is close to uniform whatever its weights, so the base's numbers are only about
+    # 0.1 nats/token off the adapter's: an auditor that held the base (the bug) passed honest files with a
+    # gap of that size instead of fp32 noise, and let through lies of that size
+    gap = resumed.auditor.check(table_of(honest), version, "honest")
+    assert gap is not None and gap < 1e-4
+    base = honest_rows(setup)  # sampled by the base model, claimed as the adapter's version
+    assert resumed.auditor.check(table_of(base), version, "stale") > 100 * gap
+    inflated = [dataclasses.replace(r, behavior_logprobs=[min(0.0, x + 0.7) for x in r.behavior_logprobs])
+                for r in honest]
+    made_up = [dataclasses.replace(r, behavior_logprobs=[-0.05] * len(r.behavior_logprobs)) for r in honest]
+    for lie in (inflated, made_up):
+        with pytest.raises(Dishonest, match="behavior logprobs are"):
+            resumed.auditor.check(table_of(lie), version, "liar")
+    resumed.sink.close()
+
+
+def test_weights_the_model_does_not_have_are_refused_not_skipped(setup):
+    """An adapter's tensors given as a version: loading none of them would audit against other weights."""
+    a = auditor(setup)
+    a.published(2, {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 32)})
+    with pytest.raises(ValueError, match="not the model's"):
+        a.check(table_of(honest_rows(setup)), 2, "a")
+
+
+def test_with_the_audit_off_no_file_is_audited_and_a_lying_one_is_used(setup, tmp_path, monkeypatch):
+    assert load_config(None).train.audit_max_gap == THRESHOLD  # the documented default
+    rows = honest_rows(setup)
+    liar = [dataclasses.replace(r, behavior_logprobs=[-0.01] * len(r.behavior_logprobs)) for r in rows]
+    results = {}
+    for fraction in (0.0, 1.0):  # the same lying file, with the audit off and on
+        run = learner_run(setup[0], tmp_path / str(fraction), monkeypatch, resume=False, audit_fraction=fraction)
+        key = commit_rollouts(run.store, 0, 0, actor="a1-liar",
+                              data=rollout_bytes(0, rollouts=liar, actor="a1-liar", run_id=run.run_id))
+        commit_rollouts(run.store, 0, 0, actor="a2-honest",  # fills the step where the lie is set aside
+                        data=rollout_bytes(0, rollouts=rows, actor="a2-honest", run_id=run.run_id))
+        sel = run.collector.collect(step=1, learner_version=0, timeout_s=30)
+        results[fraction] = (run, key, sel)
+        run.sink.close()
+    run, key, sel = results[0.0]
+    assert run.auditor is None and run.audit_summary()["files_audited"] == 0
+    assert [u["key"] for u in sel.used] == [key] and not sel.quarantined and not run.collector.banned
+    run, key, sel = results[1.0]  # the same file is caught where the audit is on: the test can tell
+    assert run.audit_summary()["files_audited"] == 2 and set(run.collector.banned) == {"a1-liar"}  # each first file
+    assert [q["key"] for q in sel.quarantined] == [key]
