@@ -82,6 +82,42 @@ def raw_peer(answer: bytes | None):
     return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close(), [c.close() for c in conns])
 
 
+def trickling_peer(size: int, interval_s: float = 0.1):
+    """A test peer on a bare socket that answers every request at once with a 200 announcing ``size``
+    bytes, then sends the body one byte per ``interval_s`` (a peer that holds by trickling); returns
+    (url, stop)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    stop = threading.Event()
+
+    def trickle(conn):
+        with conn:
+            try:
+                head = b""
+                while b"\r\n\r\n" not in head and (part := conn.recv(4096)):
+                    head += part
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+                for _ in range(size):
+                    if stop.wait(interval_s):
+                        return
+                    conn.sendall(b"\x00")
+            except OSError:  # the client hung up: what we want
+                pass
+
+    def serve():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn = sock.accept()[0]
+            except OSError:
+                continue
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close())
+
+
 def env_of_a_launched_actor(store, key, tmp_path, names, **fleet_kwargs):
     """Start one actor through the real local fleet with a command that prints the environment variables
     ``names``; returns (its actor id, those variables, its log's text)."""

@@ -221,3 +221,26 @@ def test_topology_rule():
     assert relay == plan({"c": "uc", "a": "ua", "b": "ub"}, 7, fanout=1, roots=1)  # deterministic
     assert sources(relay, ids[0]) == [] and sources(relay, "stranger") == []
     assert sources(relay, ids[2]) == [f"u{ids[1]}", f"u{ids[0]}"]  # parent, then grandparent
+
+
+def test_reports_of_failed_parents_need_two_reporters_to_move_the_plan():
+    """One report (a lying child's about an honest parent, say) changes no one's place; two distinct
+    reporters take the parent out. Only recent reports of published versions between planned peers count."""
+    from echo2.broadcast.topology import QUORUM, REPORT_VERSIONS, PeerRecord, standing_reports
+
+    def records(**failed):
+        return {a: PeerRecord(f"http://{a}:1", 0.0, failed.get(a, {})) for a in ("a", "b", "c", "d")}
+
+    live = {a: f"http://{a}:1" for a in "abcd"}
+    version = 30
+    lone = standing_reports(records(a={"b": 29}), version)
+    assert lone == {"b": {"a"}} and plan(live, version, fanout=1, roots=1, reports=lone) == plan(
+        live, version, fanout=1, roots=1)
+    two = standing_reports(records(a={"b": 29}, c={"b": 29 - REPORT_VERSIONS + 1}), version)
+    assert two == {"b": {"a", "c"}} and QUORUM == 2
+    assert [p["id"] for p in plan(live, version, fanout=1, roots=1, reports=two)["peers"]] == [
+        i for i in [p["id"] for p in plan(live, version, fanout=1, roots=1)["peers"]] if i != "b"]
+    ignored = records(a={"b": version - REPORT_VERSIONS - 1},  # too old
+                      c={"b": version + 5, "stranger": 29, "c": 29},  # from the future, of a non-peer, of itself
+                      d={"b": 29})
+    assert standing_reports(ignored, version) == {"b": {"d"}}

@@ -1,26 +1,35 @@
 """The receiver's choice of version under fast publishing, and hostile peers and store records:
-huge bodies, peers dying mid-chunk, malformed peer records, LATEST and manifests."""
+huge bodies, peers dying mid-chunk, parents that hold or trickle (reported, planned around), malformed,
+unreadable, huge or stale peer records and records of actors the fleet never launched, LATEST and manifests."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import pytest
+import torch
 from aiohttp import web
 
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.broadcast.relay import FetchPolicy, RelayNode
-from echo2.broadcast.topology import live_peers, register
-from echo2.config import BroadcastConfig
+from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.topology import MAX_RECORD_BYTES, live_peers, order, register
+from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
+from echo2.data.ledger import write_event
 from echo2.data.store import open_store
+from echo2.learner.publisher import Publisher
 
-from relay_helpers import CHUNK, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
+from helpers import wait_until
+from relay_helpers import (CHUNK, KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader,
+                           trickling_peer)
+from relay_helpers import poll_until as poll_until_version
 
 
 @pytest.fixture
@@ -254,7 +263,7 @@ def test_a_peer_dying_mid_chunk_means_fall_back_not_abort(store, answer):
 def test_malformed_peer_records_are_skipped_never_raised(store):
     now = time.time()
     register(store, "a0", "http://127.0.0.1:8000", None)
-    register(store, "a1", "https://relay-1.example.net:443", 3)
+    register(store, "a1", "https://relay-1.example.net:443", 3, {"a0": 2})
     record = {"url": "http://127.0.0.1:9", "version": None, "heartbeat": now}
     bad = {
         "notjson": b"{not json",
@@ -277,6 +286,11 @@ def test_malformed_peer_records_are_skipped_never_raised(store):
         "oddversion": {**record, "id": "oddversion", "version": "latest"},
         "impostor": {**record, "id": "a0"},  # may not speak for another actor
         "idint": {**record, "id": 5},
+        "reportlist": {**record, "id": "reportlist", "failed_parents": ["a0"]},
+        "reportname": {**record, "id": "reportname", "failed_parents": {"a 0": 1}},
+        "reportversion": {**record, "id": "reportversion", "failed_parents": {"a0": -1}},
+        "reportbool": {**record, "id": "reportbool", "failed_parents": {"a0": True}},
+        "reportmany": {**record, "id": "reportmany", "failed_parents": {f"p{i}": 1 for i in range(17)}},
     }
     for name, rec in bad.items():
         store.put_pointer(layout.peer_key(name), rec if isinstance(rec, bytes) else json.dumps(rec).encode())
@@ -307,3 +321,211 @@ def test_receiver_skips_a_malformed_latest_or_manifest(store):
         assert got is not None and got.version == 9 and got.files() == files
     finally:
         receiver.close()
+
+
+# -- peer records the learner cannot trust: unreadable, huge, from the future, of strangers -------------
+
+class CountingStore:
+    """The run's store, except that it counts the bytes each read returns, per key (a test double of the
+    store that only counts, not of the code under test)."""
+
+    def __init__(self, store):
+        self._store = store
+        self.read: dict[str, int] = {}
+
+    def get(self, key):
+        data = self._store.get(key)
+        self.read[key] = self.read.get(key, 0) + len(data)
+        return data
+
+    def get_range(self, key, start, end):
+        data = self._store.get_range(key, start, end)
+        self.read[key] = self.read.get(key, 0) + len(data)
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_huge_peer_record_is_never_read_whole(store, tmp_path, caplog):
+    register(store, "a0", "http://127.0.0.1:8000", 1)
+    huge = tmp_path / "store" / "peers" / "huge.json"  # 64 MB, sparse: a well-formed start, then nothing
+    with open(huge, "wb") as f:
+        f.write(json.dumps({"id": "huge", "url": "http://127.0.0.1:9", "heartbeat": time.time()}).encode())
+        f.truncate(64 * 2**20)
+    counting = CountingStore(store)
+    for _ in range(3):  # three publishes
+        assert live_peers(counting, max_age_s=60) == {"a0": "http://127.0.0.1:8000"}
+    assert counting.read["peers/huge.json"] <= 3 * (MAX_RECORD_BYTES + 1)  # a bounded read each time
+    logged = [r.getMessage() for r in caplog.records if r.name == "echo2.broadcast"]
+    assert logged == [f"skipping peer record peers/huge.json: malformed: more than {MAX_RECORD_BYTES} bytes"]
+
+
+def test_a_glacier_peer_record_does_not_crash_publish(s3_store, s3_server, caplog):
+    """HEAD works, GET is 403 (PermissionError): the record is skipped, logged once, and publish goes on."""
+    import boto3
+
+    for actor in ("a0", "a1"):
+        write_event(s3_store, "launch", actor)
+    register(s3_store, "a0", "http://127.0.0.1:8000", None)
+    bucket, root = s3_store.root.split("/", 1)
+    record = {"id": "a1", "url": "http://127.0.0.1:8001", "version": None, "heartbeat": time.time()}
+    boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").put_object(
+        Bucket=bucket, Key=f"{root}/{layout.peer_key('a1')}", Body=json.dumps(record).encode(), StorageClass="GLACIER")
+    publisher = Publisher(s3_store, train=TrainConfig(), broadcast=BroadcastConfig(mode="relay"), key=KEY,
+                          extra_files={})
+    for version in (0, 1):
+        manifest, _ = publisher.publish(version, {"w": torch.ones(8)}, {"weights": "full"})
+        assert [p["id"] for p in manifest["relay"]["peers"]] == ["a0"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "echo2.broadcast" and "a1" in r.getMessage()]
+    assert len(logged) == 1 and "peers/a1.json: cannot be read (PermissionError" in logged[0], logged
+
+
+def test_a_heartbeat_from_the_future_does_not_keep_a_dead_peer_live(store, tmp_path):
+    """Liveness is the store's commit time of the record, not the time the actor claims."""
+    register(store, "a0", "http://127.0.0.1:8000", 1)
+    hour = 3600
+    for actor, claimed, committed in [("ghost", time.time() + 10**7, time.time() - hour),  # claims 2027+, stopped
+                                      ("stale", time.time() - hour, time.time() - hour),   # an honest dead peer
+                                      ("forged", time.time(), time.time() + hour)]:        # a commit time forged ahead
+        record = {"id": actor, "url": "http://127.0.0.1:9", "version": None, "heartbeat": claimed}
+        store.put_pointer(layout.peer_key(actor), json.dumps(record).encode())
+        os.utime(tmp_path / "store" / layout.peer_key(actor), (committed, committed))
+    assert live_peers(store, max_age_s=60) == {"a0": "http://127.0.0.1:8000"}
+
+
+def test_the_plan_holds_only_actors_the_fleet_launched(store, caplog):
+    write_event(store, "launch", "a0")
+    write_event(store, "requested", "a1")  # chosen by the fleet, its launch still under way
+    write_event(store, "resize", "fleet", actors_from=1, actors_to=2, reason="test")
+    for actor in ("a0", "a1", "a2", "stranger"):
+        register(store, actor, "http://127.0.0.1:9", None)
+    publisher = Publisher(store, train=TrainConfig(), broadcast=BroadcastConfig(mode="relay"), key=KEY, extra_files={})
+    manifest, _ = publisher.publish(0, {"w": torch.ones(8)}, {"weights": "full"})
+    assert sorted(p["id"] for p in manifest["relay"]["peers"]) == ["a0", "a1"]
+    write_event(store, "launch", "a2")  # launched since: in the next plan, unless revoked
+    manifest, _ = publisher.publish(1, {"w": torch.ones(8)}, {"weights": "full"}, revoked={"a1"})
+    assert sorted(p["id"] for p in manifest["relay"]["peers"]) == ["a0", "a2"]
+    assert "skipping peer record peers/stranger.json: the fleet never launched this actor" in caplog.text
+
+
+# -- a parent that fails to deliver: reported by its children, left out of the next plans ---------------
+
+def _receive_in_plan_order(manifest, receivers, version):
+    """Every receiver of the plan takes ``version``, parents first (a parent then holds the version whole
+    before its children ask, so where each chunk came from is decided by the plan, not by timing)."""
+    in_plan = [p["id"] for p in manifest["relay"]["peers"] if p["id"] in receivers]
+    return {actor: poll_until_version(receivers[actor], version, timeout=60) for actor in in_plan}
+
+
+def _first_of_order(names, version, prefix):
+    """A peer name that the hash order puts first (a root) at every version in ``version``."""
+    return next(f"{prefix}{i}" for i in range(10_000)
+                if all(order(names + [f"{prefix}{i}"], v)[0] == f"{prefix}{i}" for v in version))
+
+
+@pytest.fixture
+def relay_run(store):
+    """A publisher and two honest receivers (c1, c2) of a run whose fleet launched them and ``evil``; the
+    test decides who ``evil`` is. Short holds (pipeline_wait_s) keep a hold cheap in test time."""
+    broadcast = BroadcastConfig(mode="relay", chunk_mb=0.01, fanout=2, roots=1, pipeline_wait_s=0.5,
+                                heartbeat_s=0.1, peer_timeout_s=3600)
+    receivers = {}
+
+    def start(actors, evil):
+        for actor in [*actors, evil]:
+            write_event(store, "launch", actor)
+        for actor in actors:
+            receivers[actor] = PolicyReceiver(store, actor, PUBLIC, TOKEN, broadcast, staleness=2, run_id=RUN_ID)
+        publisher = Publisher(store, train=TrainConfig(keep_versions=10), broadcast=broadcast, key=KEY,
+                              extra_files={})
+        return publisher, receivers
+
+    yield start
+    for receiver in receivers.values():
+        receiver.close()
+
+
+def _left(caplog, version):
+    """(who left, whom) of every peer a child left while fetching ``version`` (its cost: one hold each)."""
+    return [r.getMessage().split(" for the next source")[0] for r in caplog.records
+            if r.getMessage().startswith(f"v{version}: leaving ")]
+
+
+def test_a_parent_that_holds_every_request_costs_its_children_one_version(store, relay_run, caplog):
+    """Before: a holding parent stayed in every plan, and each version its children waited out the hold
+    (~33 s at the defaults) before the store. Now both children report it at v1 and it is out of every
+    later plan: the cost is one hold per child, once."""
+    caplog.set_level(logging.INFO)
+    evil_url, stop_evil = raw_peer(None)  # accepts every connection, never answers
+    evil = _first_of_order(["c1", "c2"], [1], "evil")  # the root at v1: c1 and c2 are its children (fan-out 2)
+    register(store, evil, evil_url, None)  # a record that stays live (peer_timeout_s): only reports remove it
+    publisher, receivers = relay_run(["c1", "c2"], evil)
+    try:
+        sources = {}
+        for version in range(1, 5):
+            manifest, _ = publisher.publish(version, {"w": torch.full((20_000,), float(version))}, {"weights": "full"})
+            plan = [p["id"] for p in manifest["relay"]["peers"]]
+            if version == 1:
+                assert plan[0] == evil
+            got = _receive_in_plan_order(manifest, receivers, version)
+            sources[version] = {actor: set(buf.sources) for actor, buf in got.items()}
+            if version == 1:  # both children say so in their records before the next publish
+                wait_until(lambda: all(evil in store.get_json(layout.peer_key(a)).get("failed_parents", {})
+                                       for a in receivers), 20, f"c1 and c2 to report {evil}")
+            else:
+                assert evil not in plan, (version, plan)
+                root, child = plan
+                url = {p["id"]: p["url"] for p in manifest["relay"]["peers"]}[root]
+                assert sources[version] == {root: {"store"}, child: {f"{root} at {url}"}}, sources[version]
+        assert sources[1] == {"c1": {"store"}, "c2": {"store"}}
+        # the cost per version: holds waited out (each: pipeline_wait_s + grace, at the defaults ~32 s)
+        cost = {v: sorted(_left(caplog, v)) for v in range(1, 5)}
+        assert cost == {1: [f"v1: leaving {evil} at {evil_url}"] * 2, 2: [], 3: [], 4: []}, cost
+        assert f"{evil} is left out of the relay plan: c1, c2 report it failed to deliver" in caplog.text
+    finally:
+        stop_evil()
+
+
+def test_one_childs_report_moves_only_that_child(store, relay_run, caplog):
+    """A single report (which a lying child could make about an honest parent) takes nobody out of the
+    plan; the reporter alone stops asking that parent."""
+    caplog.set_level(logging.INFO)
+    evil_url, stop_evil = raw_peer(None)
+    evil = _first_of_order(["c1"], [1, 2], "evil")  # the root at v1 and v2, c1 its child
+    register(store, evil, evil_url, None)
+    publisher, receivers = relay_run(["c1"], evil)
+    try:
+        manifest, _ = publisher.publish(1, {"w": torch.ones(20_000)}, {"weights": "full"})
+        assert set(_receive_in_plan_order(manifest, receivers, 1)["c1"].sources) == {"store"}
+        wait_until(lambda: store.get_json(layout.peer_key("c1")).get("failed_parents") == {evil: 1}, 20,
+                   f"c1 to report {evil}")
+        manifest, _ = publisher.publish(2, {"w": torch.zeros(20_000)}, {"weights": "full"})
+        assert [p["id"] for p in manifest["relay"]["peers"]] == [evil, "c1"]  # one report: the plan is as it was
+        assert set(_receive_in_plan_order(manifest, receivers, 2)["c1"].sources) == {"store"}
+        assert _left(caplog, 1) == [f"v1: leaving {evil} at {evil_url}"] and _left(caplog, 2) == []
+        assert f"v2: not asking {evil} at {evil_url}: failed to deliver lately" in caplog.text
+    finally:
+        stop_evil()
+
+
+def test_a_trickling_parent_is_left_at_its_body_timeout_and_a_404_is_not_reported(store, caplog):
+    """A parent that answers at once and then trickles the body is left once the body falls below the
+    lowest acceptable rate (before: at the end of the whole hold allowance, 60 s here). A 404, the honest
+    "I will not have it", is not reported against its peer; the trickle is."""
+    manifest, files = make_version(store)
+    trickle_url, stop_trickle = trickling_peer(CHUNK)
+    gone_url, stop_gone = raw_peer(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    (child,) = nodes(store, 1, FetchPolicy(pipeline_wait_s=60, expected_mbit=100))
+    reported = []
+    try:
+        peers = [Peer(gone_url, "gone"), Peer(trickle_url, "trickler")]
+        buf = child.start_fetch(manifest, peers, on_left=lambda p, v, why: reported.append((p.actor_id, v, why)))
+        buf = buf.result(timeout=120)
+        assert buf.files() == files and set(buf.sources) == {"store"}
+        assert [(a, v) for a, v, _ in reported] == [("trickler", 1)], reported
+        assert "below 0.2 of 100 Mbit/s" in reported[0][2], reported
+    finally:
+        child.close()
+        stop_trickle()
+        stop_gone()

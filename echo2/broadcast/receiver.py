@@ -24,6 +24,11 @@ JSON object, names a file outside its folder, fails its signature, or is signed 
 version is logged and rejected for good (a manifest is written once). Neither ever stops the actor;
 while LATEST names a rejected version the receiver takes the newest version folder it has not
 rejected, so a forged pointer cannot hold it back either.
+
+A parent of the plan that failed to deliver (``relay.py``: held a request past its timeout, refused,
+died, sent bad bytes) is remembered with the version it failed: the receiver asks it for nothing for
+``topology.REPORT_VERSIONS`` versions, whatever later plans say, and reports it in its peer record
+(``failed_parents``), from which the learner plans around it (``topology.plan``).
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ class PolicyReceiver:
         self.rejected: set[int] = set()
         self._pending: tuple[int, Future] | None = None
         self._bad_latest: bytes | None = None  # the malformed LATEST already logged
+        self._failed_parents: dict[str, int] = {}
+        """Parent -> the newest version it failed to deliver to us (written on the relay loop, read by the heartbeat)."""
+        self._failed_lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         if config.mode == "relay":
@@ -90,7 +98,27 @@ class PolicyReceiver:
         return self.store.get_range(key, chunk.offset, chunk.offset + chunk.size)
 
     def _beat(self) -> None:
-        topology.register(self.store, self.actor_id, self.url, self.current)
+        topology.register(self.store, self.actor_id, self.url, self.current, self.failed_parents)
+
+    @property
+    def failed_parents(self) -> dict[str, int]:
+        """Parents that failed to deliver to this actor lately -> the newest version each failed (a copy)."""
+        with self._failed_lock:
+            return dict(self._failed_parents)
+
+    def _parent_failed(self, peer: Peer, version: int, why: str) -> None:
+        """A parent left mid-fetch for a failure (not a 404): asked for nothing for a while, and reported."""
+        with self._failed_lock:
+            self._failed_parents[peer.actor_id] = max(version, self._failed_parents.get(peer.actor_id, version))
+            newest = sorted(self._failed_parents.items(), key=lambda kv: kv[1])[-topology.MAX_FAILED_PARENTS:]
+            self._failed_parents = dict(newest)  # the record stays small: the most recent reports win
+
+    def _avoided(self, version: int) -> set[str]:
+        """Parents not to ask for ``version``: those that failed us within ``REPORT_VERSIONS`` before it."""
+        with self._failed_lock:
+            self._failed_parents = {p: v for p, v in self._failed_parents.items()
+                                    if v >= version - topology.REPORT_VERSIONS}
+            return set(self._failed_parents)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.config.heartbeat_s):
@@ -201,11 +229,15 @@ class PolicyReceiver:
             return  # garbage-collected between LATEST and now: a newer one is coming
         peers = ([Peer(url, peer) for url, peer in topology.source_peers(manifest.get("relay", {}), self.actor_id)]
                  if self.config.mode == "relay" else [])
+        avoid = self._avoided(version)
+        if avoided := [p for p in peers if p.actor_id in avoid]:
+            log.info("v%d: not asking %s: failed to deliver lately", version, ", ".join(map(str, avoided)))
+            peers = [p for p in peers if p not in avoided]
         if self._pending is not None:
             log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()
         started = time.time()
-        future = self.node.start_fetch(manifest, peers)
+        future = self.node.start_fetch(manifest, peers, on_left=self._parent_failed)
         # how long the transfer itself took (not the wait for the actor to swap): the capacity fit's D
         future.add_done_callback(lambda f: setattr(self, "last_fetch_seconds", time.time() - started))
         self._pending = (version, future)

@@ -17,6 +17,14 @@ below ``min_rate_fraction``) leaves that peer for the rest of the version and mo
 next source; only a failure of the store fails the version. A child reads at most one chunk
 (+1 byte, to see an excess) from a peer, whatever the peer announces or sends.
 
+Timeouts, per chunk request to a peer: the answer (status and headers) must come within
+``pipeline_wait_s`` + ``ANSWER_GRACE_S``, since an honest parent holds a request at most
+``pipeline_wait_s`` and then answers 503; the body must then come within ``chunk_timeout`` of its
+size (a read timeout scaled to the bytes expected), so a peer that trickles bytes is left within a
+few seconds, not at the end of the hold. Every failure but a 404 (the honest "I will not have it")
+is reported to the fetch's ``on_left`` (the receiver puts it in its peer record, ``topology.py``), so
+a parent that holds every request costs its children one hold, not one per version.
+
 Safety: a chunk enters a node's buffer only after its sha256 matched the signed manifest, so a
 bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``:
 an actor's own token, signed by the learner and checked with the run's public key
@@ -50,8 +58,17 @@ from echo2.data.relay_tokens import RelayAuth, TokenRefused
 log = logging.getLogger("echo2.relay")
 
 
+ANSWER_GRACE_S = 2.0
+"""How much longer than the pipeline hold a child waits for a peer's answer (network and scheduling)."""
+
+
 class SourceFailed(Exception):
     """A source (peer) was dead, slow, or served a chunk that failed verification."""
+
+
+class NotThere(SourceFailed):
+    """The peer answered 404: it will not have the chunk (superseded, abandoned, never fetched); an
+    honest answer, given at once, so it is not reported against the peer."""
 
 
 class Peer(NamedTuple):
@@ -284,14 +301,18 @@ class Fetcher:
             log.warning("v%d: skipping %s: %s", version, peer, why)
         return why is None
 
-    async def fetch(self, buffer: VersionBuffer, peers: list[str | Peer]) -> VersionBuffer:
+    async def fetch(self, buffer: VersionBuffer, peers: list[str | Peer],
+                    on_left: Callable[[Peer, int, str], None] | None = None) -> VersionBuffer:
+        """Fill ``buffer``; ``on_left(peer, version, why)`` is called (on the relay's loop) for each peer of
+        the plan left because it failed to deliver (not for a 404)."""
         try:
-            return await self._fill(buffer, peers)
+            return await self._fill(buffer, peers, on_left)
         except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
             buffer.abandon(exc)
             raise
 
-    async def _fill(self, buffer: VersionBuffer, peers: list[str | Peer]) -> VersionBuffer:
+    async def _fill(self, buffer: VersionBuffer, peers: list[str | Peer],
+                    on_left: Callable[[Peer, int, str], None] | None) -> VersionBuffer:
         sources = [p for p in peers if self._dialable(p, buffer.version)] + ["store"]
         dead: set[str] = set()
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -322,9 +343,11 @@ class Fetcher:
                             if source == "store":
                                 raise
                             if source not in dead:
-                                log.warning("v%d: leaving %s for the next source: %s", buffer.version, source,
-                                            exc or type(exc).__name__)
+                                why = str(exc) or type(exc).__name__
+                                log.warning("v%d: leaving %s for the next source: %s", buffer.version, source, why)
                                 dead.add(source)
+                                if on_left is not None and isinstance(source, Peer) and not isinstance(exc, NotThere):
+                                    on_left(source, buffer.version, why)
 
             await asyncio.gather(*(worker() for _ in range(self.policy.window)))
         return buffer
@@ -337,22 +360,32 @@ class Fetcher:
         url = f"{base}/v1/versions/{buffer.version}/chunks/{index}"
         tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
             "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
-        # the parent may legitimately wait for its own upstream: allow the pipeline wait plus one slow chunk
-        limit = self.policy.pipeline_wait_s + self.policy.chunk_timeout(chunk.size)
-        async with asyncio.timeout(limit):
-            async with session.get(url, **tls) as resp:
-                if resp.status != 200:
-                    raise SourceFailed(f"{url} answered {resp.status}")
-                if resp.content_length is not None and resp.content_length != chunk.size:
-                    raise SourceFailed(f"{url} announces {resp.content_length} bytes for a chunk of {chunk.size}")
-                started = time.monotonic()
-                data = await _read_at_most(resp, chunk.size + 1)
-                if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
-                    sent = f"more than {chunk.size}" if len(data) > chunk.size else str(len(data))
-                    raise SourceFailed(f"{url} sent {sent} bytes for a chunk of {chunk.size}")
-        elapsed = time.monotonic() - started
-        if elapsed > self.policy.chunk_timeout(chunk.size):
-            raise SourceFailed(f"{source} sent chunk {index} at {chunk.size * 8 / elapsed / 1e6:.1f} Mbit/s")
+        # the parent may legitimately hold the request while it receives the chunk itself (pipelining), for at
+        # most pipeline_wait_s; once it answers, the body has the time a chunk of its size takes at the lowest
+        # acceptable rate, so a peer that trickles bytes is left as soon as it falls below that rate
+        answer_s = self.policy.pipeline_wait_s + ANSWER_GRACE_S
+        body_s = self.policy.chunk_timeout(chunk.size)
+        answered = False
+        try:
+            async with asyncio.timeout(answer_s) as deadline:
+                async with session.get(url, **tls) as resp:
+                    answered = True
+                    deadline.reschedule(asyncio.get_running_loop().time() + body_s)
+                    if resp.status == 404:
+                        raise NotThere(f"{url} answered 404")
+                    if resp.status != 200:
+                        raise SourceFailed(f"{url} answered {resp.status}")
+                    if resp.content_length is not None and resp.content_length != chunk.size:
+                        raise SourceFailed(f"{url} announces {resp.content_length} bytes for a chunk of {chunk.size}")
+                    data = await _read_at_most(resp, chunk.size + 1)
+                    if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
+                        sent = f"more than {chunk.size}" if len(data) > chunk.size else str(len(data))
+                        raise SourceFailed(f"{url} sent {sent} bytes for a chunk of {chunk.size}")
+        except TimeoutError:
+            if not answered:
+                raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without answering") from None
+            raise SourceFailed(f"{source} sent chunk {index} below {self.policy.min_rate_fraction:g} of "
+                               f"{self.policy.expected_mbit:g} Mbit/s (not within {body_s:.1f} s)") from None
         return data
 
 
@@ -395,13 +428,15 @@ class RelayNode:
     def url(self) -> str:
         return self.server.url
 
-    def start_fetch(self, manifest: dict, peers: list[str | Peer]):
-        """Begin receiving a version in the background; returns a concurrent future of its buffer."""
+    def start_fetch(self, manifest: dict, peers: list[str | Peer],
+                    on_left: Callable[[Peer, int, str], None] | None = None):
+        """Begin receiving a version in the background; returns a concurrent future of its buffer.
+        ``on_left``: told of each peer left because it failed to deliver (``Fetcher.fetch``)."""
 
         async def run() -> VersionBuffer:
             buffer = new_buffer(manifest)
             self.server.add(buffer)
-            return await self.fetcher.fetch(buffer, peers)
+            return await self.fetcher.fetch(buffer, peers, on_left)
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop)
 

@@ -6,9 +6,29 @@ rotates the roots and inner nodes from version to version. With ``roots`` roots 
 ``f``, node k (k >= roots) has parent (k - roots) // f: f = 1 is a chain per root.
 
 Peer records (``peers/<actor>.json``) are written by untrusted actors and read by the learner
-while it publishes, so ``live_peers`` takes nothing on trust: a record that is not a small JSON
-object with an ``id`` equal to its key's actor name, an ``http(s)://host:port`` url and a finite
-numeric heartbeat is logged and skipped, never raised. An actor can only name itself.
+while it publishes, so ``read_peers`` takes nothing on trust and never raises on a record: a record
+is read with one ranged GET of at most ``MAX_RECORD_BYTES`` + 1 bytes (whatever the object's size: a
+multi-GB object costs 4 KB), and one that cannot be read (a GLACIER object: HEAD works, GET is 403),
+is larger than that, or is not a small JSON object with an ``id`` equal to its key's actor name, an
+``http(s)://host:port`` url and a finite numeric heartbeat is skipped and logged once. An actor can only
+name itself. Liveness is judged by the store's own clock: the time the store committed the record
+(``ObjectStore.modified``), not the heartbeat the actor claims, so a heartbeat from the future cannot
+keep a dead peer live. A plan holds only actors the fleet launched (``LaunchedActors``, from the
+ledger, which actors cannot write) and that are not revoked.
+
+A child whose parent failed to deliver (held a request past its timeout, refused, died, sent bad bytes;
+not a 404, the honest "I will not have it") says so in its record: ``failed_parents: {parent: version}``.
+The reporter itself asks that parent for nothing for ``REPORT_VERSIONS`` versions (``receiver.py``),
+whatever the plans say: one child's report moves only that child. A parent reported by ``QUORUM``
+distinct live children of the fleet is left out of the plan (it then reads the store, as a root would,
+and relays for nobody) until the reports are ``REPORT_VERSIONS`` versions old; a peer that was merely
+restarting then gets its place back, a hostile one costs one more hold and is reported again. The plan
+is otherwise the hash order: a report never moves anyone up or down it, since a liar could use that to
+put itself above, or a victim right below, itself. So a lone liar changes nothing but its own route;
+two colluding actors can send an honest peer to the store for ``REPORT_VERSIONS`` versions, which costs
+store reads, never correctness. A parent that holds every request costs each of its children one hold
+(the first version it fails them), and is out of the plans once two have reported it: with fan-out
+f >= 2 after the first version, in a chain after two.
 """
 
 from __future__ import annotations
@@ -18,17 +38,40 @@ import json
 import logging
 import math
 import re
+import threading
 import time
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from echo2.data import layout
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import NotFound, ObjectStore, StoreError
 
 log = logging.getLogger("echo2.broadcast")
 
 MAX_RECORD_BYTES = 4096
-"""A real record is ~150 bytes; anything much larger is not one (and is not worth parsing)."""
+"""A real record is ~150 bytes (up to ~1.5 KB with ``MAX_FAILED_PARENTS`` reports); anything larger is
+not one, and is never read past this bound."""
+MAX_FAILED_PARENTS = 16
+"""Parents a record may report at once (a child reports its parent and the ancestors it fell back to)."""
+REPORT_VERSIONS = 20
+"""How many versions a report of a failed parent counts for, after the version that failed."""
+QUORUM = 2
+"""Distinct reporters that take a parent out of the plan (one reporter only moves itself)."""
+READ_THREADS = 8
+"""Peer records read at once while publishing (two small requests each: a HEAD, a ranged GET)."""
 
 _URL_RE = re.compile(r"https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+
+
+class PeerRecord(NamedTuple):
+    """A well-formed peer record: where the actor's relay listens, and the parents that failed it."""
+
+    url: str
+    heartbeat: float
+    """What the actor claims; liveness uses the store's commit time of the record instead."""
+    failed_parents: dict[str, int]
+    """Parent actor -> the newest version it failed to deliver to this actor."""
 
 
 def order(peer_ids: list[str], version: int) -> list[str]:
@@ -58,15 +101,22 @@ def sources(relay: dict, actor_id: str) -> list[str]:
     return [url for url, _ in source_peers(relay, actor_id)]
 
 
-def plan(live: dict[str, str], version: int, *, fanout: int, roots: int) -> dict:
-    """The relay section of a manifest: ordered peers (id, url) and the shape of the forest."""
-    ids = order(list(live), version)
+def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
+         reports: dict[str, set[str]] | None = None) -> dict:
+    """The relay section of a manifest: ordered peers (id, url) and the shape of the forest.
+
+    ``reports``: parent -> the children that reported it failed (``standing_reports``); a parent with
+    ``QUORUM`` reporters is left out, the rest keep the hash order."""
+    out = {p for p, who in (reports or {}).items() if len(who) >= QUORUM}
+    ids = [i for i in order(list(live), version) if i not in out]
     return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
 
 
-def register(store: ObjectStore, actor_id: str, url: str, version: int | None) -> None:
+def register(store: ObjectStore, actor_id: str, url: str, version: int | None,
+             failed_parents: dict[str, int] | None = None) -> None:
     """Heartbeat: the peer record is a pointer, rewritten every few seconds."""
-    record = {"id": actor_id, "url": url, "version": version, "heartbeat": time.time()}
+    record = {"id": actor_id, "url": url, "version": version, "heartbeat": time.time(),
+              "failed_parents": dict(failed_parents or {})}
     store.put_pointer(layout.peer_key(actor_id), json.dumps(record).encode())
 
 
@@ -79,10 +129,25 @@ def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def parse_record(actor: str, raw: bytes) -> tuple[str, float] | str:
-    """(url, heartbeat) of the record of ``actor``, or why it is malformed."""
+def _version(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _failed_parents(value: object) -> dict[str, int] | str:
+    if not isinstance(value, dict):
+        return f"failed_parents {value!r} is not an object"
+    if len(value) > MAX_FAILED_PARENTS:
+        return f"failed_parents names {len(value)} parents (at most {MAX_FAILED_PARENTS})"
+    for parent, version in value.items():
+        if not layout.valid_actor_id(parent) or not _version(version):
+            return f"failed_parents entry {parent!r}: {version!r} is not actor: version"
+    return dict(value)
+
+
+def parse_record(actor: str, raw: bytes) -> PeerRecord | str:
+    """The record of ``actor``, or why it is malformed."""
     if len(raw) > MAX_RECORD_BYTES:
-        return f"{len(raw)} bytes"
+        return f"more than {MAX_RECORD_BYTES} bytes"
     try:
         record = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, absurdly nested
@@ -95,31 +160,133 @@ def parse_record(actor: str, raw: bytes) -> tuple[str, float] | str:
         return f"url {record.get('url')!r} is not http(s)://host:port"
     if not _number(record.get("heartbeat")):
         return f"heartbeat {record.get('heartbeat')!r} is not a number"
-    if (v := record.get("version")) is not None and (not isinstance(v, int) or isinstance(v, bool)):
+    if (v := record.get("version")) is not None and not _version(v):
         return f"version {v!r} is not a version"
-    return record["url"], float(record["heartbeat"])
+    failed = _failed_parents(record.get("failed_parents", {}))
+    if isinstance(failed, str):
+        return failed
+    return PeerRecord(record["url"], float(record["heartbeat"]), failed)
+
+
+class _Once:
+    """Log each (store, key, reason) once: a bad record is met at every publish and must not flood the log."""
+
+    def __init__(self, limit: int = 4096):
+        self._seen: set[tuple[str, str, str]] = set()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def warn(self, store: ObjectStore, key: str, why: str) -> None:
+        entry = (store.url, key, why)
+        with self._lock:
+            if entry in self._seen:
+                return
+            if len(self._seen) >= self._limit:  # bounded: a flood of keys cannot grow it for ever
+                self._seen.clear()
+            self._seen.add(entry)
+        log.warning("skipping peer record %s: %s", key, why)
+
+
+_once = _Once()
+
+
+def _read_record(store: ObjectStore, key: str, actor: str, now: float, max_age_s: float) -> PeerRecord | None:
+    """The record under ``key`` if it is live and well-formed; None (logged once) otherwise."""
+    try:
+        committed = store.modified(key)  # a HEAD: a dead record is never read at all
+        age = now - committed
+        if age > max_age_s:
+            return None  # not rewritten lately: the actor is gone or hung
+        if age < -max_age_s:  # the store's clock never runs that far ahead of ours: a forged time
+            _once.warn(store, key, f"committed {-age:.0f} s in the future")
+            return None
+        raw = store.get_range(key, 0, MAX_RECORD_BYTES + 1)  # bounded, whatever the object's size
+    except NotFound:  # removed (actor stopped) since the listing
+        return None
+    except (OSError, StoreError) as exc:  # GLACIER (PermissionError), SSE-C, an empty object's bad range ...
+        _once.warn(store, key, f"cannot be read ({type(exc).__name__}: {exc})")
+        return None
+    parsed = parse_record(actor, raw)
+    if isinstance(parsed, str):
+        _once.warn(store, key, f"malformed: {parsed}")
+        return None
+    return parsed
+
+
+def read_peers(store: ObjectStore, *, max_age_s: float) -> dict[str, PeerRecord]:
+    """actor -> record of every live, well-formed peer record. Never raises on a bad record."""
+    now = time.time()
+    todo = []
+    for key in store.list(layout.PEERS):
+        if (actor := layout.actor_of_peer_key(key)) is None:
+            _once.warn(store, key, "not a peer record name")
+            continue
+        todo.append((key, actor))
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(min(READ_THREADS, len(todo)), thread_name_prefix="echo2-peers") as pool:
+        records = pool.map(lambda item: _read_record(store, item[0], item[1], now, max_age_s), todo)
+        return {actor: record for (_, actor), record in zip(todo, records) if record is not None}
 
 
 def live_peers(store: ObjectStore, *, max_age_s: float) -> dict[str, str]:
-    """actor -> relay url of every well-formed record with a recent heartbeat. Never raises on a bad record."""
-    now = time.time()
-    out = {}
-    for key in store.list(layout.PEERS):
-        if (actor := layout.actor_of_peer_key(key)) is None:
-            log.warning("skipping %s: not a peer record name", key)
-            continue
-        try:
-            raw = store.get(key)
-        except NotFound:  # removed (actor stopped) since the listing
-            continue
-        parsed = parse_record(actor, raw)
-        if isinstance(parsed, str):
-            log.warning("skipping malformed peer record %s: %s", key, parsed)
-            continue
-        url, heartbeat = parsed
-        if now - heartbeat <= max_age_s:
-            out[actor] = url
+    """actor -> relay url of every live, well-formed record (``read_peers``)."""
+    return {actor: record.url for actor, record in read_peers(store, max_age_s=max_age_s).items()}
+
+
+def standing_reports(records: dict[str, PeerRecord], version: int) -> dict[str, set[str]]:
+    """parent -> the peers that report it failed them within the last ``REPORT_VERSIONS`` versions before
+    ``version``; only reports between peers of ``records`` (live, known, not revoked) count, and a report
+    of a version not published yet (a time from the future) does not."""
+    out: dict[str, set[str]] = {}
+    for reporter, record in records.items():
+        for parent, failed_at in record.failed_parents.items():
+            if parent != reporter and parent in records and version - REPORT_VERSIONS <= failed_at <= version:
+                out.setdefault(parent, set()).add(reporter)
     return out
+
+
+class LaunchedActors:
+    """Actor ids the fleet chose in this run ("requested" or "launch" events in the ledger, which the
+    learner's fleet manager writes and actors' scoped credentials cannot), read incrementally: each event
+    once. A peer record under any other name is not an actor of this fleet and never gets into a plan."""
+
+    KINDS = frozenset({"requested", "launch"})
+
+    def __init__(self, store: ObjectStore):
+        self.store = store
+        self._read: set[str] = set()
+        self.ids: set[str] = set()
+
+    def __call__(self) -> set[str]:
+        for key in self.store.list(layout.LEDGER_EVENTS):
+            if key in self._read or not key.endswith(".json"):
+                continue
+            try:
+                event = self.store.get_json(key)
+            except NotFound:
+                continue
+            self._read.add(key)
+            if isinstance(event, dict) and event.get("kind") in self.KINDS and isinstance(event.get("actor_id"), str):
+                self.ids.add(event["actor_id"])
+        return self.ids
+
+
+def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max_age_s: float,
+               revoked: Collection[str] = (), known: Collection[str] | None = None) -> dict:
+    """The relay section of version ``version``: the live peers that the fleet knows (``known``; None = no
+    fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports."""
+    records = read_peers(store, max_age_s=max_age_s)
+    strangers = {a for a in records if known is not None and a not in known}
+    for actor in sorted(strangers):
+        _once.warn(store, layout.peer_key(actor), "the fleet never launched this actor")
+    records = {a: r for a, r in records.items() if a not in revoked and a not in strangers}
+    reports = standing_reports(records, version)
+    for parent, who in sorted(reports.items()):
+        if len(who) >= QUORUM:
+            log.warning("v%d: %s is left out of the relay plan: %s report it failed to deliver", version, parent,
+                        ", ".join(sorted(who)))
+    return plan({a: r.url for a, r in records.items()}, version, fanout=fanout, roots=roots, reports=reports)
 
 
 def unregister(store: ObjectStore, actor_id: str) -> None:

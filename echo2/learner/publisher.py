@@ -1,11 +1,12 @@
 """Publishing policy versions and collecting the ones nobody can use any more.
 
 A version is committed by its signed manifest (written last), then ``policy/LATEST`` moves to it.
-The manifest carries the relay tree over the peers alive at publish time, and the actors whose relay
-tokens are revoked (``data/relay_tokens.py``): no revoked actor gets children. Versions older than
-t - S (no rollout of them can be used) are deleted beyond the newest ``keep_versions``; with LoRA
-version 0 stays, since every adapter version applies to it; with sparse deltas every version a
-kept version's chain needs stays (``delta_chain.chain_closure``).
+The manifest carries the relay tree over the peers alive at publish time that the fleet launched
+(``topology.relay_plan``: peer records are untrusted input, parents their children report failed are
+planned around), and the actors whose relay tokens are revoked (``data/relay_tokens.py``): no revoked
+actor gets children. Versions older than t - S (no rollout of them can be used) are deleted beyond
+the newest ``keep_versions``; with LoRA version 0 stays, since every adapter version applies to it;
+with sparse deltas every version a kept version's chain needs stays (``delta_chain.chain_closure``).
 
 Sparse deltas (``train.publish_delta``, ``Publisher``): the learner keeps the tensors it last
 published (exactly what actors hold) and publishes version v as a delta against them. A version
@@ -29,7 +30,7 @@ from collections.abc import Collection
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.broadcast.topology import live_peers, plan
+from echo2.broadcast.topology import LaunchedActors, relay_plan
 from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
@@ -40,10 +41,13 @@ from echo2.data.weights import delete_folder, publish_delta_version, publish_ver
 log = logging.getLogger("echo2.learner")
 
 
-def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str]) -> dict:
-    live = live_peers(store, max_age_s=broadcast.peer_timeout_s) if broadcast.mode == "relay" else {}
-    live = {actor: url for actor, url in live.items() if actor not in revoked}
-    return plan(live, version, fanout=broadcast.fanout, roots=broadcast.roots)
+def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str],
+                fleet: LaunchedActors | None = None) -> dict:
+    """The relay section; ``fleet``: the actors the run's fleet launched (None: no fleet, peers as registered)."""
+    if broadcast.mode != "relay":
+        return {"fanout": broadcast.fanout, "roots": broadcast.roots, "peers": []}
+    return relay_plan(store, version, fanout=broadcast.fanout, roots=broadcast.roots,
+                      max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=None if fleet is None else fleet())
 
 
 def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], meta: dict, *,
@@ -91,6 +95,8 @@ class Publisher:
         self.chain_bytes = 0
         """Delta bytes published since the newest keyframe."""
         self._manifests: dict[int, dict] = {}  # immutable once committed: garbage collection reads each once
+        self.fleet = LaunchedActors(store)
+        """Who may be in a relay plan: the actors the fleet launched, from the ledger."""
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor], meta: dict,
                 revoked: Collection[str] = ()) -> tuple[dict, dict]:
@@ -100,7 +106,7 @@ class Publisher:
         full_bytes = _nbytes(tensors)
         stats: dict = {"publish_full_bytes": full_bytes}
         chunk_size = int(self.broadcast.chunk_mb * 2**20)
-        relay = _relay_plan(self.store, version, self.broadcast, revoked)
+        relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet)
         meta = {**meta, "revoked": sorted(revoked)}
         try:
             manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)
