@@ -166,6 +166,25 @@ def test_folders_beyond_the_next_version_are_listed_only_by_the_periodic_sweep(t
     assert store.exists(layout.quarantine_key(late_far)) and not store.exists(late_far)
 
 
+def test_files_beyond_the_last_version_are_quarantined_when_the_run_finishes(tmp_path):
+    """A short run may end before the periodic sweep comes round: its final entry sets them aside (the
+    chaos suite's fuzzed files from the future were recorded as merely unused)."""
+    from echo2.data.ledger import write_final
+
+    store = open_store(str(tmp_path))
+    collector = _collector(store)
+    for step in (1, 2):
+        commit_rollouts(store, step - 1, 0, actor="honest")
+        collector.settle(collector.collect(step=step, learner_version=step - 1, timeout_s=5))
+    far = commit_rollouts(store, FAR, 0, actor="evil")  # after the first collection's sweep
+    left = commit_rollouts(store, 2, 0, actor="honest")  # made with the last version, never used
+    write_final(store, 2, *collector.final_leftovers(2))
+    final = store.get_json(layout.FINAL_CONSUMED)
+    assert [d["key"] for d in final["dropped"]] == [left]
+    assert [q["key"] for q in final["quarantined"]] == [far] and "future" in final["quarantined"][0]["reason"]
+    assert store.exists(layout.quarantine_key(far)) and collector.invalid_files == {"evil": 1}
+
+
 # -- expulsion after a few invalid files ------------------------------------------------------------
 
 def test_an_actor_with_a_few_invalid_or_future_files_is_banned_and_later_files_quarantined_unread(tmp_path):

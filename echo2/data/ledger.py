@@ -56,9 +56,11 @@ def used_measurements(table: pa.Table) -> dict[str, float]:
     return out
 
 
-def write_final(store: ObjectStore, step: int, leftovers: list[str]) -> None:
-    """What the run leaves unused when it finishes, so that every committed file is in the ledger."""
-    store.put_json(layout.FINAL_CONSUMED, {"step": step, "written_at": time.time(), "used": [], "quarantined": [],
+def write_final(store: ObjectStore, step: int, leftovers: list[str], quarantined: list[dict] = ()) -> None:
+    """What the run leaves unused when it finishes, so that every committed file is in the ledger, and
+    what it set aside then (files from versions it never reached: ``RolloutCollector.final_leftovers``)."""
+    store.put_json(layout.FINAL_CONSUMED, {"step": step, "written_at": time.time(), "used": [],
+                                           "quarantined": list(quarantined),
                                            "dropped": [{"key": k, "reason": "unused when the run finished"}
                                                        for k in leftovers]})
 

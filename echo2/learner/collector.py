@@ -20,7 +20,8 @@ At learner version t, a committed rollout file of policy version v is
   malformed files (``Malformed``: unreadable, too large, failing validation, more groups than a batch)
   or files from the future, which no honest actor writes (a file the task could not grade the same
   way everywhere does not count);
-- quarantined unread if its version is from the future (t < v: no such policy exists yet);
+- quarantined unread if its version is from the future (t < v: no such policy exists yet; found by a
+  poll up to t + 1, beyond by the periodic sweep or when the run finishes: ``final_leftovers``);
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
 
 A poll lists only the version folders a step can still use (and, once, the ones that just fell out of
@@ -327,6 +328,21 @@ class RolloutCollector:
         self.used_hashes |= {u["sha256"] for u in selection.used}
         self.in_flight -= selection.keys
 
-    def unrecorded_leftovers(self) -> list[str]:
-        """Committed rollout files no step settled (what the run leaves unused when it finishes)."""
-        return [key for _, key in pending_rollouts(self.store, self.settled)]
+    def final_leftovers(self, learner_version: int) -> tuple[list[str], list[dict]]:
+        """What the run leaves when it finishes, for the final ledger entry: the committed files no step
+        settled, unused, but those of versions beyond the learner's last one quarantined as from the future
+        (no honest actor wrote them; a poll never looks beyond t + 1, so the periodic sweep may not have
+        come round to them). Returns (unused keys, quarantined items)."""
+        sel = Selection(step=0, learner_version=learner_version)
+        unused = []
+        for version, key in pending_rollouts(self.store, self.settled):
+            if version <= learner_version:
+                unused.append(key)
+                continue
+            reason = f"version {version} is from the future (the run finished at {learner_version})"
+            try:
+                self._quarantine(sel, key, reason)
+            except NotFound:
+                continue  # moved away meanwhile
+            self._count_invalid(layout.parse_rollout_key(key)[1], reason)
+        return unused, sel.quarantined

@@ -258,7 +258,7 @@ class LearnerRun:
         """Record what was left unused, write ``reports/`` (summary.json last: it tells actors the run is over)."""
         self.sink.close()
         if not self.store.exists(layout.FINAL_CONSUMED):
-            write_final(self.store, self.step, self.collector.unrecorded_leftovers())
+            write_final(self.store, self.step, *self.collector.final_leftovers(self.step))
         return write_reports(self)
 
     @property
