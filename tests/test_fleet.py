@@ -215,3 +215,48 @@ while True:
     assert codes and set(codes.values()) == {0}, codes  # -9: waited out its grace, then killed
     ended = [e["actor_id"] for e in read_events(store) if e["kind"] == "terminated"]
     assert sorted(ended) == sorted(codes), json_.dumps(ended)
+
+
+@pytest.mark.parametrize("s3", [False, True], ids=["local-store", "s3-store"])
+def test_a_local_actor_gets_only_the_environment_it_needs(tmp_path, monkeypatch, request, s3):
+    """The local backend is not a trust boundary (README), but an actor still gets no more of the learner's
+    environment than it needs: not the operator's secrets, not where the run keys live; the credentials of
+    its own store's cloud only (an s3:// store's ``AWS_*``). A real actor process reports its environment."""
+    import json as json_
+    import os
+
+    from echo2.data.relay_certs import RELAY_TLS_ENV
+    from echo2.data.relay_tokens import RELAY_TOKEN_ENV
+    from helpers import wait_until
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    if not s3:  # the operator's AWS keys, of no use to an actor of a local store
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "operator-aws-secret")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "operator-aws-key-id")
+    monkeypatch.setenv("OPERATOR_DB_PASSWORD", "operator-db-password")
+    monkeypatch.setenv("HF_TOKEN", "hf_operator_token")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/home/operator/gcp.json")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("ECHO2_TEST_TAG", "env-test")
+    dump = [sys.executable, "-c", "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps(dict(os.environ)))",
+            str(tmp_path / "env.json")]
+    # on moto's S3 on loopback, whose client reads the AWS_* credentials of the environment
+    store = request.getfixturevalue("s3_store").child("runs/r") if s3 else FsspecStore(str(tmp_path / "run"), {})
+    fleet = make_fleet(FleetConfig(), store, store_options={"endpoint_url": "http://127.0.0.1:9"},
+                       log_dir=tmp_path / "logs", run_key=run_key("r", create=True), actor_command=dump)
+    fleet.start()
+    try:
+        wait_until(lambda: (tmp_path / "env.json").exists() and (tmp_path / "env.json").read_text().endswith("}"),
+                   60, "the actor to report its environment")
+    finally:
+        fleet.stop()
+    env = json_.loads((tmp_path / "env.json").read_text())
+    for name in ("ECHO2_SECRETS", "OPERATOR_DB_PASSWORD", "HF_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS",
+                 "PREFECT_HOME", "ECHO2_RUN_KEY"):
+        assert name not in env, name
+    assert ("AWS_SECRET_ACCESS_KEY" in env and "AWS_ACCESS_KEY_ID" in env) is s3, sorted(env)
+    assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
+    assert env["HF_HUB_OFFLINE"] == "1" and env["OMP_NUM_THREADS"] == "1" and env["ECHO2_TEST_TAG"] == "env-test"
+    assert json_.loads(env["ECHO2_STORE_OPTIONS"]) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert env[RELAY_TOKEN_ENV] and env[RELAY_TLS_ENV]  # its own secrets, through its environment

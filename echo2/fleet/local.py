@@ -5,6 +5,15 @@ Children get PR_SET_PDEATHSIG on Linux, so an actor dies with a learner killed b
 they also watch their parent pid. Secrets reach the child through its environment only (never
 argv, never the store), and never the learner's signing key, even one our own environment holds.
 
+Not a trust boundary: local actors run as the learner's user on the learner's machine, so they could
+read whatever it can (its key folder included); an actor that must not be trusted runs elsewhere
+(SkyPilot, with scoped credentials). Still, an actor gets only the environment it needs
+(``actor_environment``): the system's basics, its libraries' settings (Hugging Face, torch, CUDA,
+vLLM, locale), the ``ECHO2_*`` settings it reads, the credentials of its store's own cloud (``AWS_*``
+for an s3:// store and none for a local one), then its launch's env and secrets. Nothing that looks
+secret otherwise (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY*`` ...): not the operator's other
+cloud keys, not ``ECHO2_SECRETS`` (where the learner keeps run keys) or ``ECHO2_RUN_KEY``.
+
 Reclaims (``fleet.local.reclaim_rate`` > 0): a Poisson process, ``reclaim_rate`` reclaims per actor
 per minute; each reclaim takes one running actor, and with probability ``reclaim_burst`` every
 other running actor at the same moment too (spot pools are reclaimed in bursts). A reclaimed actor
@@ -26,10 +35,40 @@ import threading
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
-from echo2.data.run_key import KEY_ENV
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetBackend
 
 log = logging.getLogger("echo2.fleet")
+
+ACTOR_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP",
+    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"})
+"""What a local actor's process gets of the learner's environment by name (the system's basics)."""
+ACTOR_ENV_PREFIXES = ("LC_", "XDG_", "ECHO2_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "PYTORCH_", "CUDA_",
+                      "NVIDIA_", "OMP_", "MKL_", "OPENBLAS_", "VLLM_")
+"""... and by prefix: locale, its libraries' settings (caches, offline mode, threads, devices), echo2's own."""
+SECRET_MARKS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE", "_KEY", "KEY_", "AUTH")
+"""A name holding one of these is left out, whatever list it is on (``HF_TOKEN``, ``ECHO2_RUN_KEY``,
+``ECHO2_SECRETS``), unless it is a credential of the store's own cloud."""
+STORE_CREDENTIAL_PREFIXES = {"s3": ("AWS_",), "gs": ("GOOGLE_", "GCLOUD_", "CLOUDSDK_"),
+                             "gcs": ("GOOGLE_", "GCLOUD_", "CLOUDSDK_"), "az": ("AZURE_",), "abfs": ("AZURE_",)}
+"""The environment a store's client reads its credentials from, by the store URL's scheme."""
+
+
+def actor_environment(environ: dict[str, str], spec: ActorLaunch) -> dict[str, str]:
+    """What a local actor's process is started with (see the module docstring)."""
+    scheme = spec.run_url.split("://", 1)[0].lower() if "://" in spec.run_url else "file"
+    store_prefixes = STORE_CREDENTIAL_PREFIXES.get(scheme, ())
+    env = {}
+    for name, value in environ.items():
+        upper = name.upper()
+        if upper.startswith(store_prefixes):
+            env[name] = value
+        elif ((name in ACTOR_ENV_NAMES or upper.startswith(ACTOR_ENV_PREFIXES))
+              and not any(mark in upper for mark in SECRET_MARKS)):
+            env[name] = value
+    return {**env, **spec.env, **spec.secrets}
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -61,9 +100,7 @@ class LocalBackend(FleetBackend):
     def launch(self, spec: ActorLaunch) -> dict:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.actor_id}.log"
-        env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-        env.update(spec.env)
-        env.update(spec.secrets)
+        env = actor_environment(dict(os.environ), spec)
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
