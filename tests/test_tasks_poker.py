@@ -198,3 +198,81 @@ def test_evaluation_plays_duplicate_deals_against_each_opponent(tok):
     assert result["illegal_action_rate"] == 0.0
     folds = task.evaluate(ScriptedSampler(tok, replies=(" nonsense",)), None, tok, k=1, max_new_tokens=20)
     assert folds["illegal_action_rate"] == 1.0 and folds["opponents"]["call_station"]["bb_per_100"] < 0
+
+
+def _torn_policy(src, dst, fold_edge):
+    """A frozen policy whose greedy answer is a near tie between " call" and " fold": its final norm keeps one
+    hidden unit, in which every token's embedding is 100 and those two are 101 (+ ``fold_edge`` for " fold").
+    With ``fold_edge`` 0 the tie is exact (the lower id, " call", wins); a tiny edge stands for the learner's
+    copy on another machine, whose kernels round the other way."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.add_tokens([" call", " fold"])
+    model = AutoModelForCausalLM.from_pretrained(src)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    call, fold = tok.convert_tokens_to_ids([" call", " fold"])
+    with torch.no_grad():
+        embeddings = model.get_input_embeddings().weight  # tied: also the output layer
+        embeddings[call:fold + 1] = embeddings[:2]
+        embeddings[:, 0] = 100.0
+        embeddings[call, 0] = embeddings[fold, 0] = 101.0
+        embeddings[fold, 0] += fold_edge
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+    model.save_pretrained(dst)
+    tok.save_pretrained(dst)
+    return dst
+
+
+class _NothingLeft(Exception):
+    pass
+
+
+def _nothing_left():
+    raise _NothingLeft  # the collector has judged every file and waits for more: stop it
+
+
+def test_a_checkpoint_opponent_at_a_near_tie_sets_the_file_aside_not_its_actor(tiny_model, tok, tmp_path):
+    """The actor's frozen opponent calls at an exact tie, the learner's copy folds there: the replay parts from
+    the file. After a near tie that is no lie: quarantined, the actor not banned; with ``tie_margin: 0`` (no
+    decision counts as a near tie) the same file bans its actor, as every divergence did before."""
+    from echo2.data import layout
+    from echo2.data.rollouts import Rollout, RolloutLimits
+    from echo2.data.store import open_store
+    from echo2.learner.collector import RolloutCollector
+    from echo2.learner.verify import TaskVerifier
+    from helpers import commit_rollouts, rollout_bytes
+
+    on_actor = _torn_policy(tiny_model, tmp_path / "actor-copy", 0.0)
+    on_learner = _torn_policy(tiny_model, tmp_path / "learner-copy", 1e-3)
+
+    def task(path, margin):
+        return _task(opponents=f"[{{kind: checkpoint, path: {path}, tie_margin: {margin}}}]", max_decisions=4)
+
+    actor = task(on_actor, 0.05)
+    problems = actor.sample_train(random.Random(0), 3)
+    groups = actor.rollout_groups(ScriptedSampler(tok, replies=(" raise 8",)), tok, problems, 2, 24)
+    assert all(reply.startswith(" call") and gap == 0.0 for reply, gap in actor.opponents[0]._replies.values())
+    rows = [Rollout(prompt_id=p.id, group_id=f"g{gi}", sample_index=si, prompt_token_ids=e.prompt_token_ids,
+                    completion_token_ids=e.completion_token_ids, completion_mask=e.completion_mask,
+                    behavior_logprobs=e.behavior_logprobs, reward=e.reward, reward_detail=e.reward_detail,
+                    finish_reason=e.finish_reason)
+            for gi, (p, g) in enumerate(zip(problems, groups)) for si, e in enumerate(g)]
+    limits = RolloutLimits(vocab_size=len(tok), group_size=2, max_completion_tokens=24 + actor.max_env_tokens,
+                           max_prompt_tokens=4096, reward_range=actor.reward_range)
+    verdicts = {}
+    for margin in (0.05, 0.0):
+        store = open_store(str(tmp_path / f"store-{margin}"))
+        key = commit_rollouts(store, 1, 0, actor="a1", data=rollout_bytes(1, rollouts=rows, actor="a1"))
+        learner = task(on_learner, margin)
+        collector = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=1, limits=limits,
+                                     verifier=TaskVerifier(learner, tok, max_new_tokens=24))
+        with pytest.raises(_NothingLeft):  # the only file is set aside: nothing to train on
+            collector.collect(step=2, learner_version=1, timeout_s=60, should_abort=_nothing_left)
+        verdicts[margin] = (collector.banned, store.get_json(layout.quarantine_reason_key(key))["reason"])
+    banned, reason = verdicts[0.05]
+    assert not banned and "ungradable" in reason and "near tie" in reason, reason
+    banned, reason = verdicts[0.0]
+    assert set(banned) == {"a1"} and "near tie" not in reason, reason

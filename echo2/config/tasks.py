@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from echo2.config._base import _Section
 
@@ -60,8 +60,29 @@ class MathTaskConfig(_Section):
     format_reward: float = Field(0.0, ge=0, le=1)
     """Bonus added when the reply puts an answer in ``\\boxed{}`` (0 = correctness only)."""
     grade_timeout_s: float = Field(5.0, gt=0)
-    """Wall-clock limit for math-verify on one reply; a reply that takes longer scores 0 (the grader
-    runs in a worker process that is killed and restarted, so no reply can hang an actor or the learner)."""
+    """Wall-clock limit for math-verify on one reply. The grader runs in a worker process that is killed
+    and replaced by a warm spare when a reply takes longer, so no reply can hang an actor or the learner.
+    On the actor such a reply scores 0 (plus ``format_reward`` when boxed) and is marked ungraded; on the
+    learner it makes its file ungradable: the file is set aside, its actor not blamed (``verify.py``)."""
+    grade_file_budget_s: float = Field(60.0, gt=0)
+    """Most wall-clock seconds the learner spends grading one rollout file (honest replies take about
+    2 ms each). A file it cannot finish within this is over its budget: quarantined, and its actor banned.
+    At least (``grade_file_max_timeouts`` + 1) x ``grade_timeout_s``, so that timeouts alone never put
+    a file over the time budget before they are too many."""
+    grade_file_max_timeouts: int = Field(3, ge=0)
+    """Replies of one rollout file that may time out (or crash the grader) on the learner: up to this many
+    set the file aside as ungradable; one more puts the file over its budget (its actor is banned), and
+    the rest of the file is not graded. So a file of hanging replies costs the learner at most
+    (this + 1) x ``grade_timeout_s``, and never more than ``grade_file_budget_s``."""
+
+    @model_validator(mode="after")
+    def _budget_fits_the_timeouts(self) -> "MathTaskConfig":
+        needed = (self.grade_file_max_timeouts + 1) * self.grade_timeout_s
+        if self.grade_file_budget_s < needed:
+            raise ValueError(f"grade_file_budget_s {self.grade_file_budget_s:g} is under (grade_file_max_timeouts + 1)"
+                             f" x grade_timeout_s = {needed:g}: a file with the timeouts it is allowed would be"
+                             f" over the time budget")
+        return self
 
 
 class RandomOpponentConfig(_Section):
@@ -100,6 +121,11 @@ class CheckpointOpponentConfig(_Section):
     """Share of training deals against this opponent (relative to the other opponents' weights)."""
     path: str
     """The frozen policy's folder (every actor and the learner must be able to read it)."""
+    tie_margin: float = Field(0.05, ge=0)
+    """A decision of the frozen policy is a near tie when, at some token of its reply, its two best
+    logits are closer than this: greedy decoding on other hardware (another kernel, thread count or
+    dtype) may pick the other token there. When the learner's replay of a hand parts from the file after
+    such a decision, the file is set aside, not held against its actor (0 = every divergence bans)."""
 
 
 OpponentConfig = Annotated[RandomOpponentConfig | CallStationOpponentConfig | EquityOpponentConfig

@@ -9,8 +9,33 @@ policy on text of its choosing nor claim rewards it did not earn.
   task replays the episode: poker re-deals the hand from the prompt id, replays it from the policy's
   tokens with its deterministic opponents, and refuses any environment text it would not write.
 
-Each refusal here is a ``Dishonest`` file (an ``InvalidRollouts``): the content is well formed but its
-claims are false, so its actor is banned, not only the file (``behavior_audit.py``).
+Lies and honest disagreements. A refusal is a ``Dishonest`` file (an ``InvalidRollouts``) when no
+honest actor could have written it: its content is well formed but its claims are false, so its actor
+is banned, not only the file (``behavior_audit.py``). Two things look like a false claim but can come
+from an honest actor, because actor and learner run the same code on different machines:
+
+- a grading timeout (math): math-verify runs under ``task.grade_timeout_s`` on both sides, so a reply
+  the actor graded just under the limit can time out on a busy learner, or the reverse;
+- a near tie (poker ``checkpoint`` opponent): the frozen policy decodes greedily, and where its two
+  best logits are within ``tie_margin`` another machine's kernels may pick the other token, so the
+  learner's replay parts from the actor's hand.
+
+Each of these makes the file ungradable (the task raises ``Ungradable``: a reply the learner's grader
+could not finish, a replay that parts from the file after a near tie; or the learner finds a prompt
+that differs from a problem the task marks ``may_differ``, or a reward that differs from its own on a
+row the actor marked ``ungraded``): the file is quarantined as ``InvalidRollouts``, never used, and
+its actor keeps its standing. One such reply cannot be told from an honest accident, so it is
+never a ban.
+
+What does ban, besides a false claim, is cost no honest file has: grading one file is held to a budget
+(math: ``task.grade_file_budget_s`` seconds and ``task.grade_file_max_timeouts`` replies that may time
+out). The two rules agree because the budget is set above what honest accidents cost: an honest file
+has at most a few replies that time out, each costs ``grade_timeout_s``, and the config requires
+``grade_file_budget_s >= (grade_file_max_timeouts + 1) x grade_timeout_s``; a file of hanging replies
+runs past it after ``grade_file_max_timeouts + 1`` of them (or a file of slow ones after
+``grade_file_budget_s``), is not graded further, and raises ``OverGradingBudget`` (a ``Dishonest``): the
+learner pays at most one budget per file, and the actor is banned, so its later files are quarantined
+unread. Claiming the score a timeout gives (0) no longer passes a hanging reply: the file is set aside.
 
 Cost: a chat template render per prompt (cached), then per row a decode and a regex (arithmetic),
 one math-verify call in the grader process (math, about 2 ms), or a replayed hand (poker, about a
@@ -19,12 +44,19 @@ millisecond plus a cached hand-strength estimate per street against the equity p
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 
+from echo2.data.rollouts import InvalidRollouts
 from echo2.learner.behavior_audit import Dishonest
 from echo2.tasks import ForgedEpisode, Problem, Task, UnknownProblem
+from echo2.tasks.base import REWARD_TOLERANCE, UNGRADED, GradingBudgetExceeded, Ungradable
 
-REWARD_TOLERANCE = 1e-5
+
+class OverGradingBudget(Dishonest):
+    """Scoring the file cost more than the task's per-file budget: no honest actor writes such a file, so
+    its actor is banned like one whose claims are false."""
 
 
 class TaskVerifier:
@@ -44,27 +76,53 @@ class TaskVerifier:
                 problem = self.task.problem(prompt_id)
             except UnknownProblem as exc:
                 raise Dishonest(f"prompt_id: {exc}") from None
+            except Ungradable as exc:
+                raise InvalidRollouts(f"ungradable, set aside (not held against the actor): {exc}") from None
             self._prompts[prompt_id] = (problem, self.task.prompt_tokens(self.tokenizer, problem))
         return self._prompts[prompt_id]
 
     def check(self, table: pa.Table) -> None:
-        """Raise ``Dishonest`` if a prompt is not the task's, an episode is not one the task plays,
-        or a reward is not what the task gives."""
+        """Raise ``Dishonest`` if a prompt is not the task's, an episode is not one the task plays, a reward
+        is not what the task gives, or the file is over its grading budget (``OverGradingBudget``); raise
+        a plain ``InvalidRollouts`` if the task cannot score the file reliably (``Ungradable``)."""
         columns = table.select(["prompt_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
-                                "reward"]).to_pydict()
+                                "reward", "reward_detail"]).to_pydict()
         problems = []
         for row, (prompt_id, prompt) in enumerate(zip(columns["prompt_id"], columns["prompt_token_ids"])):
             problem, issued = self._issued(prompt_id)
             if prompt != issued:
+                if problem.may_differ:
+                    raise InvalidRollouts(f"ungradable, set aside (not held against the actor): row {row}: prompt "
+                                          f"tokens are not those the task issues here for {prompt_id!r}, but "
+                                          f"{problem.may_differ}")
                 raise Dishonest(f"row {row}: prompt tokens are not those the task issues for {prompt_id!r}")
             problems.append(problem)
         if not self.task.verifiable:
             return
         try:
             expected = self.task.score_episodes(self.tokenizer, problems, columns["completion_token_ids"],
-                                                columns["completion_mask"], self.max_new_tokens)
+                                                columns["completion_mask"], self.max_new_tokens,
+                                                claimed=columns["reward"])
         except ForgedEpisode as exc:
             raise Dishonest(str(exc)) from None
+        except GradingBudgetExceeded as exc:
+            raise OverGradingBudget(str(exc)) from None
+        except Ungradable as exc:
+            raise InvalidRollouts(f"ungradable, set aside (not held against the actor): {exc}") from None
         for row, (claimed, score) in enumerate(zip(columns["reward"], expected)):
             if abs(score - claimed) > REWARD_TOLERANCE:
+                ungraded = _ungraded_on_the_actor(columns["reward_detail"][row])
+                if ungraded is not None:
+                    raise InvalidRollouts(f"ungradable, set aside (not held against the actor): row {row}: the actor "
+                                          f"could not finish grading it ({ungraded[:60]}) and the task scores it "
+                                          f"{score:g}, not {claimed:g}")
                 raise Dishonest(f"row {row}: reward {claimed:g} but the task scores the completion {score:g}")
+
+
+def _ungraded_on_the_actor(detail: str) -> str | None:
+    """The reason a row's ``reward_detail`` gives for the actor not finishing its score (``UNGRADED``), or None."""
+    try:
+        reason = json.loads(detail).get(UNGRADED)
+    except (ValueError, AttributeError):  # validated JSON already; not an object: no such mark
+        return None
+    return None if reason is None else str(reason)

@@ -30,6 +30,27 @@ class ForgedEpisode(ValueError):
     """An episode the task could not have produced: environment text it would not write, turns it would cut."""
 
 
+class Ungradable(ValueError):
+    """The task cannot score an episode the same way on every machine: a reply whose grading ran out of
+    time (on the learner or, per its ``reward_detail``, on the actor), a replay that parts from the file
+    after a frozen opponent decided at a near tie. Not evidence of a lie: the file is set aside."""
+
+
+class GradingBudgetExceeded(ValueError):
+    """Scoring one file cost more than the task allows any file (time, or replies that hung the grader):
+    no honest actor writes such a file."""
+
+
+UNGRADED = "ungraded"
+"""``reward_detail`` key that an actor-side score sets (to the reason) when the task could not finish
+scoring the episode, e.g. math's grader timed out; the reward is then what the task gives an ungraded
+reply. The learner, on a reward that differs from its own score, sets such a row's file aside instead
+of banning its actor."""
+
+REWARD_TOLERANCE = 1e-5
+"""A claimed reward equals the learner's score when they differ by at most this."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One prompt with what its reward function needs."""
@@ -38,6 +59,10 @@ class Problem:
     messages: tuple[dict[str, str], ...]
     answer: Any
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    may_differ: str | None = field(default=None, compare=False)
+    """Why another machine may issue this problem's prompt otherwise (a frozen opponent's near tie before
+    the policy's first turn), or None: the learner sets aside, rather than bans, a file whose prompt
+    differs from such a problem's."""
 
 
 class Sample(Protocol):
@@ -132,16 +157,23 @@ class Task(ABC):
         return self.rollout_groups(sample, tokenizer, [problem], group_size, max_new_tokens)[0]
 
     def score_episodes(self, tokenizer: Any, problems: Sequence[Problem], completions: Sequence[list[int]],
-                       masks: Sequence[list[int]], max_new_tokens: int) -> list[float]:
-        """The learner's re-scoring of episodes from their tokens (``max_new_tokens``: the run's
-        rollout.max_new_tokens). Single-turn: every completion token is the policy's (a 0 in the mask
-        would be environment text this task never writes) and the reward is ``reward`` of the decoded
-        reply. Raises ``ForgedEpisode``."""
+                       masks: Sequence[list[int]], max_new_tokens: int,
+                       claimed: Sequence[float] | None = None) -> list[float]:
+        """The learner's re-scoring of one file's episodes from their tokens (``max_new_tokens``: the run's
+        rollout.max_new_tokens; ``claimed``: the file's rewards, for a task that must know whether a
+        replay's disagreement could be honest). Single-turn: every completion token is the policy's (a 0
+        in the mask would be environment text this task never writes) and the reward is ``score_replies``
+        of the decoded replies. Raises ``ForgedEpisode``, ``Ungradable``, ``GradingBudgetExceeded``."""
         for row, mask in enumerate(masks):
             if any(m != 1 for m in mask):
                 raise ForgedEpisode(f"row {row}: completion_mask marks environment text, which a single-turn "
                                     f"task never writes")
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        return self.score_replies(problems, texts)
+
+    def score_replies(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[float]:
+        """The learner's scores of single-turn replies (one rollout file's): ``rewards`` by default. A task
+        whose grading can run out of time overrides it to raise ``Ungradable`` / ``GradingBudgetExceeded``."""
         return [reward for reward, _ in self.rewards(problems, texts)]
 
     # -- evaluation ------------------------------------------------------------------------

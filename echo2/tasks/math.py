@@ -8,7 +8,10 @@ and put the answer in ``\\boxed{}``) as one user message.
 Reward: 1 when math-verify finds the reply's answer equal to the gold answer (``math_grader.py``
 says exactly what is extracted and compared), plus ``format_reward`` when the reply puts an answer
 in ``\\boxed{}``; so the range is [0, 1 + format_reward]. Grading runs in a worker process under a
-wall-clock limit, the same code in the actor and in the learner, which re-scores every reply.
+wall-clock limit, the same code in the actor and in the learner, which re-scores every reply. A reply
+the grader cannot finish scores 0 (plus the format bonus) on the actor, marked ``ungraded`` in its
+detail; on the learner it makes the file ``Ungradable`` (set aside), and a file over its grading budget
+(``task.grade_file_budget_s``, ``task.grade_file_max_timeouts``) raises ``GradingBudgetExceeded``.
 
 Held out: with ``eval_dataset``, ``eval_size`` rows of it (a seeded sample); otherwise ``eval_size``
 rows of ``dataset`` set aside by a seeded shuffle. Training never draws a held-out row, nor a row
@@ -23,9 +26,9 @@ import re
 from typing import Any, Sequence
 
 from echo2.config import MathTaskConfig
-from echo2.tasks.base import Problem, Task, UnknownProblem
+from echo2.tasks.base import UNGRADED, Problem, Task, Ungradable, UnknownProblem
 from echo2.tasks.math_data import load_rows
-from echo2.tasks.math_grader import MathGrader
+from echo2.tasks.math_grader import FileBudget, Grade, MathGrader
 from echo2.tasks.word_problems import word_problem
 
 _ROW_ID = re.compile(r"q(0|[1-9]\d{0,8})")
@@ -41,6 +44,7 @@ class MathTask(Task):
         self.config = config
         self.reward_range = (0.0, 1.0 + config.format_reward)
         self.grader = MathGrader(timeout_s=config.grade_timeout_s)
+        self.file_budget = FileBudget(seconds=config.grade_file_budget_s, max_ungraded=config.grade_file_max_timeouts)
         self.generated = config.dataset == "generated"
         if self.generated:
             self._rows: list[tuple[str, str]] = []
@@ -123,11 +127,28 @@ class MathTask(Task):
     def reward(self, problem: Problem, completion: str) -> tuple[float, dict[str, Any]]:
         return self.rewards([problem], [completion])[0]
 
+    def _reward(self, grade: Grade) -> float:
+        return float(grade.correct) + (self.config.format_reward if grade.boxed else 0.0)
+
     def rewards(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[tuple[float, dict[str, Any]]]:
         grades = self.grader.grade([(p.answer, c) for p, c in zip(problems, completions)])
         out = []
         for problem, grade in zip(problems, grades):
-            reward = float(grade.correct) + (self.config.format_reward if grade.boxed else 0.0)
-            out.append((reward, {"answer": problem.answer, "extracted": grade.extracted, "correct": grade.correct,
-                                 "boxed": grade.boxed, "status": grade.status}))
+            detail = {"answer": problem.answer, "extracted": grade.extracted, "correct": grade.correct,
+                      "boxed": grade.boxed, "status": grade.status}
+            if grade.ungraded:
+                detail[UNGRADED] = grade.status
+            out.append((self._reward(grade), detail))
         return out
+
+    def score_replies(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[float]:
+        """The learner's grading of one file, under the file's budget: a reply it cannot finish makes the
+        file ``Ungradable`` (the actor may have finished it, just under the limit); past the budget the
+        grader raises ``GradingBudgetExceeded``."""
+        grades = self.grader.grade([(p.answer, t) for p, t in zip(problems, texts)], budget=self.file_budget)
+        ungraded = [(row, g.status) for row, g in enumerate(grades) if g.ungraded]
+        if ungraded:
+            rows = ", ".join(f"row {row} ({status})" for row, status in ungraded[:5])
+            raise Ungradable(f"the grader could not finish {len(ungraded)} repl{'y' if len(ungraded) == 1 else 'ies'}"
+                             f" within task.grade_timeout_s={self.grader.timeout_s:g}s: {rows}")
+        return [self._reward(g) for g in grades]

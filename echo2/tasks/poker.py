@@ -30,7 +30,10 @@ respect the per-decision limit (a reply shorter than the limit must end with end
 the engine stops only there), nothing may follow the end of the hand, and the reward is recomputed
 from pokerkit's payoffs. So an actor can neither claim chips it did not win nor write environment
 text of its choice; what it chooses is only the policy's own tokens (as in any task). With a
-``checkpoint`` opponent the replay reruns the frozen policy greedily (see ``poker_opponents.py``).
+``checkpoint`` opponent the replay reruns the frozen policy greedily (see ``poker_opponents.py``):
+where one of its decisions was a near tie (``tie_margin``), the learner's copy may honestly have chosen
+otherwise than the actor's, so a replay that parts from the file (other environment text, another
+reward) after such a decision raises ``Ungradable`` (the file is set aside) instead of ``ForgedEpisode``.
 
 Evaluation: every opponent plays ``eval_deals`` deals of another seed stream twice, seats swapped
 (duplicate poker: each side holds each hand once, which cancels the luck of the cards), with the
@@ -46,7 +49,8 @@ import re
 from typing import Any, Sequence
 
 from echo2.config import PokerTaskConfig
-from echo2.tasks.base import Episode, ForgedEpisode, Problem, Sampler, Task, UnknownProblem
+from echo2.tasks.base import (REWARD_TOLERANCE, Episode, ForgedEpisode, Problem, Sampler, Task, Ungradable,
+                              UnknownProblem)
 from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, deal, parse_action
 from echo2.tasks.poker_opponents import make_opponent, opponent_names
 
@@ -90,9 +94,12 @@ class PokerTask(Task):
 
     def _make(self, prompt_id: str, key: str, seat: int, opponent: int) -> Problem:
         meta = {"key": key, "seat": seat, "opponent": opponent}
-        first = _Episode(self, meta).first_text
+        episode = _Episode(self, meta)
+        first = episode.first_text
         messages = () if first is None else ({"role": "system", "content": SYSTEM}, {"role": "user", "content": first})
-        return Problem(id=prompt_id, messages=messages, answer=None, meta=meta)
+        return Problem(id=prompt_id, messages=messages, answer=None, meta=meta,
+                       may_differ=f"the {episode.opponent_name} opponent decided at a near tie before the policy's "
+                                  f"first turn" if episode.near_tie else None)
 
     def _train_problem(self, n: int) -> Problem:
         opponent = random.Random(f"{self._key('train', n)}:opponent").choices(
@@ -113,6 +120,8 @@ class PokerTask(Task):
             raise UnknownProblem(f"prompt_id {prompt_id[:40]!r} is not a training deal 'h<n>'")
         problem = self._train_problem(int(m.group(1)))
         if not problem.messages:
+            if problem.may_differ:  # here the hand ended before the policy's turn; on the actor's machine maybe not
+                raise Ungradable(f"prompt_id {prompt_id!r}: the policy never acts here, but {problem.may_differ}")
             raise UnknownProblem(f"prompt_id {prompt_id!r} is a deal in which the policy never acts")
         return problem
 
@@ -188,13 +197,27 @@ class PokerTask(Task):
         return [episodes[i * group_size:(i + 1) * group_size] for i in range(len(problems))]
 
     def score_episodes(self, tokenizer: Any, problems: Sequence[Problem], completions: Sequence[list[int]],
-                       masks: Sequence[list[int]], max_new_tokens: int) -> list[float]:
-        return [self._replay(tokenizer, p, c, m, max_new_tokens, row)
-                for row, (p, c, m) in enumerate(zip(problems, completions, masks))]
+                       masks: Sequence[list[int]], max_new_tokens: int,
+                       claimed: Sequence[float] | None = None) -> list[float]:
+        out = []
+        for row, (p, c, m) in enumerate(zip(problems, completions, masks)):
+            episode = _Episode(self, p.meta)
+            try:
+                score = self._replay(tokenizer, episode, c, m, max_new_tokens, row)
+            except ForgedEpisode as exc:
+                if episode.near_tie:
+                    raise Ungradable(f"{exc}, after a near tie of the {episode.opponent_name} opponent: its copy on "
+                                     f"another machine may have decided otherwise") from None
+                raise
+            if claimed is not None and abs(score - claimed[row]) > REWARD_TOLERANCE and episode.near_tie:
+                raise Ungradable(f"row {row}: the replay scores {score:g}, not {claimed[row]:g}, after a near tie of "
+                                 f"the {episode.opponent_name} opponent: its copy on another machine may have decided "
+                                 f"otherwise")
+            out.append(score)
+        return out
 
-    def _replay(self, tokenizer: Any, problem: Problem, completion: list[int], mask: list[int], budget: int,
+    def _replay(self, tokenizer: Any, episode: _Episode, completion: list[int], mask: list[int], budget: int,
                 row: int) -> float:
-        episode = _Episode(self, problem.meta)
         eos = tokenizer.eos_token_id
         pos, reply_ended, spent = 0, False, 0
         while True:
@@ -267,13 +290,17 @@ class _Episode:
         self.hand = Hand(deal(self.key), c.starting_stack, c.small_blind, c.big_blind)
         self.decisions = self.replies = self.illegal = self.forced = 0
         self.actions: list[str] = []
+        self.near_tie = False
+        """Whether an opponent decision so far was a near tie (``Opponent.decide``)."""
         self._opponents_play()
         self.first_text = None if self.hand.over else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}"
         self._started = False
 
     def _opponents_play(self) -> None:
         while not self.hand.over and self.hand.to_act != self.seat:
-            self.hand.play(self.opponent.act(self.hand, 1 - self.seat, self.key))
+            action, near_tie = self.opponent.decide(self.hand, 1 - self.seat, self.key)
+            self.near_tie = self.near_tie or near_tie
+            self.hand.play(action)
 
     def next_turn(self, budget_left: int) -> tuple[int, str | None] | None:
         """The next reply the policy owes: (token limit, the observation before it; None for the first), or

@@ -12,8 +12,10 @@ so the learner replays an episode's opponent exactly (``poker.py``).
 - ``checkpoint``: a frozen earlier policy (``from_pretrained`` folder) reads its own seat's
   observation as a one-message chat (no history) and answers greedily; a malformed or illegal
   answer plays the default action. Replies are cached by prompt. The learner loads the same folder
-  and replays it; greedy decoding on other hardware can, rarely, pick another token at a near tie,
-  and that episode's file is then quarantined.
+  and replays it; greedy decoding on other hardware can, rarely, pick another token at a near tie.
+  So each reply carries its smallest gap between the two best logits, and a decision whose gap is
+  under ``tie_margin`` is a near tie (``decide``): a replay that parts from the file after one makes
+  the file ungradable (set aside, its actor not blamed) rather than forged (``poker.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class Opponent:
 
     def act(self, hand: Hand, seat: int, key: str) -> Action:
         raise NotImplementedError
+
+    def decide(self, hand: Hand, seat: int, key: str) -> tuple[Action, bool]:
+        """``act``, and whether the action was a near tie another machine may decide otherwise (never, for
+        the scripted opponents: they are exact functions of the hand)."""
+        return self.act(hand, seat, key), False
 
 
 class RandomOpponent(Opponent):
@@ -105,9 +112,11 @@ class FrozenPolicy(Opponent):
         self.tokenizer = AutoTokenizer.from_pretrained(config.path)
         self.model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32).eval()
         self.system, self.answer_prefix, self.max_tokens = system, answer_prefix, max_tokens
-        self._replies: dict[str, str] = {}
+        self.tie_margin = config.tie_margin
+        self._replies: dict[str, tuple[str, float]] = {}
 
-    def reply(self, text: str) -> str:
+    def reply(self, text: str) -> tuple[str, float]:
+        """The greedy reply to ``text`` and the smallest gap between its two best logits over the reply's tokens."""
         import torch
 
         if text not in self._replies:
@@ -119,17 +128,24 @@ class FrozenPolicy(Opponent):
                 out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                           max_new_tokens=self.max_tokens, eos_token_id=eos,
                                           pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id
-                                          is not None else eos)
+                                          is not None else eos, output_scores=True, return_dict_in_generate=True)
+            best_two = torch.stack([step[0].topk(2).values for step in out.scores])
+            gap = float((best_two[:, 0] - best_two[:, 1]).min())
             if len(self._replies) > 65536:
                 self._replies.clear()
-            self._replies[text] = self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            self._replies[text] = (self.tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True),
+                                   gap)
         return self._replies[text]
 
-    def act(self, hand: Hand, seat: int, key: str) -> Action:
+    def decide(self, hand: Hand, seat: int, key: str) -> tuple[Action, bool]:
         text = f"{hand.opening(seat)}\n{hand.observation(seat)}"
         legal = hand.legal()
-        action, _ = parse_action(self.reply(text), legal)
-        return action if action is not None else legal.default()
+        reply, gap = self.reply(text)
+        action, _ = parse_action(reply, legal)
+        return action if action is not None else legal.default(), gap < self.tie_margin
+
+    def act(self, hand: Hand, seat: int, key: str) -> Action:
+        return self.decide(hand, seat, key)[0]
 
 
 def make_opponent(config: OpponentConfig, *, system: str, answer_prefix: str, max_tokens: int) -> Opponent:
