@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from echo2.config._base import _Section
 
@@ -79,15 +79,27 @@ class SkyPilotFleetConfig(_Section):
     relay_port: int = Field(8443, ge=1, le=65535)
     """Port of each actor's relay, opened through SkyPilot's ``ports`` (reachable from anywhere)."""
     idle_minutes_to_autodown: int = Field(10, ge=1)
-    """A cluster tears itself down after its actor has been gone this long, also if the learner died."""
+    """A cluster tears itself down this long after its actor's job ended (SkyPilot's autodown waits for the
+    job): the learner downs its clusters itself; where it died, each actor ends its job after
+    ``fleet.learner_silence_s`` without a sign of it, and its cluster goes this long after."""
     status_poll_s: float = Field(30.0, ge=0)
     """How often the backend asks SkyPilot for its clusters' states (one request for all of them; 0 = at every poll)."""
+    exit_hold_s: float = Field(180.0, ge=0)
+    """An actor whose job ended cleanly (exit 0) while its cluster is still up is recorded as exited only
+    after this long: an actor leaves on a spot notice with exit 0 a minute or two before the cloud takes its
+    machine (AWS gives 2 minutes, GCP 30 s), and a cluster that vanishes within it is a reclaim."""
     unavailable_retry_s: float = Field(300.0, ge=0)
     """An offer that had no capacity is not asked again for this long."""
     credentials_role_arn: str | None = None
     """AWS role each actor's scoped, expiring S3 credentials are minted from (STS with the session policy of
-    ``echo2/fleet/credentials.py``; ``infra/iam/``). None: actors get no store credentials from echo2 (the
-    store must be reachable with what the actor's machine has, e.g. an instance profile)."""
+    ``echo2/fleet/credentials.py``; ``infra/iam/``). Required with ``fleet.backend: skypilot``: an actor VM
+    gets these and nothing else of the operator's (SkyPilot is told ``remote_identity: NO_UPLOAD`` for every
+    cloud), so without them it could not reach the store."""
+    aws_node_profile: str | None = None
+    """IAM instance profile an actor VM on AWS runs under (SkyPilot's ``aws.remote_identity``). None: SkyPilot
+    attaches its own ``skypilot-v1`` profile, which holds AmazonEC2FullAccess and AmazonS3FullAccess, so an
+    actor on AWS could reach the whole bucket through the instance metadata whatever its scoped credentials
+    say (logged at start). Name one that may do no more than the node's own autodown needs."""
     credentials_hours: float = Field(6.0, ge=0.25, le=12)
     """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
     sts_endpoint_url: str | None = None
@@ -123,3 +135,16 @@ class FleetConfig(_Section):
     learner_usd_per_hour: float | None = Field(None, ge=0)
     """What the learner's machine costs per hour, for the cost report (None: the report lists the learner
     unpriced rather than guess)."""
+    learner_silence_s: float = Field(1800.0, gt=0)
+    """An actor stops (exit 0) after this long without a sign of its learner: no new ``policy/LATEST`` and no
+    new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
+    billing (its cluster then downs itself, ``skypilot.idle_minutes_to_autodown``); keep it well above the
+    longest gap between two steps (an evaluation included)."""
+
+    @model_validator(mode="after")
+    def _scoped_credentials(self) -> "FleetConfig":
+        if self.backend == "skypilot" and not self.skypilot.credentials_role_arn:
+            raise ValueError("fleet.backend skypilot needs fleet.skypilot.credentials_role_arn: actors run on "
+                             "machines we do not own and get only scoped, expiring store credentials "
+                             "(infra/iam/README.md)")
+        return self
