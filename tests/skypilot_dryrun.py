@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PORT = 46599  # off a developer's own API server (46580)
 SECRET = "relay-s3cr3t-dryrun"
+OPERATOR_SECRET = "operator-cloud-credential"
 
 
 def main(root: Path) -> None:
@@ -34,6 +35,10 @@ def main(root: Path) -> None:
     (catalogs / "aws" / "images.csv").write_text("\n".join(rows) + "\n")
     (catalogs / "aws" / "instance_quota_mapping.csv").write_text(
         "InstanceType,SpotInstanceCode,OnDemandInstanceCode\ng6.xlarge,L-3819A6DF,L-DB2E81BA\n")
+    # the operator's own cloud credentials, as SkyPilot finds them on the API server's machine: none may travel
+    for folder, name in ((".config/gcloud", "credentials.db"), (".azure", "msal_token_cache.json")):
+        (home / folder).mkdir(parents=True, exist_ok=True)
+        (home / folder / name).write_text(OPERATOR_SECRET)
     shims = root / "bin"
     shims.mkdir(exist_ok=True)
     if shutil.which("rsync") is None:  # SkyPilot checks for rsync even for a dry run
@@ -55,6 +60,7 @@ def main(root: Path) -> None:
     from echo2.config import SkyPilotFleetConfig
     from echo2.fleet.backend import ActorLaunch, Offer
     from echo2.fleet.skypilot import build_task
+    from echo2.fleet.skypilot_trust import launch_config, remove_staged, stage_actor_source
 
     east = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
                  usd_per_hour=0.31)
@@ -63,14 +69,17 @@ def main(root: Path) -> None:
     spec = ActorLaunch("actor0-abc123", "s3://bucket/runs/r1", ["echo2", "actor"], env={"ECHO2_STORE_OPTIONS": "{}"},
                        secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": "e2rc1." + SECRET},
                        offer=east, alternatives=(west,))
-    task = build_task(spec, SkyPilotFleetConfig(), run_id="r1")
+    source = stage_actor_source()
+    task = build_task(spec, SkyPilotFleetConfig(), run_id="r1", workdir=source)
     started = time.time()
     printed, error = "", None
     try:
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
-            result = sky.stream_and_get(sky.launch(task, cluster_name="e2-r1-actor0-abc123", dryrun=True, down=True,
-                                                   idle_minutes_to_autostop=10))
+            with launch_config():  # as SkySdk.launch sends it: remote_identity NO_UPLOAD for every cloud
+                request = sky.launch(task, cluster_name="e2-r1-actor0-abc123", dryrun=True, down=True,
+                                     idle_minutes_to_autostop=10)
+            result = sky.stream_and_get(request)
         printed = buffer.getvalue()
     except Exception as exc:  # reported, not raised: the server must be stopped either way
         error, result = f"{type(exc).__name__}: {exc}", None
@@ -78,11 +87,14 @@ def main(root: Path) -> None:
         stop = subprocess.run([str(Path(sys.executable).parent / "sky"), "api", "stop"], capture_output=True,
                               text=True, timeout=120)
         moto.stop()
+        remove_staged(source)
     time.sleep(1)
     with socket.socket() as s:
         server_gone = s.connect_ex(("127.0.0.1", PORT)) != 0
+    # the cluster config the provisioner wrote for the launch: its file_mounts are what would reach the VM
+    cluster_yaml = [p.read_text() for p in (home / ".sky" / "generated").glob("e2-r1-actor0-abc123.yml*")]
     print(json.dumps({"printed": printed, "result": repr(result), "error": error, "seconds": time.time() - started,
-                      "stop": stop.stdout + stop.stderr, "server_gone": server_gone}))
+                      "stop": stop.stdout + stop.stderr, "server_gone": server_gone, "cluster_yaml": cluster_yaml}))
 
 
 if __name__ == "__main__":

@@ -176,6 +176,65 @@ def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch
         assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]
 
 
+def test_a_clean_exit_is_replaced_but_never_counts_as_a_crash(tmp_path):
+    """An actor that exits 0 (it left on a spot notice, or the learner went quiet) did nothing wrong: three of
+    them must not make the first real crash end the run."""
+    cloud = FakeCloud()
+    fleet, store = manager(tmp_path, cloud, actors=1, max_restarts=1)
+    fleet.start()
+    for _ in range(3):
+        cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.EXITED, "job SUCCEEDED")
+        fleet.reconcile()
+    assert fleet.slots[0].crashes == 0 and kinds(store).count("exited") == 3
+    cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.CRASHED, "job FAILED")
+    fleet.reconcile()  # the first crash of the slot: replaced (max_restarts 1)
+    assert fleet.slots[0].crashes == 1
+    cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.CRASHED, "job FAILED")
+    with pytest.raises(FleetFailed, match="crashed"):
+        fleet.reconcile()
+
+
+def test_a_throttled_sts_delays_a_launch_and_never_ends_the_run(tmp_path):
+    """STS answers Throttling (botocore's own retries spent): no actor is launched without its credentials,
+    nothing is billed, and the next reconcile launches it; a refusal (AccessDenied) is not hidden."""
+    import datetime
+
+    import boto3
+    from botocore.exceptions import ClientError
+    from botocore.stub import Stubber
+
+    from echo2.fleet.credentials import mint_actor_credentials
+
+    sts = boto3.client("sts", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
+    stub = Stubber(sts)  # AWS's STS is out of reach here: botocore's own stub of its answers
+    expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+    ok = {"Credentials": {"AccessKeyId": "ASIA" + "A" * 16, "SecretAccessKey": "s" * 40, "SessionToken": "t" * 40,
+                          "Expiration": expires}}
+    stub.add_client_error("assume_role", service_error_code="Throttling", service_message="Rate exceeded",
+                          http_status_code=400)
+    stub.add_response("assume_role", ok)
+    stub.add_client_error("assume_role", service_error_code="AccessDenied", service_message="not allowed",
+                          http_status_code=403)
+    stub.activate()
+    store = FsspecStore(str(tmp_path / "runs" / "r1"), {})
+
+    def spec(actor_id, offer):
+        creds = mint_actor_credentials("s3://bucket/runs/r1", "r1", actor_id, role_arn="arn:aws:iam::1:role/a",
+                                       hours=1, sts_client=sts)
+        return ActorLaunch(actor_id, store.url, ["echo2", "actor"], secrets=creds.env, offer=offer,
+                           expires_at=creds.expires_at.timestamp())
+
+    cloud = FakeCloud()
+    fleet = FleetManager(cloud, FleetConfig(actors=1), store, launch_spec=spec, offers=OFFERS)
+    fleet.start()
+    assert fleet.slots == [] and cloud.launched == [] and kinds(store) == []  # nothing requested, nothing billed
+    assert fleet.reconcile()["actors_alive"] == 1
+    assert cloud.launched[0].secrets["AWS_SESSION_TOKEN"] == "t" * 40 and kinds(store) == ["requested", "launch"]
+    cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.RECLAIMED, "Server.SpotInstanceTermination")
+    with pytest.raises(ClientError, match="AccessDenied"):
+        fleet.reconcile()
+
+
 def test_stop_tells_every_actor_to_stop_before_it_waits_for_any(tmp_path):
     """A cancelled flow run has Prefect's 30 s grace for its checkpoint and the whole teardown: `stop` must
     signal every actor at once, not one grace period (10 s locally, a `sky down` on a cloud) after another.

@@ -1,11 +1,13 @@
 """The SkyPilot fleet backend (echo2/fleet/skypilot.py) on SkyPilot's real Task, Resources, YAML schema and
 optimizer, over the fixture catalog that tests/conftest.py seeds; with a test double only where SkyPilot would
-reach a cloud (launch, status, job status, down), and moto's EC2 telling a spot reclaim from a crash."""
+reach a cloud (launch, status, job status, down: ``FakeLaunchApi``, which also drops requests on demand and
+plays a spot notice), and moto's EC2 telling a spot reclaim from a crash."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +16,12 @@ sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud ex
 from echo2.config import ConfigError, FleetConfig, SkyPilotFleetConfig, load_config  # noqa: E402
 from echo2.data.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
+from echo2.fleet import skypilot_trust  # noqa: E402
 from echo2.fleet.backend import ActorLaunch, ActorState, Offer  # noqa: E402
 from echo2.fleet.manager import FleetManager  # noqa: E402
 from echo2.fleet.skypilot import (DEFAULT_TASK_FILE, RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task,  # noqa: E402
                                   cloud_end_reason, cluster_name, fleet_down, load_task_config, offer_of, run_label)
+from echo2.fleet.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
 
 RUN = "run-20261201-191000-ab12"
 L4_EAST = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
@@ -28,6 +32,7 @@ L4_GCP = Offer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_coun
                usd_per_hour=0.22, on_demand_usd_per_hour=0.71, tokens_per_second=1000.0)
 A10G = Offer(provider="aws", instance_type="g5.xlarge", gpu="A10G", gpu_count=1, region="us-east-1", spot=True,
              usd_per_hour=0.45, on_demand_usd_per_hour=1.006, tokens_per_second=1100.0)
+ROLE = "arn:aws:iam::123456789012:role/echo2-actor"
 SECRET = "relay-s3cr3t-value"
 TLS_SECRET = "e2rc1.relay-cert-and-k3y"
 
@@ -50,6 +55,14 @@ def offline_optimizer(monkeypatch):
     monkeypatch.setattr(aws_catalog, "_get_az_mappings", lambda *a, **k: None)
 
 
+@pytest.fixture(scope="module")
+def source():
+    """echo2's source, staged as every actor's workdir is."""
+    path = stage_actor_source()
+    yield path
+    remove_staged(path)
+
+
 def optimize(task):
     with sky.Dag() as dag:
         dag.add(task)
@@ -61,32 +74,73 @@ class FakeLaunchApi:
     """Test double of SkyPilot's provisioning calls (no cloud is reachable from here). ``launch`` runs
     SkyPilot's real optimizer on the real task, as its API server would, and "provisions" the cheapest
     candidate: a cluster that is UP with its job RUNNING; the test then plays the clouds (capacity, job
-    ends, reclaims) on ``table`` and ``jobs``. ``hold`` keeps launches in flight until it is set."""
+    ends, reclaims) on ``table`` and ``jobs``. ``hold`` keeps launches in flight until it is set.
+    ``fail(call, times, exc)`` makes the next ``times`` calls of ``clusters`` or ``job_status`` raise ``exc``
+    (a dropped request); ``spot_notice`` and ``take`` play a reclaim the way it reaches SkyPilot: the actor
+    exits 0 on its notice (job SUCCEEDED), then the machine goes (``ec2``: a moto EC2 client whose instance,
+    tagged as SkyPilot tags it, is terminated with the spot state reason)."""
 
-    def __init__(self, *, no_capacity_gpus=()):
+    def __init__(self, *, no_capacity_gpus=(), ec2=None):
         self.no_capacity_gpus = set(no_capacity_gpus)
+        self.ec2 = ec2
         self.table: dict[str, Cluster] = {}
         self.jobs: dict[str, str] = {}
         self.downs: list[str] = []
+        self.tasks: dict[str, object] = {}
+        self.instances: dict[str, str] = {}
         self.status_calls = 0
+        self.failures: dict[str, list[BaseException]] = {"clusters": [], "job_status": []}
         self.hold = threading.Event()
         self.hold.set()
 
     def launch(self, task, cluster_name, *, idle_minutes):
         self.hold.wait(30)
+        self.tasks[cluster_name] = task
         if {g for r in task.resources for g in (r.accelerators or {})} & self.no_capacity_gpus:
             raise sky.exceptions.ResourcesUnavailableError(f"no capacity for {cluster_name} in any candidate")
         best = optimize(task)
         name_on_cloud = f"{cluster_name}-2ea4"
+        if self.ec2 is not None:
+            ami = self.ec2.describe_images()["Images"][0]["ImageId"]
+            reply = self.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=best.instance_type,
+                                           InstanceMarketOptions={"MarketType": "spot"},
+                                           TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                                               {"Key": "skypilot-cluster-name", "Value": name_on_cloud}]}])
+            self.instances[cluster_name] = reply["Instances"][0]["InstanceId"]
         self.table[cluster_name] = Cluster(cluster_name, "UP", dict(best.labels or {}), name_on_cloud)
         self.jobs[cluster_name] = "RUNNING"
         return Launched(1, str(best.cloud).lower(), best.region, best.instance_type, bool(best.use_spot), name_on_cloud)
 
+    def fail(self, call, times, exc):
+        self.failures[call].extend([exc] * times)
+
+    def _maybe_fail(self, call):
+        if self.failures[call]:
+            raise self.failures[call].pop(0)
+
+    def spot_notice(self, cluster_name):
+        """The cloud announces the reclaim: the actor stops cleanly and its job ends with exit 0."""
+        self.jobs[cluster_name] = "SUCCEEDED"
+
+    def take(self, cluster_name):
+        """The cloud takes the machine: EC2 ends the instance with the spot state reason; the cluster is gone."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+        from moto.ec2.models.instances import StateReason
+
+        iid = self.instances[cluster_name]
+        self.ec2.terminate_instances(InstanceIds=[iid])
+        ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_instance(iid).state_reason = StateReason(
+            "Server.SpotInstanceTermination: Spot instance termination", "Server.SpotInstanceTermination")
+        self.table.pop(cluster_name)
+
     def clusters(self, names):
         self.status_calls += 1
+        self._maybe_fail("clusters")
         return [c for n, c in list(self.table.items()) if names is None or n in names]
 
     def job_status(self, cluster_name, job_id):
+        self._maybe_fail("job_status")
         return self.jobs.get(cluster_name)
 
     def down(self, cluster_name):
@@ -95,8 +149,10 @@ class FakeLaunchApi:
 
 
 def backend_with(api, **config) -> SkyPilotBackend:
-    return SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0, **config), run_id=RUN, api=api,
-                           end_reason=lambda launched, name: ("crashed", "test: no cloud asked"))
+    backend = SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0, **config), run_id=RUN, api=api,
+                              end_reason=lambda launched, name: ("crashed", "test: no cloud asked"))
+    backend.retry_wait_s = 0.01  # a dropped request is asked again at once here
+    return backend
 
 
 def wait_for(predicate, what, timeout=30.0):
@@ -111,8 +167,8 @@ def wait_for(predicate, what, timeout=30.0):
 
 # --- the task ------------------------------------------------------------------------------------------
 
-def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_secrets():
-    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN)
+def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_secrets(source):
+    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
     assert isinstance(task, sky.Task) and isinstance(task.resources, set) and len(task.resources) == 3
     assert {(str(r.cloud).lower(), r.region, r.instance_type) for r in task.resources} == {
         ("aws", "us-east-1", "g6.xlarge"), ("aws", "us-west-2", "g6.xlarge"), ("gcp", "us-central1", "g2-standard-4")}
@@ -130,9 +186,9 @@ def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_sec
     assert task.run.strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
 
 
-def test_a_task_file_resource_that_would_override_the_candidates_is_refused():
+def test_a_task_file_resource_that_would_override_the_candidates_is_refused(source):
     with pytest.raises(ValueError, match="region"):
-        build_task(spec(), SkyPilotFleetConfig(), run_id=RUN,
+        build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source,
                    task_config={"resources": {"region": "eu-west-1"}, "run": "true"})
 
 
@@ -144,8 +200,8 @@ def test_names_and_labels_follow_the_clouds_rules():
     assert run_label(RUN) == RUN and run_label("Run_1") != run_label("run-1")  # folded texts stay apart
 
 
-def test_the_skypilot_optimizer_takes_the_cheapest_candidate_and_the_ledger_bills_it(offline_optimizer):
-    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN)
+def test_the_skypilot_optimizer_takes_the_cheapest_candidate_and_the_ledger_bills_it(offline_optimizer, source):
+    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
     best = optimize(task)
     # fixture catalog: GCP L4 0.18 + g2 host 0.04 = 0.22 spot, under AWS us-west-2 0.28 and us-east-1 0.31
     assert (str(best.cloud).lower(), best.region, best.instance_type) == ("gcp", "us-central1", "g2-standard-4")
@@ -155,10 +211,10 @@ def test_the_skypilot_optimizer_takes_the_cheapest_candidate_and_the_ledger_bill
 
 # --- the backend behind the manager --------------------------------------------------------------------
 
-def manager(tmp_path, api, *, offers=(L4_EAST, L4_WEST, L4_GCP, A10G), **fleet):
+def manager(tmp_path, api, *, offers=(L4_EAST, L4_WEST, L4_GCP, A10G), sky_config=None, **fleet):
     store = FsspecStore(str(tmp_path / "run"), {})
     make = lambda actor_id, offer: spec(actor_id, offer, ())  # noqa: E731
-    backend = backend_with(api)
+    backend = backend_with(api, **(sky_config or {}))
     return FleetManager(backend, FleetConfig(backend="local", **fleet), store, launch_spec=make, offers=list(offers),
                         alternatives=7, unavailable_retry_s=3600), store, backend
 
@@ -171,7 +227,7 @@ def events(store, kind=None):
 def test_launch_starts_then_runs_on_the_offer_skypilot_bought(tmp_path, offline_optimizer):
     api = FakeLaunchApi()
     api.hold.clear()
-    fleet, store, backend = manager(tmp_path, api, actors=1)
+    fleet, store, backend = manager(tmp_path, api, actors=1, sky_config={"exit_hold_s": 0})
     fleet.start()
     slot = fleet.slots[0]
     # the cheapest per token/s first (GCP), with the interchangeable L4 offers as any_of alternatives
@@ -184,7 +240,8 @@ def test_launch_starts_then_runs_on_the_offer_skypilot_bought(tmp_path, offline_
     fleet.reconcile()
     running = events(store, "running")
     assert len(running) == 1 and running[0]["provider"] == "gcp" and running[0]["price_usd_per_hour"] == 0.22
-    # the job ends (the run finished): exited, released (downed), and replaced
+    # the job ends (the run finished), and the cluster stays up past exit_hold_s (0 here): exited, released
+    # (downed), and replaced
     api.jobs[backend.actors[slot.actor_id].cluster] = "SUCCEEDED"
     fleet.reconcile()
     assert [e["actor_id"] for e in events(store, "exited")] == [slot.actor_id] and len(events(store, "launch")) == 2
@@ -297,9 +354,10 @@ def test_fleet_down_finds_every_cluster_of_the_run_by_its_label(offline_optimize
 
 
 def test_a_skypilot_fleet_needs_a_store_every_actor_can_reach(tmp_path):
+    role = f"fleet.skypilot.credentials_role_arn={ROLE}"
     with pytest.raises(ConfigError, match=r"skypilot needs a store every actor can reach \(s3:// or gs://\)"):
-        load_config(None, ["fleet.backend=skypilot", f"store.url={tmp_path}"])
-    cfg = load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2"])
+        load_config(None, ["fleet.backend=skypilot", f"store.url={tmp_path}", role])
+    cfg = load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", role])
     assert cfg.fleet.skypilot.spot and cfg.fleet.skypilot.relay_port == 8443
 
 
@@ -345,7 +403,8 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
 
 def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp_path):
     """Real SkyPilot end to end short of provisioning: its API server (started, then stopped again),
-    its schema check, optimizer and provisioner's dry run, with AWS answered by moto on loopback."""
+    its schema check, optimizer and provisioner's dry run, with AWS answered by moto on loopback; and the
+    cluster config it writes uploads no credential file of the operator's."""
     import json
     import subprocess
     import sys
@@ -362,6 +421,13 @@ def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp
     assert len(chosen) == 1 and "AWS (us-west-2" in chosen[0] and "g6.xlarge[Spot]" in chosen[0]  # the cheaper any_of
     assert "relay-s3cr3t-dryrun" not in out["printed"] + proc.stderr  # the secret is never printed
     assert out["server_gone"], out["stop"]
+    # what SkyPilot would copy to the VM: its own runtime files only, none of the operator's credentials (the
+    # dry run's $HOME has gcloud and Azure ones; without NO_UPLOAD they, and SkyPilot's SSH key to every
+    # cluster, are in this list)
+    (cluster_yaml,) = out["cluster_yaml"]
+    mounts = cluster_yaml.split("file_mounts: {", 1)[1].split("}", 1)[0]
+    targets = [line.split(":", 1)[0].strip().strip('"') for line in mounts.strip().splitlines()]
+    assert targets and all(t == "~/.sky/sky_ray.yml" or t.startswith("~/.sky/wheels/") for t in targets), mounts
 
 
 def test_the_learner_task_file_is_a_valid_sky_task_that_starts_echo2_learner():
@@ -369,3 +435,190 @@ def test_the_learner_task_file_is_a_valid_sky_task_that_starts_echo2_learner():
     assert {r.use_spot for r in task.resources} == {False}
     assert {tuple(r.accelerators.items()) for r in task.resources} == {(("H100", 8),), (("A100-80GB", 8),)}
     assert 'echo2" learner "$ECHO2_CONFIG" --nproc "$ECHO2_NPROC"' in task.run
+
+
+# --- what reaches an actor VM (issue 18, item 2) -------------------------------------------------------
+
+def test_an_actor_uploads_echo2s_source_alone_whatever_folder_the_learner_runs_in(tmp_path, monkeypatch,
+                                                                                   offline_optimizer):
+    """Started from $HOME, `workdir: .` rsynced ~/.config/echo2/keys (the run's signing and CA key) to every
+    actor VM. The task each launch sends must upload echo2's source and nothing else."""
+    home = tmp_path / "home"
+    (home / ".config" / "echo2" / "keys").mkdir(parents=True)
+    (home / ".config" / "echo2" / "keys" / f"{RUN}.key").write_text("PRIVATE-RUN-KEY")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = OPERATOR-SECRET\n")
+    monkeypatch.chdir(home)  # the learner started from $HOME
+    api = FakeLaunchApi()
+    backend = backend_with(api)
+    backend.launch(spec("actor0-abc123", L4_GCP, ()))
+    task = wait_for(lambda: api.tasks.get(cluster_name(RUN, "actor0-abc123")), "the launch")
+    assert not task.file_mounts and not task.storage_mounts  # nothing beside the workdir
+    root = Path(task.workdir)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    outside = [f for f in files if not allowed_source_file(f)]
+    assert not outside, f"the actor's workdir holds files outside echo2's source: {outside[:10]}"
+    assert {"pyproject.toml", "echo2/rollout/actor.py", "echo2/cli.py"} <= set(files)
+    for path in root.rglob("*"):
+        assert path.suffix not in (".key", ".pem") and not path.is_symlink()
+        if path.is_file():
+            text = path.read_bytes()
+            assert b"PRIVATE-RUN-KEY" not in text and b"OPERATOR-SECRET" not in text
+    backend.terminate("actor0-abc123")
+    backend.close()
+    assert not root.exists()  # the staged copy goes with the backend
+
+
+def test_a_task_file_may_not_upload_local_files():
+    with pytest.raises(ValueError, match="remove `workdir`"):
+        SkyPilotBackend(SkyPilotFleetConfig(), run_id=RUN, api=FakeLaunchApi(), task_config={"workdir": ".", "run": "true"})
+    with pytest.raises(ValueError, match=r"file_mounts may name buckets .* not ~/keys: ~/.config/echo2/keys"):
+        SkyPilotBackend(SkyPilotFleetConfig(), run_id=RUN, api=FakeLaunchApi(),
+                        task_config={"file_mounts": {"~/keys": "~/.config/echo2/keys"}, "run": "true"})
+    assert "workdir" not in load_task_config(DEFAULT_TASK_FILE)  # the shipped task leaves it to the backend
+
+
+def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credentials(monkeypatch, source):
+    """SkyPilot uploads the local credentials of every cloud unless its remote_identity is NO_UPLOAD, a key a
+    task's own `config:` cannot set for AWS or GCP in 0.14: the backend sends it as the client config override
+    every SDK request carries. Checked on the request body SkyPilot's SDK builds inside ``sky.launch``."""
+    from sky.server.requests import payloads
+    from sky.utils import annotations, registry, schemas
+
+    from echo2.fleet.skypilot import SkySdk
+
+    monkeypatch.setattr(annotations, "is_on_api_server", False)  # what SkyPilot's client-API wrapper sets
+
+    sent = []
+
+    class Sdk:  # SkyPilot's SDK module at the network call: the request body it would send, nothing sent
+        exceptions = sky.exceptions
+
+        def launch(self, task, **kwargs):
+            sent.append(payloads.RequestBody().override_skypilot_config)
+            return "request-1"
+
+        def get(self, request):
+            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+
+    sdk = SkySdk()
+    sdk.sky = Sdk()
+    with pytest.raises(sky.exceptions.ApiServerConnectionError):
+        sdk.launch(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source), "e2-x", idle_minutes=10)
+    (config,) = sent
+    sections = schemas.get_config_schema()["properties"]
+    clouds = [c for c in registry.CLOUD_REGISTRY if "remote_identity" in sections.get(c, {}).get("properties", {})]
+    assert {"aws", "gcp", "azure", "kubernetes"} <= set(clouds)
+    assert {c: config.get(c, {}).get("remote_identity") for c in clouds} == {c: "NO_UPLOAD" for c in clouds}
+    # and only inside the launch: the process's own SkyPilot config is left as it was
+    assert payloads.RequestBody().override_skypilot_config.get("aws", {}).get("remote_identity") != "NO_UPLOAD"
+    # on AWS a named instance profile replaces SkyPilot's skypilot-v1 (S3 and EC2 full access) and uploads nothing
+    sdk = SkySdk(aws_node_profile="echo2-actor-node")
+    sdk.sky = Sdk()
+    with pytest.raises(sky.exceptions.ApiServerConnectionError):
+        sdk.launch(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source), "e2-x", idle_minutes=10)
+    assert sent[1]["aws"] == {"remote_identity": "echo2-actor-node"} and sent[1]["gcp"]["remote_identity"] == "NO_UPLOAD"
+
+
+def test_credential_files_no_setting_keeps_home_stop_the_backend(tmp_path, monkeypatch):
+    """Clouds without remote_identity (Lambda here) are uploaded whenever their files exist: refused."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert skypilot_trust.files_uploaded_anyway() == []
+    skypilot_trust.check_no_credentials_travel()
+    (tmp_path / ".lambda_cloud").mkdir()
+    (tmp_path / ".lambda_cloud" / "lambda_keys").write_text("api_key = operator-lambda-key\n")
+    assert skypilot_trust.files_uploaded_anyway() == [str(tmp_path / ".lambda_cloud" / "lambda_keys")]
+    with pytest.raises(RuntimeError, match=r"SkyPilot would copy .*lambda_keys to every actor VM"):
+        skypilot_trust.check_no_credentials_travel()
+
+
+def test_a_skypilot_fleet_without_scoped_actor_credentials_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="fleet.backend skypilot needs fleet.skypilot.credentials_role_arn") as err:
+        load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2"])
+    assert "\n" not in str(err.value).strip()
+
+
+# --- a flaky cloud (issue 18, item 6) ------------------------------------------------------------------
+
+def test_a_dropped_status_request_does_not_end_the_run(tmp_path, offline_optimizer, caplog):
+    api = FakeLaunchApi()
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP,), actors=2, max_restarts=0)
+    fleet.start()
+    for slot in fleet.slots:
+        wait_for(lambda s=slot: backend.poll(s.actor_id).state == ActorState.RUNNING, "clusters up")
+    fleet.reconcile()
+    ids = [s.actor_id for s in fleet.slots]
+    api.fail("clusters", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("job_status", 1, sky.exceptions.ClusterStatusFetchingError("GCP did not answer"))
+    assert fleet.reconcile()["actors_alive"] == 2  # retried within the pass
+    # a request that keeps failing: the pass is skipped, nothing is concluded about any actor
+    api.fail("clusters", 10, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    assert fleet.reconcile()["actors_alive"] == 2 and fleet.skipped_passes == 1
+    assert "reconcile pass skipped" in caplog.text
+    api.failures["clusters"].clear()
+    assert fleet.reconcile()["actors_alive"] == 2 and [s.actor_id for s in fleet.slots] == ids
+    assert not events(store, "crashed") and not events(store, "exited") and len(events(store, "launch")) == 2
+    # an error that is not a dropped request is not hidden
+    api.fail("clusters", 1, TypeError("a bug"))
+    with pytest.raises(TypeError):
+        fleet.reconcile()
+    fleet.stop()
+
+
+def test_a_spot_notice_then_the_machine_gone_is_a_reclaim_and_replaced_not_a_crash(tmp_path, offline_optimizer):
+    """The actor exits 0 on its notice (job SUCCEEDED), then the cloud takes the machine: a reclaim, three times
+    over, with max_restarts 0 (a crash would end the run); EC2 (moto) says why the instance ended."""
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    with moto.mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        api = FakeLaunchApi(ec2=ec2)
+        store = FsspecStore(str(tmp_path / "run"), {})
+        backend = SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0), run_id=RUN, api=api,
+                                  end_reason=lambda launched, name: cloud_end_reason(launched, name, ec2_client=ec2))
+        fleet = FleetManager(backend, FleetConfig(actors=1, max_restarts=0), store,
+                             launch_spec=lambda a, o: spec(a, o, ()), offers=[L4_EAST])
+        fleet.start()
+        taken = []
+        for _ in range(3):
+            slot = fleet.slots[0]
+            wait_for(lambda s=slot: backend.poll(s.actor_id).state == ActorState.RUNNING, "the cluster up")
+            fleet.reconcile()
+            cluster = backend.actors[slot.actor_id].cluster
+            api.spot_notice(cluster)
+            fleet.reconcile()  # exit 0 with the machine still there: not concluded yet
+            assert fleet.slots[0].actor_id == slot.actor_id and not events(store, "exited")
+            api.take(cluster)
+            fleet.reconcile()
+            taken.append(slot.actor_id)
+            assert fleet.slots[0].actor_id != slot.actor_id and fleet.slots[0].crashes == 0
+        reclaimed = events(store, "reclaimed")
+        assert [e["actor_id"] for e in reclaimed] == taken
+        assert all("SUCCEEDED" in e["detail"] and "EC2 says reclaimed" in e["detail"] for e in reclaimed)
+        assert not events(store, "exited") and not events(store, "crashed") and len(events(store, "launch")) == 4
+        fleet.stop()
+
+
+# --- a dead learner (issue 18, item 7) -----------------------------------------------------------------
+
+def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, offline_optimizer):
+    api = FakeLaunchApi()
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP,), actors=2)
+    fleet.start()
+    old = [s.actor_id for s in fleet.slots]
+    other = SkyPilotBackend(SkyPilotFleetConfig(), run_id="another-run", api=api)
+    other.launch(spec("actor0-bbbbbb", L4_GCP, ()))
+    wait_for(lambda: len(api.table) == 3, "three clusters up")
+    # the learner dies here (nothing stops its fleet); a resumed learner starts a fleet on the same run
+    resumed = FleetManager(backend_with(api), FleetConfig(actors=2), store, launch_spec=fleet.launch_spec,
+                           offers=[L4_GCP])
+    resumed.start()
+    wait_for(lambda: all(cluster_name(RUN, a) in api.downs for a in old), "the old clusters downed")
+    assert cluster_name("another-run", "actor0-bbbbbb") in api.table  # another run's are not touched
+    terminated = events(store, "terminated")
+    assert sorted(e["actor_id"] for e in terminated) == sorted(old)
+    assert all(e["reason"] == "left by the learner before the resume" for e in terminated)
+    assert set(old) <= resumed.revoked and len(resumed.slots) == 2 and not set(old) & {s.actor_id for s in resumed.slots}
+    resumed.stop()
+    fleet.stop()

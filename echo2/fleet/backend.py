@@ -108,6 +108,12 @@ class CapacityError(Exception):
     """The offer cannot be had now (no capacity, quota, price above the bid): try the next offer."""
 
 
+class FleetApiError(RuntimeError):
+    """A provider or credentials API call failed for a reason that passes (a dropped request, a throttle, an
+    API server restarting), after the caller's bounded retries: the manager skips this reconcile pass, logged,
+    and the next pass asks again. Nothing about an actor is concluded from it."""
+
+
 class FleetBackend(ABC):
     name: str
 
@@ -123,6 +129,10 @@ class FleetBackend(ABC):
     @abstractmethod
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
         """Stop the actor: SIGTERM-like first (a commit under way finishes), then for good."""
+
+    def release_leftovers(self, actor_ids: list[str]) -> None:
+        """Stop what a previous learner of this run left running (``--resume``): ``actor_ids`` are the actors
+        its ledger launched and never saw end. Local actors die with their learner (``--parent-pid``)."""
 
     def new_log_lines(self, actor_id: str) -> list[str]:
         """Lines the actor logged since the last call (where the backend can read them)."""

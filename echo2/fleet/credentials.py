@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from echo2.data import layout
+from echo2.fleet.backend import FleetApiError
 
 MIN_DURATION_S = 900
 MAX_DURATION_S = 43200
@@ -191,6 +192,27 @@ def scoped_credentials(sts_client: Any, role_arn: str, policy: dict[str, Any], a
     )
 
 
+THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+                              "RequestThrottledException", "TooManyRequestsException", "RequestLimitExceeded",
+                              "SlowDown", "RequestTimeout", "RequestTimeoutException", "IDPCommunicationError",
+                              "ServiceUnavailable", "InternalError"})
+"""AWS error codes of a request worth repeating later (the others, AccessDenied first, are the setup's)."""
+
+
+def transient_aws_error(exc: BaseException) -> bool:
+    """Whether an AWS client error passes by itself: no connection, a timeout, a throttle, a 5xx."""
+    try:
+        from botocore.exceptions import ClientError, ConnectionError as NoConnection, HTTPClientError
+    except ImportError:
+        return False
+    if isinstance(exc, (NoConnection, HTTPClientError)):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return exc.response.get("Error", {}).get("Code") in THROTTLING_CODES or status >= 500
+    return False
+
+
 def split_store_url(url: str, run_id: str) -> tuple[str, str]:
     """``s3://bucket/prefix/runs/<run>`` -> (bucket, prefix): what ``actor_policy`` scopes."""
     if not url.startswith("s3://"):
@@ -212,7 +234,13 @@ def mint_actor_credentials(run_url: str, run_id: str, actor_id: str, *, role_arn
 
         sts_client = boto3.client("sts", endpoint_url=sts_endpoint_url)
     duration = int(min(max(hours * 3600, MIN_DURATION_S), MAX_DURATION_S))
-    return scoped_credentials(sts_client, role_arn, actor_policy(bucket, prefix, run_id, actor_id), actor_id, duration)
+    try:  # botocore has retried already (its own retry mode): one layer of retries, not two
+        return scoped_credentials(sts_client, role_arn, actor_policy(bucket, prefix, run_id, actor_id), actor_id,
+                                  duration)
+    except Exception as exc:
+        if transient_aws_error(exc):  # the manager launches this actor at its next pass
+            raise FleetApiError(f"STS AssumeRole for {actor_id} failed: {type(exc).__name__}: {exc}") from exc
+        raise
 
 
 if __name__ == "__main__":  # regenerate the shipped templates: python -m echo2.fleet.credentials

@@ -1,11 +1,15 @@
 """The fleet manager: desired against actual, for every backend.
 
-    start: launch the desired number of actors
+    start: after a --resume, stop what the previous learner's ledger launched and never saw end
+           (a SkyPilot cluster outlives its learner); then launch the desired number of actors
     every reconcile (between learner steps, and while the learner waits for rollouts):
         poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
             backend tears down what is left of it) and replaced (a crash counts against
-            fleet.max_restarts per slot; a reclaim never does: it is the provider's doing, and the
-            replacement is the point of running on spot)
+            fleet.max_restarts per slot; a reclaim or a clean exit never does: a reclaim is the
+            provider's doing, and the replacement is the point of running on spot)
+        a provider or STS call that keeps failing transiently (FleetApiError, after the backend's
+            bounded retries) skips the rest of the pass, logged; the next pass asks again, and a
+            replacement it could not launch is owed to its slot (crash count kept)
         an actor whose scoped store credentials expire within CREDENTIAL_MARGIN_S is replaced
         launch what is missing, cheapest offer first (by $ per expected token/s); an offer that has
             no capacity now (CapacityError at once, or UNAVAILABLE once a launch gave up) is skipped
@@ -43,7 +47,8 @@ from echo2.data.ledger import write_event
 from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
 from echo2.data.store import ObjectStore
-from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetBackend, Offer
+from echo2.data.ledger import read_events
+from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetApiError, FleetBackend, Offer
 from echo2.fleet.costs import fleet_usd
 
 log = logging.getLogger("echo2.fleet")
@@ -58,6 +63,8 @@ LOCAL_TOKEN_S = 30 * 86400.0
 """Lifetime of a local actor's relay token: it dies with the learner; revocation covers the rest."""
 CREDENTIAL_MARGIN_S = 600.0
 """An actor is replaced this long before its scoped credentials expire (a fresh actor gets fresh ones)."""
+ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "terminated"})
+"""Ledger events after which an actor runs no more (``costs.py`` closes its bill at them)."""
 
 
 @dataclass
@@ -95,16 +102,48 @@ class FleetManager:
         self.sized_at: int | None = None
         """The learner step at which ``fleet.actors: auto`` last sized the fleet (autosize.py)."""
         self._next_index = 0
+        self._owed: list[tuple[int, int, str]] = []
+        """Replacements a pass could not launch (slot index, its crashes, the actor replaced): first in ``_fill``."""
+        self.skipped_passes = 0
+        """Reconcile passes skipped because a provider or STS call kept failing (FleetApiError)."""
         self._budget_logged = False
         self._stopped = False
         atexit.register(self.stop)
 
     # -- desired against actual ------------------------------------------------------------
     def start(self) -> None:
+        self._release_leftovers()
         self._fill()
 
+    def _release_leftovers(self) -> None:
+        """A resumed run: actors its ledger launched and never saw end belong to the dead learner's timeline
+        (their tokens are revoked by the resume); stop them and close their ledger rows."""
+        events = sorted(read_events(self.store), key=lambda e: e.get("ts", 0))
+        launched = [str(e["actor_id"]) for e in events if e.get("kind") == "launch"]
+        if not launched:
+            return  # a new run
+        ended = {str(e["actor_id"]) for e in events if e.get("kind") in ENDED_KINDS}
+        leftovers = [a for a in dict.fromkeys(launched) if a not in ended]
+        self.backend.release_leftovers(leftovers)
+        for actor_id in leftovers:
+            self.revoked.add(actor_id)
+            write_event(self.store, "terminated", actor_id, reason="left by the learner before the resume")
+        if leftovers:
+            log.warning("fleet: stopping %d actors the previous learner left running: %s", len(leftovers),
+                        ", ".join(leftovers))
+
     def reconcile(self) -> dict:
-        """Record and replace ended actors, launch what is missing; a status summary for the flow."""
+        """Record and replace ended actors, launch what is missing; a status summary for the flow. A pass that
+        a provider or STS error cuts short is skipped (logged): nothing is concluded from a failed request."""
+        try:
+            self._reconcile()
+        except FleetApiError as exc:
+            self.skipped_passes += 1
+            log.warning("fleet: reconcile pass skipped (%s); the next pass asks again", exc)
+        return {"actors_alive": len(self.slots), "actors_desired": self.desired,
+                "usd_per_hour": self.usd_per_hour()}
+
+    def _reconcile(self) -> None:
         for slot in list(self.slots):
             status = self.backend.poll(slot.actor_id)
             if status.offer is not None and status.offer != slot.offer:  # the backend took an alternative
@@ -117,7 +156,7 @@ class FleetManager:
                     log.info("actor %s: its store credentials expire soon; replacing it", slot.actor_id)
                     self.slots.remove(slot)
                     self._retire(slot, reason="credentials expire")
-                    self._launch(slot.index, crashes=slot.crashes, replaces=slot.actor_id)
+                    self._replace(slot.index, slot.crashes, slot.actor_id)
                 continue
             self.slots.remove(slot)
             write_event(self.store, status.state.value, slot.actor_id, detail=status.detail,
@@ -127,17 +166,20 @@ class FleetManager:
             if status.state == ActorState.UNAVAILABLE:  # no capacity anywhere it asked: the next offer
                 self._set_unavailable(slot.offer)
                 log.warning("no capacity for %s (%s); trying the next offer", slot.actor_id, status.detail)
-                self._launch(slot.index, crashes=slot.crashes, replaces=slot.actor_id)
+                self._replace(slot.index, slot.crashes, slot.actor_id)
                 continue
-            crashes = slot.crashes + (status.state != ActorState.RECLAIMED)
+            crashes = slot.crashes + (status.state == ActorState.CRASHED)
             if status.state == ActorState.CRASHED and crashes > self.config.max_restarts:
                 raise FleetFailed(f"actor {slot.actor_id} crashed ({status.detail}) and slot {slot.index} was "
                                   f"replaced {slot.crashes} times; see its log")
             log.warning("actor %s %s (%s); replacing it", slot.actor_id, status.state.value, status.detail)
-            self._launch(slot.index, crashes=crashes, replaces=slot.actor_id)
+            self._replace(slot.index, crashes, slot.actor_id)
         self._fill()
-        return {"actors_alive": len(self.slots), "actors_desired": self.desired,
-                "usd_per_hour": self.usd_per_hour()}
+
+    def _replace(self, index: int, crashes: int, replaces: str) -> None:
+        """Launch the successor of ``replaces`` in its slot, or owe it to the slot when it cannot start now."""
+        self._owed.append((index, crashes, replaces))
+        self._fill()
 
     def resize(self, n: int, reason: str) -> None:
         """Grow to ``n`` actors, or retire the newest ones; recorded even when ``n`` is the size already
@@ -163,7 +205,7 @@ class FleetManager:
                 log.error("expelling actor %s: %s", actor_id, reason)
                 self.slots.remove(slot)
                 self._retire(slot, reason="expelled")
-                self._launch(slot.index, crashes=slot.crashes, replaces=actor_id)
+                self._replace(slot.index, slot.crashes, actor_id)
 
     def stop(self) -> None:
         if self._stopped:
@@ -196,6 +238,19 @@ class FleetManager:
 
     # -- inside --------------------------------------------------------------------------------
     def _fill(self) -> None:
+        """Launch owed replacements, then new slots, up to ``desired``; a launch that cannot be prepared now
+        (FleetApiError: STS throttled, say) ends it, logged, and the next reconcile goes on from there."""
+        try:
+            self._fill_slots()
+        except FleetApiError as exc:
+            log.warning("fleet: could not launch every actor yet (%s); the next reconcile tries again", exc)
+
+    def _fill_slots(self) -> None:
+        while self._owed and len(self.slots) < self.desired:
+            index, crashes, replaces = self._owed[0]
+            if not self._launch(index, crashes=crashes, replaces=replaces):
+                return
+            self._owed.pop(0)
         while len(self.slots) < self.desired:
             self._next_index += 1
             if not self._launch(self._next_index - 1):
@@ -217,9 +272,10 @@ class FleetManager:
                     self._budget_logged = True
                 return False
             actor_id = f"actor{index}-{secrets.token_hex(3)}"
+            # the spec first (it mints the actor's credentials, which may fail for now): "requested" opens a bill
+            spec = replace(self.launch_spec(actor_id, offer), alternatives=self._alternatives(offer, available))
             write_event(self.store, "requested", actor_id, backend=self.backend.name, replaces=replaces,
                         **offer.event_fields())
-            spec = replace(self.launch_spec(actor_id, offer), alternatives=self._alternatives(offer, available))
             try:
                 details = self.backend.launch(spec)
             except CapacityError as exc:

@@ -3,6 +3,8 @@
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
+        workdir   = echo2's source staged alone (skypilot_trust.py), never the folder the learner runs in
+        config    = remote_identity: NO_UPLOAD for every cloud: no operator credentials on the VM
         envs      = run URL, actor id, store options (never credentials), relay bind/advertise, and the
                     preemption source of the cloud (AWS/GCP metadata)
         secrets   = the relay secret and the actor's scoped, expiring store credentials: SkyPilot's secrets
@@ -16,8 +18,14 @@
         launch failed for want of capacity    -> UNAVAILABLE (the manager tries the next offer)
         launch failed otherwise               -> CRASHED
         cluster UP, job running or pending    -> RUNNING, with the offer SkyPilot took among any_of
-        cluster UP, job ended                 -> EXITED (SUCCEEDED) or CRASHED (FAILED, CANCELLED ...)
-        cluster gone, or no longer UP         -> ask the cloud why (reclaims.py): RECLAIMED or CRASHED
+        cluster UP, job ended                 -> CRASHED (FAILED, CANCELLED ...); SUCCEEDED is EXITED once
+                                                 the cluster stayed up exit_hold_s after it
+        cluster gone, or no longer UP         -> ask the cloud why (reclaims.py): RECLAIMED or CRASHED;
+                                                 after a clean exit (a spot notice, then the machine
+                                                 taken) RECLAIMED where the cloud says so, else EXITED
+        a status request that fails           -> retried (bounded, logged); then FleetApiError, and the
+                                                 manager skips that reconcile pass
+    release_leftovers(ids)  --resume: down every cluster of the run this learner did not launch
     terminate(actor)        sky.down in a worker thread; close() waits for every down
     `echo2 fleet down RUN`  downs every cluster labelled with the run: teardown after a learner crash
 
@@ -42,10 +50,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import tenacity
 import yaml
 
 from echo2.config import SkyPilotFleetConfig
-from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetBackend, Offer
+from echo2.fleet import skypilot_trust
+from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
 
 log = logging.getLogger("echo2.fleet")
 
@@ -56,6 +66,30 @@ INSTALL = "pip install -e '.[cloud]'"
 JOB_ENDED = {"SUCCEEDED": ActorState.EXITED}
 JOB_LIVE = ("INIT", "PENDING", "SETTING_UP", "RUNNING")
 CAPACITY_ERRORS = ("ResourcesUnavailableError", "ResourcesMismatchError")
+TRANSIENT_SKY_ERRORS = ("ApiServerConnectionError", "ServerTemporarilyUnavailableError", "ClusterStatusFetchingError",
+                        "FetchClusterInfoError", "NetworkError", "RequestInterruptedError", "CloudError",
+                        "SkyletUnavailableError", "ConcurrentWorkerExhaustedError")
+"""SkyPilot's errors of a request that may well work when asked again (its API server or a cloud's API
+did not answer, or answered "later"); anything else is not retried."""
+API_ATTEMPTS = 3
+"""Tries of one status request within a reconcile pass, before the pass is skipped."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` from SkyPilot's SDK (or the clouds' and STS's clients under it) is worth asking again."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if any(cls.__name__ in TRANSIENT_SKY_ERRORS for cls in type(exc).__mro__):
+        return True
+    try:
+        import requests
+        if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+            return True
+    except ImportError:
+        pass
+    from echo2.fleet.credentials import transient_aws_error
+
+    return transient_aws_error(exc)
 
 
 class SkyPilotUnavailable(RuntimeError):
@@ -115,13 +149,16 @@ class SkySdk:
     """``SkyApi`` through SkyPilot's client SDK: every call is a request to its API server (started
     locally on first use unless ``SKYPILOT_API_SERVER_ENDPOINT`` names a remote one)."""
 
-    def __init__(self):
+    def __init__(self, aws_node_profile: str | None = None):
         self.sky = import_sky()
+        self.aws_node_profile = aws_node_profile
 
     def launch(self, task, cluster_name: str, *, idle_minutes: int) -> Launched:
         sky = self.sky
-        job_id, handle = sky.get(sky.launch(task, cluster_name=cluster_name, down=True,
-                                            idle_minutes_to_autostop=idle_minutes, retry_until_up=False))
+        with skypilot_trust.launch_config(self.aws_node_profile):  # remote_identity: NO_UPLOAD for every cloud
+            request = sky.launch(task, cluster_name=cluster_name, down=True, idle_minutes_to_autostop=idle_minutes,
+                                 retry_until_up=False)
+        job_id, handle = sky.get(request)
         r = handle.launched_resources
         return Launched(job_id, str(r.cloud).lower(), r.region or "?", r.instance_type or "?", bool(r.use_spot),
                         getattr(handle, "cluster_name_on_cloud", None))
@@ -189,10 +226,14 @@ def actor_envs(spec: ActorLaunch, relay_port: int) -> dict[str, str]:
             "ECHO2_RELAY_HOST": "0.0.0.0", "ECHO2_RELAY_PORT": str(relay_port)}
 
 
-def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, task_config: dict | None = None):
-    """The actor's ``sky.Task``: the task file, its envs and secrets, and the any_of candidates."""
+def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, workdir: Path,
+               task_config: dict | None = None):
+    """The actor's ``sky.Task``: the task file, its envs and secrets, the any_of candidates, and ``workdir``
+    (echo2's staged source, ``skypilot_trust.stage_actor_source``) as all it uploads."""
     sky = import_sky()
     base = dict(task_config if task_config is not None else load_task_config(config.task_file))
+    _refuse_uploads(base)
+    base["workdir"] = str(workdir)
     resources_config = base.pop("resources", None) or {}
     offers = (spec.offer, *spec.alternatives)
     envs = actor_envs(spec, config.relay_port)
@@ -208,6 +249,19 @@ def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, t
         candidates.add(sky.Resources(**{**_plain_resources(resources_config), **overrides}))
     task.set_resources(candidates)
     return task
+
+
+def _refuse_uploads(config: dict) -> None:
+    """A task file names no local files to upload: the backend sets ``workdir`` to echo2's staged source, and
+    a local ``file_mounts`` source would copy the learner's files to machines we do not own."""
+    if config.get("workdir") is not None:
+        raise ValueError("SkyPilot task file: remove `workdir`: the backend uploads echo2's source alone "
+                         "(echo2/fleet/skypilot_trust.py), never a folder of the learner's machine")
+    local = [f"{dst}: {src}" for dst, src in (config.get("file_mounts") or {}).items()
+             if not (isinstance(src, str) and "://" in src)]
+    if local:
+        raise ValueError(f"SkyPilot task file: file_mounts may name buckets (s3://, gs://) only, not {'; '.join(local)}: "
+                         "local files would be copied to machines we do not own")
 
 
 def _plain_resources(config: dict) -> dict:
@@ -245,6 +299,8 @@ class _Actor:
     ended: ActorStatus | None = None
     seen_up: bool = False
     name_on_cloud: str | None = None
+    clean_exit_at: float | None = None
+    """When its job was first seen SUCCEEDED with the cluster still up (held for ``exit_hold_s``)."""
 
 
 EndReason = Callable[[Launched, str | None], tuple[str, str]]
@@ -258,9 +314,20 @@ class SkyPilotBackend(FleetBackend):
                  end_reason: EndReason | None = None, task_config: dict | None = None):
         self.config = config
         self.run_id = run_id
-        self.api = api or SkySdk()
+        if api is None:  # the real SDK: refuse a machine whose credentials SkyPilot would upload regardless
+            api = SkySdk(config.aws_node_profile)
+            skypilot_trust.check_no_credentials_travel()
+            if not config.aws_node_profile and (config.providers is None or "aws" in config.providers):
+                log.warning("fleet.skypilot.aws_node_profile is not set: an actor on AWS runs under SkyPilot's "
+                            "skypilot-v1 instance profile, which can read and write the whole bucket")
+        self.api = api
         self.end_reason = end_reason or cloud_end_reason
         self.task_config = task_config if task_config is not None else load_task_config(config.task_file)
+        _refuse_uploads(self.task_config)
+        self.workdir = skypilot_trust.stage_actor_source()
+        """What every actor's ``workdir`` uploads: echo2's source, staged alone (removed by ``close``)."""
+        self.retry_wait_s = 1.0
+        """First wait between tries of a failed status request (doubling, at most 10 s)."""
         self.actors: dict[str, _Actor] = {}
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="echo2-skypilot")
         self._downs: list[tuple[str, Future]] = []
@@ -270,7 +337,7 @@ class SkyPilotBackend(FleetBackend):
         self._lock = threading.Lock()
 
     def launch(self, spec: ActorLaunch) -> dict:
-        task = build_task(spec, self.config, run_id=self.run_id, task_config=self.task_config)
+        task = build_task(spec, self.config, run_id=self.run_id, workdir=self.workdir, task_config=self.task_config)
         name = cluster_name(self.run_id, spec.actor_id)
         actor = _Actor(spec, name, self._pool.submit(self.api.launch, task, name,
                                                      idle_minutes=self.config.idle_minutes_to_autodown))
@@ -309,11 +376,18 @@ class SkyPilotBackend(FleetBackend):
             job = self._jobs.get(a.cluster)
             if job is None or job in JOB_LIVE:
                 return None
+            if JOB_ENDED.get(job) == ActorState.EXITED:  # a clean exit: a spot notice, if the machine goes next
+                a.clean_exit_at = a.clean_exit_at or time.time()
+                if time.time() - a.clean_exit_at < self.config.exit_hold_s:
+                    return None
             return ActorStatus(JOB_ENDED.get(job, ActorState.CRASHED), f"job {job}", offer=self._bought(a))
         # gone, stopped, or back in INIT (a node lost): only the cloud knows whether it was taken
         reason, detail = self.end_reason(a.launched, a.name_on_cloud)
-        state = {"reclaimed": ActorState.RECLAIMED, "terminated": ActorState.EXITED}.get(reason, ActorState.CRASHED)
         where = f"cluster {a.cluster} {'gone' if cluster is None else cluster.status}"
+        if a.clean_exit_at is not None:  # the actor left with exit 0 (on its notice), then the machine went
+            state = ActorState.RECLAIMED if reason == "reclaimed" else ActorState.EXITED
+            return ActorStatus(state, f"job SUCCEEDED, then {where}: {detail}", offer=self._bought(a))
+        state = {"reclaimed": ActorState.RECLAIMED, "terminated": ActorState.EXITED}.get(reason, ActorState.CRASHED)
         return ActorStatus(state, f"{where}: {detail}", offer=self._bought(a))
 
     def _refresh(self, *, force: bool = False) -> None:
@@ -327,12 +401,26 @@ class SkyPilotBackend(FleetBackend):
                     a.launched = a.future.result()
                     a.name_on_cloud = a.name_on_cloud or a.launched.name_on_cloud
             names = [a.cluster for a in self.actors.values() if a.launched is not None and a.ended is None]
-            clusters = {c.name: c for c in self.api.clusters(names)} if names else {}
+            clusters = {c.name: c for c in self._ask("sky.status", self.api.clusters, names)} if names else {}
             jobs = {}
             for a in self.actors.values():
                 if a.cluster in clusters and clusters[a.cluster].status == "UP" and a.launched is not None:
-                    jobs[a.cluster] = self.api.job_status(a.cluster, a.launched.job_id)
+                    jobs[a.cluster] = self._ask("job_status", self.api.job_status, a.cluster, a.launched.job_id)
             self._clusters, self._jobs, self._refreshed_at = clusters, jobs, started
+
+    def _ask(self, what: str, call: Callable, *args):
+        """``call(*args)``, tried ``API_ATTEMPTS`` times while it fails transiently (logged); then FleetApiError."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient), stop=tenacity.stop_after_attempt(API_ATTEMPTS),
+            wait=tenacity.wait_exponential(multiplier=self.retry_wait_s, max=10), reraise=True,
+            before_sleep=lambda s: log.warning("SkyPilot %s failed (%s); try %d of %d", what,
+                                               s.outcome.exception(), s.attempt_number + 1, API_ATTEMPTS))
+        try:
+            return retrying(call, *args)
+        except Exception as exc:
+            if transient(exc):
+                raise FleetApiError(f"SkyPilot {what} failed {API_ATTEMPTS} times: {type(exc).__name__}: {exc}") from exc
+            raise
 
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
         # also after a failed launch: SkyPilot keeps a cluster whose setup failed up, for debugging
@@ -343,6 +431,21 @@ class SkyPilotBackend(FleetBackend):
         wait([a.future])  # a down before the launch returns would race it; SkyPilot queues it otherwise
         self.api.down(a.cluster)
         log.info("SkyPilot cluster %s is down", a.cluster)
+
+    def release_leftovers(self, actor_ids: list[str]) -> None:
+        """``--resume``: down the clusters of ``actor_ids`` (the previous learner's, never seen ending) and any
+        other cluster labelled with this run that this learner did not launch. Their relay tokens are revoked by
+        the resume; their scoped credentials would let them commit files of the lost timeline for hours."""
+        names = {cluster_name(self.run_id, actor_id) for actor_id in actor_ids}
+        label = run_label(self.run_id)
+        try:
+            names |= {c.name for c in self._ask("sky.status", self.api.clusters, None) if c.labels.get(RUN_LABEL) == label}
+        except FleetApiError as exc:  # the ledger's names still go; `echo2 fleet down RUN` finds the rest
+            log.warning("could not list the run's clusters (%s); downing the %d the ledger names", exc, len(names))
+        names -= {a.cluster for a in self.actors.values()}
+        for name in sorted(names):
+            log.warning("downing SkyPilot cluster %s: launched by this run's previous learner", name)
+            self._downs.append((name, self._pool.submit(self.api.down, name)))
 
     def close(self, timeout_s: float = 900.0) -> None:
         """Wait for every down (a cluster left up keeps billing), and say how to finish the job if one fails."""
@@ -355,6 +458,7 @@ class SkyPilotBackend(FleetBackend):
             log.error("SkyPilot clusters may still be up (and billing): %s; run `echo2 fleet down %s`",
                       ", ".join(failed), self.run_id)
         self._pool.shutdown(wait=False, cancel_futures=False)
+        skypilot_trust.remove_staged(self.workdir)
 
 
 def fleet_down(run_id: str, api: SkyApi | None = None) -> list[str]:

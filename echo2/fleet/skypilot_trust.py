@@ -1,0 +1,131 @@
+"""What a SkyPilot actor VM gets from the operator: echo2's source and the actor's own scoped secrets,
+nothing else (DESIGN.md, "Trust boundaries").
+
+SkyPilot's defaults would hand an untrusted VM much more:
+
+- ``workdir: .`` rsyncs whatever folder the learner was started from: started from ``$HOME`` that is
+  ``~/.config/echo2/keys/`` (the run's signing and CA key), ``~/.aws`` and the rest. The actor's workdir
+  is instead a folder staged here holding exactly what ``pip install`` of the actor needs:
+  ``pyproject.toml``, ``README.md`` (its ``readme``) and the ``echo2`` package's ``.py`` files.
+- Every launch uploads the local credential files of every cloud SkyPilot knows, unless that cloud's
+  ``remote_identity`` is ``NO_UPLOAD``. That key exists only in the config (a task's ``config:`` may
+  override it for Kubernetes and Azure only, ``OVERRIDEABLE_CONFIG_KEYS_IN_TASK`` in 0.14), so every
+  launch request carries a config override with ``NO_UPLOAD`` for every cloud that has the key
+  (``launch_config``): the SDK sends the client's config with each request and the API server applies it.
+- Clouds without the key (Lambda, RunPod ... in 0.14) and R2/CoreWeave storage keys are uploaded
+  whenever their files exist on the API server's machine; with a local API server
+  ``files_uploaded_anyway`` finds them and the backend refuses to start while there are any.
+
+What NO_UPLOAD does not change: the identity SkyPilot gives the VM itself. On AWS that is its
+``skypilot-v1`` instance profile (AmazonEC2FullAccess, AmazonS3FullAccess) unless
+``fleet.skypilot.aws_node_profile`` names another; on GCP its ``skypilot-v1`` service account
+(storage.admin, compute.admin), which 0.14 cannot replace (GCP's ``remote_identity`` takes no name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "echo2"
+PROJECT_FILES = ("pyproject.toml", "README.md")
+"""Beside the package, what ``pip install -e .`` of the actor reads (``readme = "README.md"``)."""
+
+_CONFIG_LOCK = threading.Lock()
+"""SkyPilot keeps the client's config in one global of the process: launches from several threads
+take turns to send their request with the override in force."""
+
+
+class ActorSourceMissing(RuntimeError):
+    """echo2 does not run from a source checkout, so there is no source to stage for the actors."""
+
+
+def stage_actor_source(root: Path = PROJECT_ROOT) -> Path:
+    """A fresh folder holding exactly the actor's install source: ``PROJECT_FILES`` and the package's
+    ``.py`` files (no caches, no stray files, nothing outside the package). The caller removes it."""
+    missing = [name for name in (*PROJECT_FILES, PACKAGE) if not (root / name).exists()]
+    if missing:
+        raise ActorSourceMissing(f"fleet.backend skypilot installs echo2 on each actor from its source, but "
+                                 f"{root} has no {', '.join(missing)}: run the learner from a source checkout")
+    dest = Path(tempfile.mkdtemp(prefix="echo2-actor-source-"))
+    for name in PROJECT_FILES:
+        shutil.copy2(root / name, dest / name)
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        if "__pycache__" in path.parts or path.is_symlink():
+            continue  # a symlink could point anywhere: only the package's own files travel
+        target = dest / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return dest
+
+
+def allowed_source_file(relative: str) -> bool:
+    """Whether ``relative`` (a path inside a staged source) is one ``stage_actor_source`` may copy."""
+    parts = Path(relative).parts
+    return relative in PROJECT_FILES or (len(parts) > 1 and parts[0] == PACKAGE and relative.endswith(".py"))
+
+
+def clouds_with_remote_identity() -> list[str]:
+    """SkyPilot's clouds whose config has ``remote_identity`` (NO_UPLOAD keeps their credentials home)."""
+    from sky.utils import registry, schemas
+
+    sections = schemas.get_config_schema()["properties"]
+    return sorted(name for name in registry.CLOUD_REGISTRY
+                  if "remote_identity" in sections.get(name, {}).get("properties", {}))
+
+
+def no_upload_config(aws_node_profile: str | None = None) -> dict:
+    """The config override every actor launch is sent with: ``remote_identity: NO_UPLOAD`` everywhere; on AWS
+    the named instance profile instead where one is given (a name uploads nothing either, and replaces the
+    ``skypilot-v1`` profile SkyPilot would otherwise attach, with S3 and EC2 full access)."""
+    config = {cloud: {"remote_identity": "NO_UPLOAD"} for cloud in clouds_with_remote_identity()}
+    if aws_node_profile:
+        config["aws"] = {"remote_identity": aws_node_profile}
+    return config
+
+
+@contextlib.contextmanager
+def launch_config(aws_node_profile: str | None = None):
+    """Send the SDK requests made inside with ``no_upload_config`` merged over the client's config."""
+    from sky import skypilot_config
+
+    with _CONFIG_LOCK, skypilot_config.override_skypilot_config(no_upload_config(aws_node_profile)):
+        yield
+
+
+def files_uploaded_anyway() -> list[str]:
+    """Local credential files SkyPilot would copy to every VM whatever ``remote_identity`` says (clouds
+    without the key, storage-only clouds); only meaningful where the API server runs on this machine."""
+    from sky import check as sky_check
+    from sky.utils import registry
+
+    covered = [registry.CLOUD_REGISTRY.from_str(name) for name in clouds_with_remote_identity()]
+    return sorted(set(sky_check.get_cloud_credential_file_mounts(covered).values()))
+
+
+def api_server_is_local() -> bool:
+    """Whether SkyPilot's API server runs here (started by the SDK on first use), so its files are ours."""
+    from sky.server import common
+
+    return common.is_api_server_local()
+
+
+def check_no_credentials_travel() -> None:
+    """Refuse, in one line, a launch that would copy credential files no setting can keep home."""
+    if not api_server_is_local():
+        return  # a remote API server's files are its operator's to keep clean (README, "Spot actors")
+    leaked = files_uploaded_anyway()
+    if leaked:
+        raise RuntimeError(f"SkyPilot would copy {', '.join(leaked)} to every actor VM (its clouds have no "
+                           f"remote_identity: NO_UPLOAD): move them off this machine, or launch through an API "
+                           f"server without them (SKYPILOT_API_SERVER_ENDPOINT)")
+
+
+def remove_staged(path: Path | None) -> None:
+    if path is not None and path.name.startswith("echo2-actor-source-"):
+        shutil.rmtree(path, ignore_errors=True)
+
