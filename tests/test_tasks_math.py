@@ -78,7 +78,7 @@ TOWER = "\\boxed{9^{9^{9^{9^{9}}}}}"
 
 def test_a_hanging_reply_is_cut_at_the_limit_and_the_warm_spare_takes_over():
     """The real worker and a real hanging reply: no start-up allowance is patched away, none is needed."""
-    g = MathGrader(timeout_s=0.5)
+    g = MathGrader(timeout_s=1.0)
     try:
         assert g.grade([("1", "\\boxed{1}")])[0].correct
         g.await_spare()  # started beside the first worker: it has been importing since
@@ -247,7 +247,7 @@ def learner_side(tiny_model, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    task = _task("task.grade_timeout_s=0.5", "task.grade_file_max_timeouts=1", "task.grade_file_budget_s=60")
+    task = _task("task.grade_timeout_s=1", "task.grade_file_max_timeouts=1", "task.grade_file_budget_s=60")
     store = open_store(str(tmp_path))
     limits = RolloutLimits(vocab_size=len(tok), group_size=2, max_completion_tokens=64, max_prompt_tokens=4096,
                            reward_range=task.reward_range)
