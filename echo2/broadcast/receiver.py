@@ -16,7 +16,11 @@ with p still has slack when p lands, so finishing p beats starting over), and is
 L once L - p >= S (p would be too stale to be useful). Cancelling on every new LATEST instead
 would mean that, when versions are published faster than one can be fetched, none ever
 arrives. When a fetch completes (or fails), the same poll starts the newest LATEST if it is
-newer. A LATEST that moved back (a resumed learner) replaces the fetch in flight.
+newer. A LATEST that moved back (a resumed learner) replaces the fetch in flight. A resumed learner
+also publishes again the numbers after its checkpoint: a version number is not an identity, so while
+LATEST names the version held, its manifest's modification time is compared with the one fetched (a
+HEAD at most every ``identity_check_s``); another manifest under the same number (the new timeline's),
+or none (moved to ``orphaned/``), and the version held is dropped and LATEST fetched again.
 
 Everything read from the store is input from outside the actor: a LATEST that is not
 ``{"version": <int >= 0>}`` is logged and skipped until it changes; a manifest that is not a
@@ -53,6 +57,9 @@ from echo2.data.weights import read_manifest
 
 log = logging.getLogger("echo2.broadcast")
 
+IDENTITY_CHECK_S = 10.0
+"""How often the manifest of the version held is checked to still be the one in the store (one HEAD)."""
+
 
 class PolicyReceiver:
     def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_token: str,
@@ -75,6 +82,10 @@ class PolicyReceiver:
         self.last_fetch_seconds: float | None = None
         """Seconds the newest completed fetch took, from its start to the last chunk verified."""
         self.rejected: set[int] = set()
+        self.identity_check_s = IDENTITY_CHECK_S
+        self._held_stamp: float | None = None  # modification time of the held version's manifest
+        self._pending_stamp: float | None = None
+        self._identity_checked_at = 0.0
         self._pending: tuple[int, Future] | None = None
         self._bad_latest: bytes | None = None  # the malformed LATEST already logged
         self._failed_parents: dict[str, int] = {}
@@ -131,11 +142,31 @@ class PolicyReceiver:
         """Return a version that finished, verified (or None); start receiving LATEST if the rule says so."""
         done = self._collect()
         latest = self._latest()
+        if latest is not None and self._orphaned(latest):
+            log.warning("v%d was published again (a resumed learner's new timeline): fetching it again", latest)
+            self.current = self._held_stamp = None
         if latest is not None and latest in self.rejected:
             latest = self._newest_not_rejected()
         if latest is not None and latest not in self.rejected and self._wanted(latest):
             self._begin(latest)
         return done
+
+    def _manifest_stamp(self, version: int) -> float | None:
+        """When the store committed ``version``'s manifest; None if it has none, or the store cannot say
+        (then the number alone identifies a version, as before)."""
+        try:
+            return self.store.modified(layout.manifest_key(layout.policy_dir(version)))
+        except (NotFound, NotImplementedError):
+            return None
+
+    def _orphaned(self, latest: int) -> bool:
+        """Whether LATEST names the number held but the store's manifest under it is not the one fetched."""
+        if latest != self.current or self._pending is not None or self._held_stamp is None:
+            return False
+        if time.time() - self._identity_checked_at < self.identity_check_s:
+            return False
+        self._identity_checked_at = time.time()
+        return self._manifest_stamp(latest) != self._held_stamp
 
     def _newest_not_rejected(self) -> int | None:
         """LATEST names a version already rejected (a pointer someone with write access to the store moved
@@ -166,7 +197,7 @@ class PolicyReceiver:
         except Exception as exc:
             log.error("receiving v%d failed (will retry): %s", version, exc)
             return None
-        self.current = version
+        self.current, self._held_stamp = version, self._pending_stamp
         sources = {s for s in buffer.sources}
         log.info("v%d received and verified (%d chunks, from %s)", version, len(buffer.chunks), ", ".join(sorted(sources)))
         return buffer
@@ -219,6 +250,7 @@ class PolicyReceiver:
         return manifest
 
     def _begin(self, version: int) -> None:
+        stamp = self._manifest_stamp(version)  # before the read: a manifest replaced meanwhile is fetched again
         try:
             manifest = self._manifest(version)
         except ManifestRejected as exc:
@@ -240,7 +272,7 @@ class PolicyReceiver:
         future = self.node.start_fetch(manifest, peers, on_left=self._parent_failed)
         # how long the transfer itself took (not the wait for the actor to swap): the capacity fit's D
         future.add_done_callback(lambda f: setattr(self, "last_fetch_seconds", time.time() - started))
-        self._pending = (version, future)
+        self._pending, self._pending_stamp = (version, future), stamp
 
     def close(self) -> None:
         self._stop.set()

@@ -113,8 +113,13 @@ class RolloutCollector:
     def __init__(self, store: ObjectStore, *, run_id: str, staleness: int, groups_per_step: int,
                  limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
                  settled: set[str] | None = None, used_hashes: set[str] | None = None, auditor=None,
-                 banned: dict[str, str] | None = None, max_invalid_files: int = 3):
+                 banned: dict[str, str] | None = None, max_invalid_files: int = 3,
+                 lost_timelines: list[tuple[int, set[str]]] | None = None):
         self.store = store
+        self.lost_timelines = list(lost_timelines or ())
+        """(step resumed from, actors launched before that resume), one per resume: a file such an actor
+        commits in a folder after that step is of the timeline the resume lost (its weights were not the
+        new timeline's of the same number), dropped with that reason, never used."""
         self.run_id = run_id
         self.staleness = staleness
         self.groups_per_step = groups_per_step
@@ -246,6 +251,11 @@ class RolloutCollector:
                 progressed = True
                 taken.add(key)
                 _, actor_id, _ = layout.parse_rollout_key(key)
+                lost = next((s for s, actors in self.lost_timelines if version > s and actor_id in actors), None)
+                if lost is not None:
+                    sel.dropped.append({"key": key, "policy_version": version, "reason": (
+                        f"lost timeline: actor {actor_id} generated it before the resume from step {lost}")})
+                    continue
                 if not is_fresh(learner_version, version, self.staleness):
                     lag = learner_version - version
                     sel.dropped.append({"key": key, "policy_version": version, "lag": lag,

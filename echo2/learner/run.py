@@ -46,6 +46,17 @@ from echo2.tasks import make_task
 log = logging.getLogger("echo2.learner")
 
 
+def lost_timelines(events: list[dict]) -> list[tuple[int, set[str]]]:
+    """Per ``resume`` event of the ledger: the step it resumed from and the actors launched before it, whose
+    files in later version folders belong to the timeline it lost (``RolloutCollector.lost_timelines``)."""
+    events = sorted(events, key=lambda e: e.get("ts", 0))
+    out = []
+    for i, e in enumerate(events):
+        if e.get("kind") == "resume" and isinstance(e.get("step"), int):
+            out.append((e["step"], {str(x["actor_id"]) for x in events[:i] if x.get("kind") == "launch"}))
+    return out
+
+
 class LearnerRun:
     def __init__(self, config: Config, runs: ObjectStore, *, resume: bool, learner: Learner | None = None):
         """``learner`` replaces the one built from ``config.model`` (the overlap benchmark's timing
@@ -101,6 +112,7 @@ class LearnerRun:
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
             auditor=self.auditor, banned=state.get("banned", {}), max_invalid_files=t.max_invalid_files_per_actor,
+            lost_timelines=lost_timelines(read_events(self.store)) if resume else None,
         )
         if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
             self._audit_as_published(*self.learner.policy_version_tensors())
