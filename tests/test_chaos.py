@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from conftest import REPO
 from echo2.chaos import fuzz
@@ -55,15 +55,15 @@ def fuzz_context(tiny_model, tmp_path_factory):
     return tok, task, rows
 
 
-def _collect(tmp_path, tok, task, cases, used):
+def _collect(store, plant, tok, task, cases, used):
+    """The cases planted (``plant(case, key)``) beside a used file and an honest one; one collection."""
     from echo2.data.rollouts import RolloutLimits, content_hash, decode_rollouts
     from echo2.learner.collector import RolloutCollector
     from echo2.learner.verify import TaskVerifier
 
-    store = open_store(str(tmp_path))
     store.put("rollouts/v000003/a9-used-000000.arrow", used)
     for c in cases:
-        store.put(f"rollouts/v{c.version:06d}/{c.actor}-000000.arrow", c.data, if_absent=False)
+        plant(c, f"rollouts/v{c.version:06d}/{c.actor}-000000.arrow")
     limits = RolloutLimits(vocab_size=len(tok), group_size=4, max_completion_tokens=6, max_prompt_tokens=4096,
                            reward_range=task.reward_range)
     col = RolloutCollector(store, run_id="fuzz", staleness=2, groups_per_step=2, limits=limits,
@@ -75,16 +75,7 @@ def _collect(tmp_path, tok, task, cases, used):
     return col.collect(step=4, learner_version=3, timeout_s=20)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kinds=st.lists(st.sampled_from(fuzz.KINDS), min_size=3, max_size=12), seed=st.integers(0, 2**31))
-def test_every_hostile_rollout_file_is_quarantined_with_its_reason(fuzz_context, tmp_path_factory, kinds, seed):
-    tok, task, rows = fuzz_context
-    tmp = tmp_path_factory.mktemp("fuzz")
-    used = fuzz._encode(rows, "fuzz", "a9-used", 3)
-    rng = random.Random(seed)
-    cases = [fuzz.case(kind, i, rng, rows=rows, run_id="fuzz", version=3, vocab=len(tok), max_file_bytes=1 << 20,
-                       used_data=used) for i, kind in enumerate(kinds)]
-    sel = _collect(tmp, tok, task, cases, used)
+def _judged_as_expected(sel, cases):
     reasons = {q["key"]: q["reason"] for q in sel.quarantined}
     dropped = {d["key"]: d["reason"] for d in sel.dropped}
     for c in cases:
@@ -97,9 +88,61 @@ def test_every_hostile_rollout_file_is_quarantined_with_its_reason(fuzz_context,
     assert [u["key"] for u in sel.used] == ["rollouts/v000003/zz-honest-000000.arrow"]  # training goes on
 
 
+def _cases(kinds, seed, rows, tok, used):
+    rng = random.Random(seed)
+    return [fuzz.case(kind, i, rng, rows=rows, run_id="fuzz", version=3, vocab=len(tok), max_file_bytes=1 << 20,
+                      used_data=used) for i, kind in enumerate(kinds)]
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(fuzz.LOCAL_KINDS), min_size=3, max_size=12), seed=st.integers(0, 2**31))
+@example(kinds=["huge_sparse", "garbage", "duplicate"], seed=0)
+def test_every_hostile_rollout_file_is_quarantined_with_its_reason(fuzz_context, tmp_path_factory, kinds, seed):
+    """On a local store; a ``huge_sparse`` file (3 GiB, sparse) is set aside without being read: the
+    process's peak memory does not grow by its size."""
+    tok, task, rows = fuzz_context
+    tmp = tmp_path_factory.mktemp("fuzz")
+    used = fuzz._encode(rows, "fuzz", "a9-used", 3)
+    cases = _cases(kinds, seed, rows, tok, used)
+    peak = _peak_rss_bytes()
+    sel = _collect(open_store(str(tmp)), lambda c, key: fuzz.plant_local(c, tmp / key), tok, task, cases, used)
+    _judged_as_expected(sel, cases)
+    if "huge_sparse" in kinds:
+        assert _peak_rss_bytes() - peak < fuzz.SPARSE_BYTES // 3, "a multi-GB file was read into memory"
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(st.sampled_from(fuzz.KINDS), min_size=3, max_size=8).map(lambda k: ["unreadable", *k]),
+       seed=st.integers(0, 2**31))
+def test_every_hostile_object_on_s3_is_quarantined_with_its_reason(fuzz_context, s3_server, kinds, seed):
+    """On S3 (moto's server): the same kinds and ``unreadable``, a valid file stored as GLACIER (HEAD works,
+    GET and copy are refused), which the collection must set aside instead of failing on it."""
+    import uuid
+
+    import boto3
+
+    tok, task, rows = fuzz_context
+    bucket = f"fuzz-{uuid.uuid4().hex[:10]}"
+    client = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    client.create_bucket(Bucket=bucket)
+    store = open_store(f"s3://{bucket}/run", {"endpoint_url": s3_server, "key": "testing", "secret": "testing"})
+    used = fuzz._encode(rows, "fuzz", "a9-used", 3)
+    cases = _cases(kinds, seed, rows, tok, used)
+    sel = _collect(store, lambda c, key: fuzz.plant_s3(c, client, bucket, f"run/{key}"), tok, task, cases, used)
+    _judged_as_expected(sel, cases)
+
+
 def test_store_operations_ride_out_a_faulty_store_and_an_outage(s3_server):
     """10% of S3 requests failing (503 SlowDown, 500, dropped connections) and a 5 s outage: every put, get
-    and list still succeeds, and the objects are what was written."""
+    and list still succeeds, the objects are what was written, and the proxy counts each failed request as
+    detected only because the same request came again (what ``store-faults`` reports as detected)."""
     import boto3
 
     from echo2.chaos.s3_proxy import FaultyS3Proxy
@@ -119,6 +162,17 @@ def test_store_operations_ride_out_a_faulty_store_and_an_outage(s3_server):
         assert [store.get(f"k/{i:03d}") for i in range(30)] == [bytes([i]) * 100 for i in range(30)]
         assert len(store.list("k/")) == 30 and store.list_folders("") == ["k"]
         assert proxy.failed >= 5 and time.time() - started >= 5  # the faults and the outage did happen
+        # every failed request was sent again by the store layer: the proxy saw each fault detected
+        assert proxy.retried(grace_s=0) == (proxy.failed, proxy.failed, 0)
+        # a client that gives up after a failure is not counted as having detected it
+        import urllib.error
+        import urllib.request
+
+        proxy.outage(60)
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"{url}/echo2-faults/given-up", timeout=10)
+        assert proxy.retried(grace_s=0) == (proxy.failed, proxy.failed - 1, 0)
+        assert proxy.retried(grace_s=3600) == (proxy.failed - 1, proxy.failed - 1, 1)  # too late to judge
     finally:
         proxy.stop()
 
@@ -134,3 +188,22 @@ def test_echo2_chaos_prints_one_json_object_per_scenario_and_exits_by_the_result
     bad = subprocess.run([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "nope"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown scenario nope" in bad.stderr
+
+
+def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_model, tmp_path):
+    """``hostile-store`` at its small size: one actor with its own scoped credentials on moto's S3 (IAM
+    enforced) writes GLACIER rollout and peer objects, a huge object and peer record, replies that hang the
+    grader, files far beyond LATEST+1, a junk flood and a planted checkpoint. The run and its resume finish,
+    every honest actor's files are still used, the attacker is banned and revoked, nothing planted is loaded,
+    and every kind is detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
+    from echo2.chaos.hostile_store import KINDS, hostile_store
+
+    (tmp_path / "tiny-model").symlink_to(tiny_model)
+    row = hostile_store(tmp_path, quick=True)
+    print("chaos:", json.dumps({k: v for k, v in row.items() if k != "audit"}, indent=1))
+    assert set(row["kinds"]) == set(KINDS) and row["injected"] == len(KINDS)
+    missed = {k: v["evidence"] for k, v in row["kinds"].items() if not v["detected"]}
+    assert not missed, missed
+    assert not row["broken"], row["broken"]
+    assert row["finished"] and row["lost"] == 0 and row["bad_loaded"] == 0 and not row["leaks"], row["detail"]
+    assert not failed(row)

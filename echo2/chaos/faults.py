@@ -74,6 +74,7 @@ def learner_kills(workdir: Path, quick: bool = False, kills: int | None = None) 
 
     killed, attempts = 0, 0
     kinds = ["checkpoint", "publish", "step"]
+    deaths: list[tuple[float, int]] = []  # per kill: when, and the newest checkpoint committed by then
     while killed < kills:
         kind = kinds[killed % 3]
         env = h.environment(workdir, ECHO2_FAILPOINTS=f"{kind}:{rng.randint(1, HITS_PER_SIX_STEPS[kind])}")
@@ -83,17 +84,37 @@ def learner_kills(workdir: Path, quick: bool = False, kills: int | None = None) 
         if code == 0:
             break
         killed += code == -9
+        if code == -9:
+            deaths.append((time.time(), _newest_checkpoint(run_dir)))
         if code not in (0, -9):
             return result_row("learner-kill", injected=killed, detail=f"attempt {attempts} exited {code}")
     code = h.run_cli(base + ["--resume"], workdir, workdir / "kill-final.log", timeout=600, while_running=watch)
     row = audit_row("learner-kill", run_dir, code)
     steps = sorted(p.name for p in (run_dir / "ledger" / "consumed").glob("step-*.json") if p.name.count(".") == 1)
     monotonic = steps == [f"step-{i:06d}.json" for i in range(1, max_steps + 1)]
-    return result_row("learner-kill", injected=killed, detected=killed if row["finished"] and monotonic else 0,
-                lost=row["lost"], bad_loaded=bad_loads(run_dir) + len(half_visible), finished=row["finished"],
-                leaks=h.leaks(workdir, [run_dir]),
-                detail=f"{killed} SIGKILLs (checkpoint, publish, step) in {attempts} attempts; ledger steps 1..{max_steps}"
-                       f" once each: {monotonic}; LATEST ever naming an uncommitted version: {len(half_visible)}")
+    # a kill is detected when the restart after it resumed from the newest checkpoint committed before it
+    # (the ledger's resume event; a restart killed inside its own resume leaves none, and the next one counts)
+    resumes = sorted((e["ts"], e.get("step")) for e in _events(run_dir) if e.get("kind") == "resume")
+    resumed_from = [next((step for ts, step in resumes if ts > died), None) for died, _ in deaths]
+    detected = sum(got == want for got, (_, want) in zip(resumed_from, deaths))
+    return result_row("learner-kill", injected=killed, detected=detected,
+                lost=row["lost"], bad_loaded=bad_loads(run_dir) + len(half_visible),
+                finished=row["finished"], leaks=h.leaks(workdir, [run_dir]),
+                broken=[] if monotonic else [f"ledger steps are not 1..{max_steps} once each: {steps}"],
+                detail=f"{killed} SIGKILLs (checkpoint, publish, step) in {attempts} attempts; resumed from "
+                       f"{resumed_from} where the newest committed checkpoints were {[want for _, want in deaths]}; "
+                       f"ledger steps 1..{max_steps} once each: {monotonic}; LATEST ever naming an uncommitted "
+                       f"version: {len(half_visible)}")
+
+
+def _newest_checkpoint(run_dir: Path) -> int:
+    """The newest committed checkpoint (its manifest written) of a local run: 0 when there is none."""
+    return max((int(p.parent.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*/manifest.json")),
+               default=0)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in (run_dir / "ledger" / "events").glob("*.json")]
 
 
 # -- 6. a faulty object store -------------------------------------------------------------------------
@@ -141,11 +162,14 @@ def store_faults(workdir: Path, quick: bool = False) -> dict:
         proxy.stop()
         moto.stop()
     row = audit_row("store-faults", mirror / "chaos" / "runs" / "s3", code)
-    return result_row("store-faults", injected=proxy.failed, detected=proxy.failed if row["finished"] else 0,
+    judged, retried, late = proxy.retried()
+    return result_row("store-faults", injected=judged, detected=retried,
                 lost=row["lost"], finished=row["finished"] and bool(outages),
                 leaks=h.leaks(workdir, [mirror], extra=[secret]),
                 detail=f"{proxy.failed} of {proxy.failed + proxy.forwarded} S3 requests failed, including a "
-                       f"{outage_s}s outage{'' if outages else ' (never reached)'}; store.retry_s rode them out")
+                       f"{outage_s}s outage{'' if outages else ' (never reached)'}; {retried} of {judged} failed "
+                       f"requests were sent again by their client (a retry: the fault seen)"
+                       + (f"; {late} in the last 30 s not sent again (the run ended), not judged" if late else ""))
 
 
 # -- 7. bad input -----------------------------------------------------------------------------------

@@ -6,14 +6,22 @@ arithmetic task, each for its own actor (a dishonest file bans its actor, which 
 file's own reason). Every case says what the learner must do with it: quarantine it (with a reason
 that contains ``expect``) or drop it as a duplicate. ``tests/test_chaos.py`` draws the same kinds
 with hypothesis.
+
+Two kinds are about the object rather than its bytes, and are written with ``plant_local`` or
+``plant_s3``: ``unreadable`` is a valid file stored as GLACIER (S3 answers its HEAD, and 403 to every
+GET or copy; a local file cannot be made unreadable to root, so ``LOCAL_KINDS`` leaves it out), and
+``huge_sparse`` is a file of several GB (a sparse file on a local store; on S3, where a large object
+is not cheap, ``S3_HUGE_BYTES``). Each must be set aside without being read whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -28,6 +36,10 @@ class Case:
     data: bytes
     expect: str
     """A substring of the quarantine reason, or ``duplicate`` (dropped: the content was used already)."""
+    storage_class: str = "STANDARD"
+    """``GLACIER`` (``unreadable``): HEAD works, GET is 403 (on S3; see ``plant_s3``)."""
+    size: int = 0
+    """When over ``len(data)``: the object is ``data`` followed by zeros up to this many bytes (``huge_sparse``)."""
 
 
 def honest(problems, tokenizer, *, group_size: int, salt: int) -> list[Rollout]:
@@ -78,7 +90,30 @@ def _table_bytes(table: pa.Table) -> bytes:
 
 KINDS = ("drop_column", "mismatched_lengths", "nan_logprob", "inf_logprob", "positive_logprob", "token_out_of_vocab",
          "negative_token", "future_version", "huge_file", "truncated_arrow", "garbage", "flipped_bytes",
-         "reward_out_of_range", "wrong_reward", "wrong_run", "other_actor", "short_group", "duplicate")
+         "reward_out_of_range", "wrong_reward", "wrong_run", "other_actor", "short_group", "duplicate",
+         "unreadable", "huge_sparse")
+LOCAL_KINDS = tuple(k for k in KINDS if k != "unreadable")
+"""What a local store can hold (root reads a file whatever its mode)."""
+SPARSE_BYTES = 3 * 2**30
+"""``huge_sparse`` on a local store: 3 GiB that take no disk (a sparse file)."""
+S3_HUGE_BYTES = 8 * 2**20
+"""``huge_sparse`` on S3: moderately large (written for real), still eight times the tests' 1 MiB limit."""
+
+
+def plant_local(c: Case, path: Path) -> None:
+    """Write case ``c`` as the file ``path`` (``huge_sparse``: extended, sparse, to its size)."""
+    if c.storage_class != "STANDARD":
+        raise ValueError(f"a local store cannot hold a {c.storage_class} object ({c.kind}): use plant_s3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(c.data)
+    if c.size > len(c.data):
+        os.truncate(path, c.size)
+
+
+def plant_s3(c: Case, client, bucket: str, key: str) -> None:
+    """Write case ``c`` with boto3 ``client`` (its storage class as given; ``huge_sparse`` at ``S3_HUGE_BYTES``)."""
+    body = c.data + bytes(max(0, min(c.size, S3_HUGE_BYTES) - len(c.data))) if c.size else c.data
+    client.put_object(Bucket=bucket, Key=key, Body=body, StorageClass=c.storage_class)
 
 
 def case(kind: str, i: int, rng: random.Random, *, rows: list[Rollout], run_id: str, version: int, vocab: int,
@@ -114,6 +149,10 @@ def case(kind: str, i: int, rng: random.Random, *, rows: list[Rollout], run_id: 
     if kind == "huge_file":
         pad = rng.randbytes(max_file_bytes + 1024)
         return Case(kind, actor, version, good + pad, "over the limit")
+    if kind == "huge_sparse":  # a valid file's bytes, then zeros to several GB
+        return Case(kind, actor, version, good, "over the limit", size=SPARSE_BYTES + rng.randrange(2**20))
+    if kind == "unreadable":  # a valid file no GET can read: whatever the reason says, it must not be used
+        return Case(kind, actor, version, good, "", storage_class="GLACIER")
     if kind == "truncated_arrow":
         return Case(kind, actor, version, good[: rng.randrange(8, len(good) - 8)], "")
     if kind == "garbage":
@@ -148,6 +187,6 @@ def reowned(data: bytes, actor: str) -> tuple[bytes, int]:
     return _table_bytes(table), int(table.column("policy_version")[0].as_py())
 
 
-def cases(n: int, seed: int, **context) -> list[Case]:
+def cases(n: int, seed: int, kinds: tuple[str, ...] = KINDS, **context) -> list[Case]:
     rng = random.Random(seed)
-    return [case(KINDS[i % len(KINDS)], i, rng, **context) for i in range(n)]
+    return [case(kinds[i % len(kinds)], i, rng, **context) for i in range(n)]

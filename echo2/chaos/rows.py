@@ -10,7 +10,7 @@ from echo2.chaos import harness as h
 
 def result_row(name: str, **fields) -> dict:
     row = {"scenario": name, "injected": 0, "detected": 0, "lost": 0, "bad_loaded": 0, "finished": False,
-           "leaks": [], "detail": ""}
+           "leaks": [], "broken": [], "detail": ""}
     row.update(fields)
     return row
 

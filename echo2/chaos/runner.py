@@ -1,9 +1,10 @@
 """``echo2 chaos`` / ``make chaos``: every scenario (``scenarios.py``) against real runs, one table.
 
-A scenario fails when it lost or double-used a rollout file, when an actor loaded a bad version, when a
-run did not finish, when it detected fewer faults than it injected, or when a secret was found where it
-must never be (``failed``). The command exits 1 when any scenario failed. ``--quick`` runs the small
-sizes; the full ones are what the README's reliability table shows.
+A scenario fails (``failed``) when it lost or double-used a rollout file, when an actor loaded a bad
+version, when a run did not finish, when it detected fewer faults than it injected, when a secret was
+found where it must never be, or when a property it checks beyond those did not hold (``broken``). The
+command exits 1 when any scenario failed. ``--quick`` runs the small sizes; the full ones are what the
+README's reliability table shows.
 
 Interrupted (Ctrl-C, or SIGTERM: ``command.py`` makes it the same), the suite stops every process its
 scenarios started -- runs in sessions of their own, their actors and Prefect servers, hostile actors --
@@ -58,7 +59,7 @@ def reap_suite(tag: str) -> int:
 
 def failed(row: dict) -> bool:
     return (row["lost"] != 0 or row["bad_loaded"] != 0 or not row["finished"] or row["detected"] < row["injected"]
-            or bool(row["leaks"]))
+            or bool(row["leaks"]) or bool(row.get("broken")))
 
 
 def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: Path | None = None,
@@ -87,7 +88,7 @@ def run_scenarios(names: list[str] | None = None, *, quick: bool = False, keep: 
             raise
         except Exception as exc:  # a scenario that broke is a failed row, not a stopped suite
             row = {"scenario": name, "injected": 1, "detected": 0, "lost": 0, "bad_loaded": 0, "finished": False,
-                   "leaks": [], "detail": f"{type(exc).__name__}: {exc}"}
+                   "leaks": [], "broken": [], "detail": f"{type(exc).__name__}: {exc}"}
         row["seconds"] = round(time.time() - started, 1)
         row.pop("audit", None)
         progress(f"chaos: {name}: {'FAILED' if failed(row) else 'ok'} in {row['seconds']:.0f}s; {row['detail']}")
@@ -134,6 +135,8 @@ def print_table(rows: list[dict]) -> None:
     console.print(table)
     for r in rows:
         console.print(f"- {r['scenario']}: {r['detail']}")
+        for what in r.get("broken", []):
+            console.print(f"  broken: {what}")
         for leak in r["leaks"][:5]:
             console.print(f"  leak: {leak}")
 

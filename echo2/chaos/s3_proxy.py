@@ -6,11 +6,16 @@ own ``503 SlowDown`` (XML body, as S3 sends it), a ``500 InternalError``, or a c
 answer at all: the three ways a real store fails transiently. Counts of forwarded and failed requests
 are kept for the report. moto runs with auth off, so re-sending a signed request from another port is
 fine (the signature covers the Host header, which moto does not check).
+
+Whether the clients noticed each fault is measured, not assumed (``retried``): a failed request counts as
+detected when the same request (method, path and query, body) arrives again later, i.e. a client saw the
+failure and retried it rather than carrying on without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import threading
 import time
@@ -33,6 +38,8 @@ class FaultyS3Proxy:
         self.failed = 0
         self._rng = random.Random(seed)
         self._outage_until = 0.0
+        self._requests: list[tuple[float, str, bool]] = []
+        """(time, request's identity, whether it was failed) of every request, in arrival order."""
         self._kind = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="echo2-faulty-s3", daemon=True)
@@ -62,8 +69,30 @@ class FaultyS3Proxy:
     def in_outage(self) -> bool:
         return time.time() < self._outage_until
 
+    def retried(self, grace_s: float = 30.0) -> tuple[int, int, int]:
+        """(failed requests judged, of them sent again later, failed requests too late to judge): a failure
+        in the last ``grace_s`` of traffic that was not sent again may be one whose client was stopped
+        while it waited to retry (the run ended), so it is neither counted as missed nor as detected."""
+        seen_later: set[str] = set()
+        judged = retried = late = 0
+        end = self._requests[-1][0] if self._requests else 0.0
+        for at, identity, failed in reversed(self._requests):
+            if failed:
+                again = identity in seen_later
+                if again or at <= end - grace_s:
+                    judged += 1
+                    retried += again
+                else:
+                    late += 1
+            seen_later.add(identity)
+        return judged, retried, late
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if self.in_outage() or self._rng.random() < self.fail_rate:
+        body = await request.read()
+        identity = f"{request.method} {request.path_qs} {hashlib.sha256(body).hexdigest()}"
+        fail = self.in_outage() or self._rng.random() < self.fail_rate
+        self._requests.append((time.time(), identity, fail))
+        if fail:
             self.failed += 1
             self._kind += 1
             if self._kind % 3 == 0:  # the connection dies without an answer
@@ -73,7 +102,6 @@ class FaultyS3Proxy:
             return web.Response(status=503 if self._kind % 3 == 1 else 500, body=body, content_type="application/xml")
         self.forwarded += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        body = await request.read()
         async with self._session.request(request.method, f"{self.upstream}{request.path_qs}", headers=headers,
                                          data=body, allow_redirects=False) as upstream:
             payload = await upstream.read()
