@@ -285,6 +285,10 @@ class Config(_Section):
         if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
             raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
                              "open to the internet (use auto or on)")
+        if self.fleet.backend == "skypilot" and not self.fleet.skypilot.credentials_role_arn:
+            raise ValueError("fleet.backend skypilot needs fleet.skypilot.credentials_role_arn: actors run on "
+                             "machines we do not own and get only scoped, expiring store credentials "
+                             "(infra/iam/README.md)")
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from echo2.config._base import _Section
 
@@ -140,11 +140,3 @@ class FleetConfig(_Section):
     new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
     billing (its cluster then downs itself, ``skypilot.idle_minutes_to_autodown``); keep it well above the
     longest gap between two steps (an evaluation included)."""
-
-    @model_validator(mode="after")
-    def _scoped_credentials(self) -> "FleetConfig":
-        if self.backend == "skypilot" and not self.skypilot.credentials_role_arn:
-            raise ValueError("fleet.backend skypilot needs fleet.skypilot.credentials_role_arn: actors run on "
-                             "machines we do not own and get only scoped, expiring store credentials "
-                             "(infra/iam/README.md)")
-        return self
