@@ -19,11 +19,13 @@ asks the cloud:
   or every zone through the aggregated list) gives the set of reclaimed instance names.
 
 Both take a client built by the caller (credentials, region, endpoint), so tests point them at moto
-and at a loopback fake of the Compute REST API; nothing here reaches a network on its own.
+and at a loopback fake of the Compute REST API. ``cloud_end_reason`` asks them about a SkyPilot
+cluster (the SkyPilot backend's default), building the default clients where none is given.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 EndReason = Literal["reclaimed", "crashed", "terminated"]
@@ -44,6 +46,8 @@ USER_SPOT_STATUSES = frozenset({"instance-terminated-by-user", "instance-stopped
                                 "request-canceled-and-instance-running"})
 ENDED_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 PREEMPTED_OPERATION = "compute.instances.preempted"
+
+log = logging.getLogger("echo2.fleet")
 
 
 def _spot_status(ec2_client: Any, instance: dict) -> str | None:
@@ -140,3 +144,39 @@ def gcp_preempted_instances(project: str, zone: str | None = None, client: Any =
                                                                                    filter=flt)))
     return {_instance_name(op.target_link) for op in operations
             if op.operation_type == PREEMPTED_OPERATION and op.target_link}
+
+
+def cloud_end_reason(launched: Any, name_on_cloud: str | None, *, ec2_client=None,
+                     gcp_project: str | None = None, gcp_client=None) -> tuple[str, str]:
+    """Ask the cloud why the instances behind a SkyPilot cluster ended (``launched``: what its launch bought,
+    ``skypilot.Launched``): AWS by the EC2 tag
+    SkyPilot puts on them, GCP by its preemption operations; elsewhere a vanished spot cluster is
+    taken for a reclaim (no reason API), a vanished on-demand one for a crash."""
+    try:
+        if launched.cloud == "aws" and name_on_cloud:
+            if ec2_client is None:
+                import boto3
+
+                ec2_client = boto3.client("ec2", region_name=launched.region)
+            reply = ec2_client.describe_instances(
+                Filters=[{"Name": "tag:skypilot-cluster-name", "Values": [name_on_cloud]}])
+            ids = [i["InstanceId"] for r in reply.get("Reservations", []) for i in r.get("Instances", [])]
+            reasons = {aws_instance_end_reason(ec2_client, i) for i in ids} - {None}
+            for reason in ("reclaimed", "crashed", "terminated"):
+                if reason in reasons:
+                    return reason, f"EC2 says {reason} ({len(ids)} instance(s) tagged {name_on_cloud})"
+            return "crashed", f"EC2 has no ended instance tagged {name_on_cloud}"
+        if launched.cloud == "gcp" and name_on_cloud:
+            if gcp_project is None:
+                import google.auth
+
+                _, gcp_project = google.auth.default()
+            preempted = gcp_preempted_instances(gcp_project, None, gcp_client)
+            if any(n.startswith(name_on_cloud) for n in preempted):
+                return "reclaimed", "GCP preempted it (compute.instances.preempted)"
+            return "crashed", "no GCP preemption operation names it"
+    except Exception as exc:  # the question failed, not the actor: say so, and fall back on the market
+        log.warning("could not ask %s why %s ended: %s", launched.cloud, name_on_cloud, exc)
+    if launched.spot:
+        return "reclaimed", f"spot instance gone ({launched.cloud} gives no reason here)"
+    return "crashed", "on-demand instance gone"

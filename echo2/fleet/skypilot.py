@@ -56,6 +56,7 @@ import yaml
 from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
+from echo2.fleet.reclaims import cloud_end_reason
 
 log = logging.getLogger("echo2.fleet")
 
@@ -469,41 +470,3 @@ def fleet_down(run_id: str, api: SkyApi | None = None) -> list[str]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(api.down, names))
     return names
-
-
-# -- why a cluster ended ------------------------------------------------------------------------
-def cloud_end_reason(launched: Launched, name_on_cloud: str | None, *, ec2_client=None,
-                     gcp_project: str | None = None, gcp_client=None) -> tuple[str, str]:
-    """Ask the cloud why the instances behind a cluster ended (``reclaims.py``): AWS by the EC2 tag
-    SkyPilot puts on them, GCP by its preemption operations; elsewhere a vanished spot cluster is
-    taken for a reclaim (no reason API), a vanished on-demand one for a crash."""
-    from echo2.fleet import reclaims
-
-    try:
-        if launched.cloud == "aws" and name_on_cloud:
-            if ec2_client is None:
-                import boto3
-
-                ec2_client = boto3.client("ec2", region_name=launched.region)
-            reply = ec2_client.describe_instances(
-                Filters=[{"Name": "tag:skypilot-cluster-name", "Values": [name_on_cloud]}])
-            ids = [i["InstanceId"] for r in reply.get("Reservations", []) for i in r.get("Instances", [])]
-            reasons = {reclaims.aws_instance_end_reason(ec2_client, i) for i in ids} - {None}
-            for reason in ("reclaimed", "crashed", "terminated"):
-                if reason in reasons:
-                    return reason, f"EC2 says {reason} ({len(ids)} instance(s) tagged {name_on_cloud})"
-            return "crashed", f"EC2 has no ended instance tagged {name_on_cloud}"
-        if launched.cloud == "gcp" and name_on_cloud:
-            if gcp_project is None:
-                import google.auth
-
-                _, gcp_project = google.auth.default()
-            preempted = reclaims.gcp_preempted_instances(gcp_project, None, gcp_client)
-            if any(n.startswith(name_on_cloud) for n in preempted):
-                return "reclaimed", "GCP preempted it (compute.instances.preempted)"
-            return "crashed", "no GCP preemption operation names it"
-    except Exception as exc:  # the question failed, not the actor: say so, and fall back on the market
-        log.warning("could not ask %s why %s ended: %s", launched.cloud, name_on_cloud, exc)
-    if launched.spot:
-        return "reclaimed", f"spot instance gone ({launched.cloud} gives no reason here)"
-    return "crashed", "on-demand instance gone"
