@@ -117,6 +117,7 @@ def test_a_non_finite_step_changes_no_weight_and_says_so(tiny_model):
 def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, tmp_path):
     """Export of an adapter version (base + (alpha/r) B A, merged by the CLI) gives the learner's own logits.
     The adapter is trained with signal first, so B != 0: a merge that dropped or mis-scaled B A fails."""
+    import os
     import subprocess
     import sys
 
@@ -143,8 +144,12 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     b = [v for k, v in learner.adapter_tensors().items() if "lora_B" in k]
     assert any(t.abs().sum() > 0 for t in b)
 
+    # a machine without the run's key (export then checks with run.json's; the session's secrets folder may
+    # hold the key of another run named "lora", which export would rightly refuse to take for this one's)
+    env = {**os.environ, "ECHO2_SECRETS": str(tmp_path / "secrets")}
+    env.pop("ECHO2_RUN_KEY", None)
     subprocess.run([sys.executable, "-m", "echo2.cli", "export", str(tmp_path / "run"), str(tmp_path / "out")],
-                   check=True, cwd=REPO, capture_output=True)
+                   check=True, cwd=REPO, capture_output=True, env=env)
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     ids = torch.tensor([[1, 5, 9, 30, 2, 7]])
