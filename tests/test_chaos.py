@@ -1,5 +1,6 @@
 """The chaos suite's scenarios in their smaller forms (``make chaos`` runs them all at full size with
-``echo2 chaos``; echo2/chaos/). The other scenarios' small forms live beside the code they test:
+``echo2 chaos``; echo2/chaos/): learner kills, fuzzed rollout files (local and S3), store faults and
+``hostile-store`` here. The other scenarios' small forms live beside the code they test:
 reclaims (test_e2e), hostile peers and truncated shards (test_relay_hostile, test_broadcast), forged
 manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config), dishonest actors
 (test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load (test_collector).

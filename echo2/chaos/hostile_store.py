@@ -62,21 +62,21 @@ class HostileActor:
     def __init__(self, s3, admin, bucket: str, root: str, *, run_id: str, tokenizer, task, quick: bool):
         self.s3, self.admin, self.bucket, self.root = s3, admin, bucket, root
         self.run_id, self.tok, self.task = run_id, tokenizer, task
-        self.junk = 40 if quick else 300
+        self.junk, self.future = (40, 2) if quick else (300, 8)
+        self.huge_bytes = (16 if quick else 128) * 2**20
         self.steps_after = (4, 30) if quick else (16, 40)
         """Steps trained after the last wave before the run is interrupted (Ctrl-C) for the planted checkpoint:
         at least the first, and until every planted file is judged (the far future waits for the collector's
         periodic full sweep) or the second."""
-        self._next_look = 0.0
-        self.interrupted_at: int | None = None
-        self.future = 2 if quick else 8
-        self.huge_bytes = (16 if quick else 128) * 2**20
-        self.wave, self.seq, self.waited_from = 0, 0, 0.0
         self.keys: dict[str, list[str]] = {kind: [] for kind in KINDS}
-        self.first_upload_step: int | None = None
+        """What it wrote, by kind (keys in the run)."""
+        self.wave, self.seq = 0, 0
+        self.latest_at_wave, self.waited_from = 0, 0.0  # when the last wave went out
+        self.first_upload_step: int | None = None  # the ledger's last step when the first wave went out
         self.first_wave3_step = 0
-        self.latest_at_wave = 0
-        self.checkpoint_refused = ""
+        self.interrupted_at: int | None = None
+        self.checkpoint_refused = ""  # what the store answered its own credentials' checkpoint
+        self._next_look = 0.0
 
     # -- the store as each side sees it --------------------------------------------------------
     def _latest(self) -> int | None:
@@ -362,6 +362,8 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
         broken.append(f"honest actors with no file used after the first hostile upload: {starved or 'no actors'}")
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) if row["finished"] else {}
     banned = HOSTILE in summary.get("audit", {}).get("banned", {})
+    if attacker.checkpoint_refused == "allowed":
+        broken.append("the actor's own credentials were allowed to write a checkpoint manifest")
     if not (banned and revoked):
         broken.append(f"hostile actor banned: {banned}, revoked in a published manifest: {revoked}")
     resumed = [e for e in _events(run_dir) if e.get("kind") == "resume"]
