@@ -75,7 +75,7 @@ class FakeLaunchApi:
     SkyPilot's real optimizer on the real task, as its API server would, and "provisions" the cheapest
     candidate: a cluster that is UP with its job RUNNING; the test then plays the clouds (capacity, job
     ends, reclaims) on ``table`` and ``jobs``. ``hold`` keeps launches in flight until it is set.
-    ``fail(call, times, exc)`` makes the next ``times`` calls of ``clusters`` or ``job_status`` raise ``exc``
+    ``fail(call, times, exc)`` makes the next ``times`` calls of ``launch``, ``clusters`` or ``job_status`` raise ``exc``
     (a dropped request); ``spot_notice`` and ``take`` play a reclaim the way it reaches SkyPilot: the actor
     exits 0 on its notice (job SUCCEEDED), then the machine goes (``ec2``: a moto EC2 client whose instance,
     tagged as SkyPilot tags it, is terminated with the spot state reason)."""
@@ -89,12 +89,13 @@ class FakeLaunchApi:
         self.tasks: dict[str, object] = {}
         self.instances: dict[str, str] = {}
         self.status_calls = 0
-        self.failures: dict[str, list[BaseException]] = {"clusters": [], "job_status": []}
+        self.failures: dict[str, list[BaseException]] = {"launch": [], "clusters": [], "job_status": []}
         self.hold = threading.Event()
         self.hold.set()
 
     def launch(self, task, cluster_name, *, idle_minutes):
         self.hold.wait(30)
+        self._maybe_fail("launch")
         self.tasks[cluster_name] = task
         if {g for r in task.resources for g in (r.accelerators or {})} & self.no_capacity_gpus:
             raise sky.exceptions.ResourcesUnavailableError(f"no capacity for {cluster_name} in any candidate")
@@ -562,6 +563,27 @@ def test_a_dropped_status_request_does_not_end_the_run(tmp_path, offline_optimiz
     api.fail("clusters", 1, TypeError("a bug"))
     with pytest.raises(TypeError):
         fleet.reconcile()
+    fleet.stop()
+
+
+def test_a_dropped_launch_request_is_sent_again_and_never_counts_as_a_crash(tmp_path, offline_optimizer):
+    api = FakeLaunchApi()
+    api.fail("launch", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP, A10G), actors=1, max_restarts=0)
+    fleet.start()
+    first = fleet.slots[0].actor_id
+    wait_for(lambda: backend.poll(first).state == ActorState.RUNNING, "the launch sent again to come up")
+    # a launch that keeps failing: its offers wait unavailable_retry_s, the next is tried; no crash, no FleetFailed
+    api.fail("launch", 3, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.table.pop(backend.actors[first].cluster)  # the first is taken (reclaimed, per its end_reason: crashed here)
+    backend.end_reason = lambda launched, name: ("reclaimed", "test: taken")
+    fleet.reconcile()
+    second = fleet.slots[0].actor_id
+    wait_for(lambda: backend.poll(second).ended, "the failing launch to give up")
+    fleet.reconcile()
+    assert [e["actor_id"] for e in events(store, "unavailable")] == [second]
+    assert "FleetApiError" in events(store, "unavailable")[0]["detail"] and not events(store, "crashed")
+    assert fleet.slots[0].offer == A10G  # the next offer (every L4 was in the failed launch's any_of)
     fleet.stop()
 
 

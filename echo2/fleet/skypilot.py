@@ -16,6 +16,8 @@
     poll(actor)             one sky.status request for every cluster, at most every status_poll_s
         launch under way                      -> STARTING
         launch failed for want of capacity    -> UNAVAILABLE (the manager tries the next offer)
+        launch request dropped                -> retried (bounded, logged); then UNAVAILABLE too: the
+                                                 offers are asked again after unavailable_retry_s
         launch failed otherwise               -> CRASHED
         cluster UP, job running or pending    -> RUNNING, with the offer SkyPilot took among any_of
         cluster UP, job ended                 -> CRASHED (FAILED, CANCELLED ...); SUCCEEDED is EXITED once
@@ -40,6 +42,7 @@ so a run id is folded into ``run_label`` and the same fold finds the clusters ag
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -340,8 +343,9 @@ class SkyPilotBackend(FleetBackend):
     def launch(self, spec: ActorLaunch) -> dict:
         task = build_task(spec, self.config, run_id=self.run_id, workdir=self.workdir, task_config=self.task_config)
         name = cluster_name(self.run_id, spec.actor_id)
-        actor = _Actor(spec, name, self._pool.submit(self.api.launch, task, name,
-                                                     idle_minutes=self.config.idle_minutes_to_autodown))
+        # a launch whose request was dropped is sent again (SkyPilot reuses a cluster of the same name)
+        launch = functools.partial(self.api.launch, idle_minutes=self.config.idle_minutes_to_autodown)
+        actor = _Actor(spec, name, self._pool.submit(self._ask, "sky.launch", launch, task, name))
         actor.future.add_done_callback(lambda f, a=actor: setattr(a, "done_at", time.time()))
         self.actors[spec.actor_id] = actor
         log.info("launching %s as SkyPilot cluster %s (%d candidate offers)", spec.actor_id, name,
@@ -366,7 +370,8 @@ class SkyPilotBackend(FleetBackend):
         exc = a.future.exception()
         if exc is not None:
             detail = f"launch failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-            kind = ActorState.UNAVAILABLE if type(exc).__name__ in CAPACITY_ERRORS else ActorState.CRASHED
+            unavailable = type(exc).__name__ in CAPACITY_ERRORS or isinstance(exc, FleetApiError)
+            kind = ActorState.UNAVAILABLE if unavailable else ActorState.CRASHED
             return ActorStatus(kind, detail)
         # a launch that returned after the last status request is not in it: ask again now
         self._refresh(force=a.done_at is None or a.done_at >= self._refreshed_at)
