@@ -1,6 +1,7 @@
 """What a user watching the flow run in the Prefect UI sees: name and tags, a progress artifact
-updated every step, a metrics table every few steps, actor logs in the run's log, and the cost
-report with the reward curve at the end. Prefect-specific code lives here and in ``train.py``."""
+updated every step, a metrics table updated in place every few steps (one artifact, not a new
+version each time), actor logs in the run's log, and the cost report with the reward curve at the
+end. Prefect-specific code lives here and in ``train.py``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import base64
 import time
 
 from prefect import get_client, get_run_logger
-from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
-                               update_progress_artifact)
+from prefect.artifacts import (TableArtifact, create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact, update_progress_artifact)
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.runtime import flow_run
 
 from echo2.config import Config
@@ -45,6 +47,8 @@ class RunWatch:
         self.run_id = config.run.id
         self.table_every = table_every
         self.rows: list[dict] = []
+        self.table_id = None
+        """The metrics table artifact, made at its first showing and updated in place after."""
         self.log = get_run_logger()
         self.ui = reporter()
         with get_client(sync_client=True) as client:
@@ -75,8 +79,13 @@ class RunWatch:
             self._table()
 
     def _table(self) -> None:
-        create_table_artifact(self.rows, key=_key(self.run_id, "metrics"),
-                              description=f"training metrics of {self.run_id}")
+        if self.table_id is None:
+            self.table_id = create_table_artifact(self.rows, key=_key(self.run_id, "metrics"),
+                                                  description=f"training metrics of {self.run_id}")
+            return
+        data = TableArtifact(table=self.rows).format(_sync=True)  # the JSON text create_table_artifact stores
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self.table_id, ArtifactUpdate(data=data))
 
     def finished(self, summary: dict, curves_png: bytes | None, cost_md: str) -> None:
         self.ui.stop()

@@ -9,18 +9,34 @@
                      evaluate every eval.every steps (when set)
                      reconcile the fleet (fleet.actors: auto: sized by the capacity model),
                      forward actor logs, update the artifacts
-    on cancel or Ctrl-C: checkpoint so `resume: true` continues from here
+    on cancel, Ctrl-C or SIGTERM: checkpoint so `resume: true` continues from here, while the fleet
+                     is told to stop (both inside Prefect's grace: 30 s from its SIGTERM to SIGKILL)
     always: stop the fleet
     evaluate after training, write the reports and the cost report artifact
+
+A rerun of the same flow run (a flow-run retry, the UI's Retry on a failed or crashed run) continues the
+run it started instead of starting over: a launch that names no ``run.id`` gets one derived from the
+flow run id, the flow run records itself in the run's ledger (a ``flow_run`` event), and a run folder
+this flow run made is resumed from its last checkpoint, not created again.
+
+Tasks that return live objects (the run, the fleet, a selection of rollout tables) say that their results
+are never persisted (``persist_result=False``), whatever a user's settings (PREFECT_RESULTS_PERSIST_BY_DEFAULT)
+or a later Prefect default to: a model and its threads do not belong in a result store. (In Prefect 3.9
+``NO_CACHE`` alone already kept them out: with that setting on, only the flow's summary was stored.)
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run as this_flow_run
 
-from echo2.config import Config, config_from_dict
+from echo2.config import Config, config_from_dict, load_config
 from echo2.data import layout
+from echo2.data.ledger import read_events, write_event
 from echo2.data.store import StoreError, open_store
 from echo2.fleet import autosize
 from echo2.fleet.manager import FleetManager, make_fleet
@@ -28,6 +44,11 @@ from echo2.launch import resolve_launch
 from echo2.learner.collector import NoRollouts, Selection
 from echo2.learner.run import LearnerRun
 from flows.observe import RunWatch
+
+log = logging.getLogger("echo2.flows")
+
+FLOW_RUN_EVENT = "flow_run"
+"""The ledger event a flow run writes into the run it trains (``flow_run_id``, ``attempt``)."""
 
 
 def _transient(task, task_run, state) -> bool:
@@ -38,13 +59,13 @@ def _transient(task, task_run, state) -> bool:
     return isinstance(exc, (StoreError, ConnectionError, OSError))
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def prepare_run(config: Config, resume: bool) -> LearnerRun:
     store = open_store(config.store.url, config.store.options, retry_s=config.store.retry_s)
     return LearnerRun(config, store.child(layout.RUNS), resume=resume)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def start_fleet(run: LearnerRun) -> FleetManager:
     fleet = make_fleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
                        run_key=run.key, seed=run.config.run.seed, run_id=run.run_id,
@@ -58,7 +79,7 @@ def evaluate(run: LearnerRun, label: str) -> dict:
     return run.evaluate(label)
 
 
-@task(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=2, retry_condition_fn=_transient,
+@task(cache_policy=NO_CACHE, persist_result=False, retries=3, retry_delay_seconds=2, retry_condition_fn=_transient,
       task_run_name="collect-rollouts-{step}")
 def collect_rollouts(run: LearnerRun, fleet: FleetManager, step: int) -> Selection:
     return run.collect(should_abort=fleet.reconcile)
@@ -89,6 +110,49 @@ def write_reports(run: LearnerRun) -> dict:
     return run.finish()
 
 
+def derived_run_id(name: str, flow_run_id: str) -> str:
+    """The run id of a flow run whose launch names none: the same at every rerun of that flow run."""
+    return f"{name}-{flow_run_id.replace('-', '')[:12]}"
+
+
+def _launch(config: dict | None, config_path: str, settings: list[str], resume: bool) -> tuple[Config, bool]:
+    """The config this flow run trains with, and whether it resumes (see the module docstring)."""
+    flow_run_id = this_flow_run.id  # the same at every rerun of this flow run; None outside one
+    derived = False
+    if config is not None:  # `echo2 run`: resolved (run.id included) before the flow started
+        cfg = config_from_dict(config)
+    else:
+        named = load_config(config_path, settings) if not resume and flow_run_id else None
+        if named is not None and named.run.id is None:
+            settings = [*settings, f"run.id={derived_run_id(named.run.name, flow_run_id)}"]
+            derived = True
+        cfg = resolve_launch(config_path, settings, resume)
+    if resume or not flow_run_id:
+        return cfg, resume
+    runs = open_store(cfg.store.url, cfg.store.options, retry_s=cfg.store.retry_s).child(layout.RUNS)
+    run_store = runs.child(cfg.run.id)
+    if not run_store.exists(layout.RUN_JSON):
+        return cfg, False
+    # a folder named after this flow run, or one whose ledger names it, is this flow run's own: a rerun
+    if derived or any(e.get("kind") == FLOW_RUN_EVENT and e.get("flow_run_id") == flow_run_id
+                      for e in read_events(run_store)):
+        log.warning("flow run %s ran before (attempt %s): resuming its run %s", flow_run_id, this_flow_run.run_count,
+                    cfg.run.id)
+        return cfg, True
+    return cfg, False  # someone else's run of that id: creating it fails, naming --resume
+
+
+def _stop_interrupted(run: LearnerRun, fleet: FleetManager) -> None:
+    """Cancellation, Ctrl-C, SIGTERM: the fleet is told to stop while the checkpoint is written, so that
+    both end inside Prefect's grace (30 s from its SIGTERM to its SIGKILL)."""
+    teardown = threading.Thread(target=fleet.stop, name="echo2-fleet-stop")
+    teardown.start()
+    try:
+        run.interrupted()
+    finally:
+        teardown.join()
+
+
 @flow(name="echo2-train")
 def train(config_path: str = "configs/quickstart.yaml", model: str | None = None, task: str | None = None,
           staleness: int | None = None, max_steps: int | None = None, fleet_budget_usd_per_hour: float | None = None,
@@ -102,9 +166,12 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
     shortcuts = {"model.name": model, "task.name": task, "train.staleness": staleness,
                  "train.max_steps": max_steps, "fleet.max_usd_per_hour": fleet_budget_usd_per_hour}
     settings = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides or [])
-    cfg = config_from_dict(config) if config is not None else resolve_launch(config_path, settings, resume)
+    cfg, resume = _launch(config, config_path, settings, resume)
     watch = RunWatch(cfg)
     run = prepare_run(cfg, resume)
+    if this_flow_run.id:
+        write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
+                    attempt=this_flow_run.run_count, step=run.step)
     fleet = start_fleet(run)
     try:
         if cfg.eval.before:
@@ -117,7 +184,7 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
             if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
                 watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
     except BaseException:
-        run.interrupted()
+        _stop_interrupted(run, fleet)
         watch.stopped()
         raise
     finally:

@@ -232,6 +232,53 @@ def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code)
     assert "terminated" in kinds
 
 
+RETRIED_FLOW = """
+import json, os, sys
+for key, value in {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}.items():
+    os.environ.setdefault(key, value)
+import echo2.learner.run as run_module
+import flows.train
+from echo2.launch import resolve_launch
+
+failed = []
+original = run_module.LearnerRun.update
+
+
+def update(self, selection):  # the first attempt fails in step 3, after checkpoint 2
+    if self.step == 2 and not failed:
+        failed.append(True)
+        raise RuntimeError("injected: the first attempt fails in step 3")
+    return original(self, selection)
+
+
+run_module.LearnerRun.update = update
+cfg = resolve_launch(sys.argv[1], sys.argv[2:], False)  # what `echo2 run` hands the flow: run.id resolved
+summary = flows.train.train.with_options(retries=1, retry_delay_seconds=0)(config=cfg.model_dump(mode="json"))
+print("SUMMARY " + json.dumps(summary))
+"""
+
+
+def test_a_retried_flow_run_resumes_its_run(tiny_model, tmp_path):
+    """A flow-run retry (the same flow run, run again) continues the run that flow run started, from its last
+    checkpoint: with `echo2 run`'s resolved run.id it used to fail with "already exists"."""
+    proc = subprocess.run([sys.executable, "-c", RETRIED_FLOW, QUICKSTART,
+                           f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=retried", *TINY,
+                           "eval.before=false", "eval.after=false"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.loads(proc.stdout.split("SUMMARY ", 1)[1])
+    assert summary["run_id"] == "retried" and summary["steps"] == 4
+    run = tmp_path / "runs" / "retried"
+    events = [json.loads(p.read_text()) for p in (run / "ledger" / "events").glob("*.json")]
+    assert [e["step"] for e in events if e["kind"] == "resume"] == [2]
+    attempts = sorted((e["attempt"], e["step"]) for e in events if e["kind"] == "flow_run")
+    assert [step for _, step in attempts] == [0, 2] and len({e["flow_run_id"] for e in events
+                                                              if e["kind"] == "flow_run"}) == 1, attempts
+    problems, _ = ledger_audit(open_store(str(run)))
+    assert not problems, problems
+
+
 def session_pids(sid: int) -> list[int]:
     """Live processes of session ``sid`` (zombies excluded)."""
     out = []

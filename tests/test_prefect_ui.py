@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -87,7 +88,9 @@ with get_client(sync_client=True) as c:
     for a in info["artifacts"]:
         by_type.setdefault(a["type"], []).append(a)
     assert by_type["progress"][-1]["data"] == 100.0
-    table = by_type["table"][-1]["data"]  # the newest version of the metrics table
+    # one metrics table, updated in place (it used to be a new version every 2 steps, and one more at the end)
+    assert len(by_type["table"]) == 1 and len(by_type["progress"]) == 1, [a["key"] for a in info["artifacts"]]
+    table = by_type["table"][-1]["data"]
     table = json.loads(table) if isinstance(table, str) else table
     assert [row["step"] for row in table] == [1, 2, 3, 4]
     assert table[-1]["eval_accuracy"] is not None and table[-1]["actors_alive"] == 1
@@ -130,6 +133,57 @@ def test_flow_run_page_renders_the_artifacts(ui, tmp_path):
     if os.environ.get("ECHO2_REFRESH_SCREENSHOT") == "1":
         (REPO / "docs").mkdir(exist_ok=True)
         shutil.copyfile(shot, REPO / "docs" / "prefect-flow-run.png")
+
+
+def flow_run_state(api, flow_run_id: str) -> tuple[str, int]:
+    """The flow run's state type and how many times it has run."""
+    code = ("import sys; from prefect import get_client\n"
+            "with get_client(sync_client=True) as c:\n"
+            "    r = c.read_flow_run(sys.argv[1]); print(r.state.type.value, r.run_count)")
+    out = subprocess.run([sys.executable, "-c", code, flow_run_id], env=api, capture_output=True, text=True,
+                         timeout=60, check=True)
+    state, runs = out.stdout.strip().splitlines()[-1].split()
+    return state, int(runs)
+
+
+def test_retrying_a_crashed_flow_run_resumes_its_run(ui, tiny_model, tmp_path):
+    """The UI's Retry on a crashed deployment run (the same API call) reruns the same flow run: it must
+    continue the run it started from its last checkpoint, not start another run at step 0."""
+    from helpers import wait_until
+
+    api, port, state = ui
+    overrides = [f"store.url={tmp_path}", "rollout.group_size=4", "rollout.groups_per_batch=2",  # no run.id
+                 "train.groups_per_step=2", "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",
+                 "train.checkpoint_every=2", "eval.before=false", "eval.after=false"]
+    # the first attempt's learner is killed at the 7th pass of its `step` failpoint (two a step: in step 4,
+    # after checkpoint 2); the retry resumes at 2 and finishes step 5 within six passes
+    started = prefect(api, "deployment", "run", "echo2-train/quickstart", "--param", f"model={tiny_model}",
+                      "--param", "max_steps=5", "--param", f"overrides={json.dumps(overrides)}",
+                      "--job-variable", 'env={"ECHO2_FAILPOINTS": "step:7"}')
+    assert started.returncode == 0, started.stdout + started.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+    wait_until(lambda: flow_run_state(api, flow_run_id)[0] == "CRASHED", 300, "the first attempt to crash")
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (run / "checkpoints" / "step-000002" / "manifest.json").exists()
+    assert not (run / "reports" / "summary.json").exists()
+
+    code = ("import sys; from prefect import get_client; from prefect.states import AwaitingRetry\n"
+            "with get_client(sync_client=True) as c:\n"
+            "    c.set_flow_run_state(sys.argv[1], AwaitingRetry(message='Retry from the UI'), force=True)")
+    subprocess.run([sys.executable, "-c", code, flow_run_id], env=api, check=True, timeout=60)
+    final = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+    wait_until(lambda: (lambda st: st[0] in final and st[1] >= 2)(flow_run_state(api, flow_run_id)), 400,
+               "the retry to end")
+    assert flow_run_state(api, flow_run_id)[0] == "COMPLETED"
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.name]  # the same run, no second one
+    summary = json.loads((run / "reports" / "summary.json").read_text())
+    assert summary["steps"] == 5 and summary["run_id"] == run.name
+    events = [json.loads(p.read_text()) for p in (run / "ledger" / "events").glob("*.json")]
+    resumed = [e for e in events if e["kind"] == "resume"]
+    assert len(resumed) == 1 and resumed[0]["step"] == 2, resumed
+    attempts = sorted((e["attempt"], e["step"]) for e in events if e["kind"] == "flow_run" and
+                      e["flow_run_id"] == flow_run_id)
+    assert attempts == [(1, 0), (2, 2)], attempts
 
 
 def test_cancelling_from_the_api_stops_actors_checkpoints_and_resume_continues(ui, tiny_model, tmp_path):
