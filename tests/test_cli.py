@@ -22,11 +22,14 @@ def _restore_process_state():
     environ = dict(os.environ)
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # `echo2 run` takes both
     yield
     os.environ.clear()
     os.environ.update(environ)
     root.handlers[:] = handlers
     root.setLevel(level)
+    for sig, handler in signals.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)
