@@ -107,7 +107,8 @@ def test_sigterm_to_echo2_chaos_stops_every_process_of_its_scenarios(tmp_path):
         chaos = subprocess.Popen([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "reclaims", "--quick",
                                   "--keep", str(tmp_path / "kept")], cwd=REPO, env=env, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True)
-    steps = tmp_path / "kept" / "reclaims" / "runs" / "notice1" / "ledger" / "consumed"
+    run = tmp_path / "kept" / "reclaims" / "runs" / "notice1"
+    steps = run / "ledger" / "consumed"
     try:
         wait_until(lambda: (steps / "step-000001.json").exists(), 300, "the scenario's run to train")
         assert len(tagged_pids(tag)) >= 3  # the suite, its learner, actors (and Prefect's server)
@@ -120,3 +121,5 @@ def test_sigterm_to_echo2_chaos_stops_every_process_of_its_scenarios(tmp_path):
         reap_tagged(tag)
     output = (tmp_path / "chaos.log").read_text()
     assert chaos.returncode == 143 and "interrupted" in output, output[-3000:]
+    # stopped, not left to run on: a learner the suite had left behind would have finished its 8 steps
+    assert not (run / "reports" / "summary.json").exists()
