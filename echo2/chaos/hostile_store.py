@@ -76,6 +76,7 @@ class HostileActor:
         self.first_wave3_step = 0
         self.interrupted_at: int | None = None
         self.checkpoint_refused = ""  # what the store answered its own credentials' checkpoint
+        self.store_refused: list[str] = []  # kinds whose GLACIER put its own credentials were refused
         self._next_look = 0.0
 
     # -- the store as each side sees it --------------------------------------------------------
@@ -105,7 +106,17 @@ class HostileActor:
         return self._judged([k for kind, keys in self.keys.items() for k in keys if kind in ROLLOUT_KINDS])
 
     def _put(self, kind: str, key: str, body: bytes, **extra) -> None:
-        self.s3.put_object(Bucket=self.bucket, Key=self.root + key, Body=body, **extra)
+        """With its own credentials. A store that refuses a GLACIER put (the actor policy's condition, where
+        it is enforced) gets it with wider ones: what a store without that condition lets through."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=self.root + key, Body=body, **extra)
+        except ClientError as exc:
+            if "StorageClass" not in extra or exc.response["Error"]["Code"] != "AccessDenied":
+                raise
+            self.store_refused.append(kind)
+            self.admin.put_object(Bucket=self.bucket, Key=self.root + key, Body=body, **extra)
         self.keys[kind].append(key)
 
     def _rollout_key(self, version: int) -> str:
@@ -381,7 +392,8 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
                              f"{', '.join(k for k, (ok, _) in kinds.items() if ok) or 'none'}; missed: "
                              + "; ".join(f"{k} ({why})" for k, (ok, why) in kinds.items() if not ok)
                              + f"; honest files used after the first upload: {used}; its own credentials planting a "
-                               f"checkpoint: {attacker.checkpoint_refused or 'not tried'}"
+                               f"checkpoint: {attacker.checkpoint_refused or 'not tried'}; GLACIER puts the store "
+                               f"refused (then made with wider credentials): {attacker.store_refused or 'none'}"
                              + (f"; broken: {broken}" if broken else ""))
 
 

@@ -10,10 +10,12 @@ Two limits of moto 5.2.5 shape the set-up (``tests/test_credentials.py`` rests o
 - it ignores session policies, so the actor's scoped document is put on a role of its own as the role's
   inline policy, and the actor's STS session of that role is what it gets (``credentials.scoped_credentials``);
 - it turns an IAM wildcard into a regex by replacing ``*`` only (``?``, used by the rollout pattern, breaks
-  the regex), so the child process replaces that one matcher with AWS's documented semantics; and it ignores
-  ``Condition``, so a *conditional* Deny (e.g. "deny storage classes other than STANDARD") would deny every
-  put: such statements are left out of the role here, and the store then lets through what a store without
-  them would (GCS, or an older policy). What the learner does with that is what the scenario tests.
+  the regex), so the child process replaces that one matcher with AWS's documented semantics;
+- it ignores ``Condition``: the actor policy's condition that only STANDARD, unencrypted-by-customer-key
+  objects may be written (``credentials.READABLE_WRITES``) is not enforced, so this store lets through a
+  GLACIER object as a store without it would (GCS, an older policy); what the learner does with that is
+  what the scenario tests. A *conditional* Deny would be applied to every request: any such statement is
+  left out of the role here.
 
     python -m echo2.chaos.moto_iam     # prints the port, serves until its stdin closes
 """
