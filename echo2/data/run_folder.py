@@ -4,7 +4,16 @@ for resume, and move aside what a killed learner made after its last checkpoint.
 Resume continues from the newest committed checkpoint c. Everything the dead learner made after
 c belongs to a timeline that no longer exists: policy versions > c, rollouts generated with them,
 ledger entries of steps > c, and checkpoint folders > c (a manifest-less one is a checkpoint the
-learner was killed writing). They are moved, never deleted, to ``orphaned/<time>/``.
+learner was killed writing). They are moved, never deleted, to ``orphaned/<time>/``, with one
+exception: an object the store refuses to copy or return to anyone (``store.is_unreadable_object``: a
+GLACIER or customer-key-encrypted object, which anyone with write access to ``checkpoints/`` or
+``policy/`` can plant; IAM should deny it, the learner does not rely on that) cannot be moved, and
+left in place it would stop every resume (the new timeline writes the same keys) and every save of its
+step. Such an object is deleted (``set_aside``), logged in one line with a record in its place under
+``orphaned/``. If it was the learner's own (a lifecycle rule moved it to an archive class), it belonged
+to the discarded timeline, which is kept only to be looked at, and it cannot be read: nothing the run
+uses is lost. A rollout file is never deleted: it is quarantined by reference instead. A refusal of
+the learner's credentials (``AccessDenied``) is not an unreadable object: it stops the resume.
 
 ``run.json`` is signed with the run's key (the manifest scheme, ``manifest.sign``), and a resume
 checks that signature with the key it holds (``check_run_key``): the learner resumes only from the
@@ -28,7 +37,7 @@ from echo2.data.manifest import ManifestRejected, check_file_name, sign, verify_
 from echo2.data.quarantine import by_reference as quarantine_by_reference
 from echo2.data.relay_certs import RelayCA
 from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_of, public_key_text, run_key
-from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_transient
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_transient, is_unreadable_object
 from echo2.errors import Echo2InputError
 
 log = logging.getLogger("echo2.data")
@@ -135,7 +144,8 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
 
     A move copies server-side and reads nothing. A rollout file the store cannot copy (an actor wrote it
     as GLACIER, say) is quarantined by reference instead (``data/quarantine.py``): it stays, is not
-    among the keys returned, and the next ledger entry records it as quarantined.
+    among the keys returned, and the next ledger entry records it as quarantined. Any other object the
+    store refuses to everyone is deleted (``set_aside``; the module's docstring says why) and not returned.
     """
     dest = layout.orphaned_prefix(f"{time.time():.0f}")
     late = []
@@ -150,19 +160,23 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
             late.append(key)
     # a manifest first, so that an interrupted move never leaves a folder that looks committed
     late.sort(key=lambda k: (not k.endswith("/" + layout.MANIFEST), k))
-    kept = []
+    kept, dropped = [], []
     for key in late:
+        if layout.parse_rollout_key(key) is None:
+            if not set_aside(store, key, dest, f"the resume from step {step} could not move it to {dest}"):
+                dropped.append(key)
+            continue
         try:
             store.copy(key, dest + key)
         except Exception as exc:
-            if is_transient(exc) or isinstance(exc, NotFound) or layout.parse_rollout_key(key) is None:
-                raise  # the learner's own objects are readable, or the store is broken: say so
+            if is_transient(exc) or isinstance(exc, NotFound):
+                raise  # the store is broken: say so
             quarantine_by_reference(store, key, f"unreadable: the resume from step {step} could not move it "
                                                 f"to {dest}", exc)
             kept.append(key)
             continue
         store.delete(key)
-    late = [k for k in late if k not in kept]
+    late = [k for k in late if k not in kept and k not in dropped]
     kept_folders = {k.rsplit("/", 1)[0] + "/" for k in kept}
     for folder in sorted({k.rsplit("/", 1)[0] + "/" for k in late if not k.startswith(layout.LEDGER_CONSUMED)}):
         # never a rollouts folder: an actor of the lost timeline may still commit there (the collector drops
@@ -170,3 +184,28 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
         if folder not in kept_folders and not folder.startswith(layout.ROLLOUTS):  # a file quarantined by reference stays
             store.delete_prefix(folder)  # tidy the emptied folders (nothing writes there while the learner is down)
     return late
+
+
+def set_aside(store: ObjectStore, key: str, dest: str, why: str) -> bool:
+    """Move ``key`` (an object under a prefix only the learner writes) to ``dest + key``; True if moved.
+
+    An object the store refuses to copy to anyone (``is_unreadable_object``) is deleted instead, logged
+    in one line, and a record ``dest + key + ".deleted.json"`` says what it was (False): it cannot be
+    kept for inspection, and left in place it would stop the resume or save that needs its key (see the
+    module's docstring). Any other error propagates (``AccessDenied`` on the learner's own credentials
+    is for the operator, never a reason to delete)."""
+    try:
+        store.copy(key, dest + key)
+    except Exception as exc:
+        if not is_unreadable_object(exc):
+            raise
+        size = store.size(key)
+        store.put_json(dest + key + ".deleted.json", {"key": key, "size": size, "why": why, "at": time.time(),
+                                                       "error": f"{type(exc).__name__}: {str(exc)[:300]}"},
+                       if_absent=False)
+        store.delete(key)
+        log.error("deleted %s (%d bytes): the store refuses to copy or return it to anyone (%s), so it was not "
+                  "written by this run's learner or cannot be read by it; %s", key, size, exc, why)
+        return False
+    store.delete(key)
+    return True

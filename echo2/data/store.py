@@ -2,8 +2,21 @@
 
 Keys are ``/``-separated paths relative to the store's root (a run root, usually). Every object
 is written once and becomes visible atomically: ``put(..., if_absent=True)`` either creates the
-whole object or raises ``AlreadyExists``; readers never see a partial object. The one object
-that is overwritten in place is a pointer (``policy/LATEST``), through ``put_pointer``.
+whole object or raises ``AlreadyExists``; readers never see a partial object (a replaced one
+shows its old or its new value whole). Three kinds of object are replaced in place, each through
+``put_pointer`` and each by its one writer:
+
+- ``policy/LATEST``, the newest published version (the learner);
+- ``ledger/consumed/collecting.json``, the collection in progress while the learner waits for
+  rollouts (the collector); it is not a ledger entry, and the step's entry that follows records
+  the same files written once;
+- ``peers/<actor>.json``, an actor's relay record, refreshed by its heartbeat (that actor).
+
+Everything else a run commits is written once. The exceptions are outputs derived from committed
+objects, which their one writer may write again with ``if_absent=False`` when it redoes the work:
+the files of a weights or checkpoint folder whose manifest (written once, last) is not there yet,
+the report under ``report/``, and the copies and reason records under ``quarantine/`` and
+``orphaned/``.
 """
 
 from __future__ import annotations
@@ -71,6 +84,27 @@ def is_transient(exc: BaseException) -> bool:
             c.__name__ in _TRANSIENT_TYPES for c in type(exc).__mro__):
         return True
     return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+_CREDENTIAL_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                               "ExpiredToken", "InvalidToken", "TokenRefreshRequired", "AccountProblem"})
+"""S3 error codes that refuse the credentials, not the object: the learner's own objects would be refused too."""
+
+
+def is_unreadable_object(exc: BaseException) -> bool:
+    """Whether a store error says that this object cannot be read or copied by anyone holding the run's
+    credentials: an S3 answer about the object itself (its storage class: ``InvalidObjectState`` on GET,
+    ``ObjectNotInActiveTierError`` on CopyObject; a customer key it was encrypted with: ``InvalidRequest``).
+    Not a transient error, not a missing object, and not a refusal of the credentials (``AccessDenied``:
+    a learner whose role lost a permission must stop and say so, never take its own objects for junk);
+    a local file store's PermissionError is about the process's rights, so it is not one either."""
+    if is_transient(exc) or isinstance(exc, (NotFound, FileNotFoundError)):
+        return False
+    answer = _http_answer(exc)
+    if answer is None:
+        return False
+    status, code = answer
+    return 400 <= status < 500 and status != 404 and code not in _CREDENTIAL_CODES
 
 
 class ObjectStore(ABC):

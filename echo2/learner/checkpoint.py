@@ -23,6 +23,12 @@ does not match its hash, a file gone):
                the place of one of the ``keep`` newest real checkpoints
     saving     a planted folder at the step being saved is moved to ``orphaned/`` first (it would
                make the write fail with AlreadyExists and end the run)
+
+A planted object the store refuses to return or copy to anyone (S3's GLACIER storage class: HEAD
+answers, GET and CopyObject are refused; ``store.is_unreadable_object``) fails verification like an
+unsigned one, and since it cannot be moved aside it is deleted, logged in one line
+(``run_folder.set_aside``; its docstring says why nothing of the run is lost). A refusal of the
+learner's own credentials (``AccessDenied``) is not such an object: it propagates.
     export     ``echo2 export --step N`` of such a folder prints one line and exits 2
 """
 
@@ -42,7 +48,8 @@ from safetensors.torch import save as st_save
 
 from echo2.data import layout
 from echo2.data.manifest import ManifestRejected
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.run_folder import set_aside
+from echo2.data.store import NotFound, ObjectStore, is_unreadable_object
 from echo2.data.weights import (CorruptWeights, committed_folders, delete_folder, iter_tensors, read_manifest,
                                 read_verified, write_weights)
 
@@ -97,7 +104,12 @@ def signed_manifest(store: ObjectStore, step: int, public_key: Ed25519PublicKey)
     size = store.size(layout.manifest_key(prefix))
     if size > MAX_MANIFEST_BYTES:
         raise ManifestRejected(f"manifest of {prefix} is {size} bytes, more than a checkpoint's ({MAX_MANIFEST_BYTES})")
-    return read_manifest(store, prefix, public_key)
+    try:
+        return read_manifest(store, prefix, public_key)
+    except Exception as exc:
+        if not is_unreadable_object(exc):
+            raise
+        raise ManifestRejected(f"the store will not return the manifest of {prefix} ({exc})") from None
 
 
 def verified_steps(store: ObjectStore, public_key: Ed25519PublicKey, steps: list[int] | None = None) -> list[int]:
@@ -120,11 +132,16 @@ def load_checkpoint(store: ObjectStore, step: int, public_key: Ed25519PublicKey)
     prefix = layout.checkpoint_dir(step)
     manifest = signed_manifest(store, step, public_key)
     entries = {e["name"]: e for e in manifest["files"]}
-    state = json.loads(read_verified(store, prefix, entries[STATE_FILE]))
-    # weights_only: tensors and plain containers only; nothing read from the store may run code
-    opt = torch.load(io.BytesIO(read_verified(store, prefix, entries[OPTIMIZER_FILE])), weights_only=True)
-    adapter = st_load(read_verified(store, prefix, entries[ADAPTER_FILE])) if ADAPTER_FILE in entries else None
-    tensors = {} if adapter is not None else dict(iter_tensors(store, prefix, manifest))
+    try:
+        state = json.loads(read_verified(store, prefix, entries[STATE_FILE]))
+        # weights_only: tensors and plain containers only; nothing read from the store may run code
+        opt = torch.load(io.BytesIO(read_verified(store, prefix, entries[OPTIMIZER_FILE])), weights_only=True)
+        adapter = st_load(read_verified(store, prefix, entries[ADAPTER_FILE])) if ADAPTER_FILE in entries else None
+        tensors = {} if adapter is not None else dict(iter_tensors(store, prefix, manifest))
+    except Exception as exc:
+        if not is_unreadable_object(exc):  # a file replaced since by one the store will not return
+            raise
+        raise CorruptWeights(f"the store will not return a file of {prefix} ({exc})") from None
     return Checkpoint(step=step, state=state, tensors=tensors, optimizer=opt, adapter=adapter)
 
 
@@ -147,9 +164,9 @@ def prune_checkpoints(store: ObjectStore, keep: int, public_key: Ed25519PublicKe
 
 def _set_aside(store: ObjectStore, prefix: str) -> None:
     """Move a folder this run did not write to ``orphaned/<time>/`` (manifest first: it never looks committed
-    half moved), keeping it for inspection."""
+    half moved), keeping it for inspection; an object the store will not copy is deleted (``set_aside``)."""
     dest = layout.orphaned_prefix(f"{time.time():.0f}")
     keys = sorted(store.list(prefix + "/"), key=lambda k: (not k.endswith("/" + layout.MANIFEST), k))
     log.error("%s was not written by this run's learner: moved to %s before the checkpoint of its step", prefix, dest)
     for key in keys:
-        store.move(key, dest + key)
+        set_aside(store, key, dest, f"it was in {prefix}, the checkpoint being saved")
