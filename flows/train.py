@@ -4,7 +4,7 @@
     prepare the run (create, or resume from the last checkpoint) and publish the initial policy
     start the actor fleet
     evaluate before training
-    until max_steps: collect fresh rollouts (retried on store hiccups)
+    until max_steps: collect fresh rollouts (a store outage is ridden out by the store layer, not here)
                      update the policy (GRPO step, publish, checkpoint)
                      evaluate every eval.every steps (when set)
                      reconcile the fleet (fleet.actors: auto: sized by the capacity model),
@@ -37,11 +37,11 @@ from prefect.runtime import flow_run as this_flow_run
 from echo2.config import Config, config_from_dict, load_config
 from echo2.data import layout
 from echo2.data.ledger import read_events, write_event
-from echo2.data.store import StoreError, open_store
+from echo2.data.store import open_store
 from echo2.fleet import autosize
 from echo2.fleet.manager import FleetManager, make_fleet
 from echo2.launch import resolve_launch
-from echo2.learner.collector import NoRollouts, Selection
+from echo2.learner.collector import Selection
 from echo2.learner.run import LearnerRun
 from flows.observe import RunWatch
 
@@ -49,14 +49,6 @@ log = logging.getLogger("echo2.flows")
 
 FLOW_RUN_EVENT = "flow_run"
 """The ledger event a flow run writes into the run it trains (``flow_run_id``, ``attempt``)."""
-
-
-def _transient(task, task_run, state) -> bool:
-    """Retry store hiccups; not a missing file, and not "no usable rollouts" (its timeout is the user's)."""
-    exc = state.result(raise_on_failure=False)
-    if isinstance(exc, (FileNotFoundError, NoRollouts)):
-        return False
-    return isinstance(exc, (StoreError, ConnectionError, OSError))
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
@@ -79,8 +71,15 @@ def evaluate(run: LearnerRun, label: str) -> dict:
     return run.evaluate(label)
 
 
-@task(cache_policy=NO_CACHE, persist_result=False, retries=3, retry_delay_seconds=2, retry_condition_fn=_transient,
-      task_run_name="collect-rollouts-{step}")
+# No Prefect retries here, or on any task of this flow (issue 18, item 11: one layer owns retries). A store
+# error that reaches this task has already been retried by the store itself for store.retry_s
+# (echo2/data/fsspec_store.py, the single owner: botocore and s3fs are told not to retry); retrying the
+# task on top ran that whole window again, three more times, so a dead store took 4 x retry_s (8 minutes)
+# to surface. Nothing else that can fail here is worth a rerun: a SkyPilot API hiccup is ridden out by
+# the fleet's reconcile pass, "no usable rollouts" already waited rollout_timeout_s, and anything else
+# is a bug or an answer. A run that ends on a store outage longer than store.retry_s is resumed by
+# rerunning its flow run (it continues from its last checkpoint).
+@task(cache_policy=NO_CACHE, persist_result=False, task_run_name="collect-rollouts-{step}")
 def collect_rollouts(run: LearnerRun, fleet: FleetManager, step: int) -> Selection:
     return run.collect(should_abort=fleet.reconcile)
 
