@@ -165,7 +165,18 @@ class TrainConfig(_Section):
     validation, more groups than rollout.groups_per_batch) or from a version the learner has not published
     is banned: expelled from the fleet, its relay token revoked, its later files quarantined unread. No
     honest actor writes such a file; a file the task could not grade the same way everywhere (a grading
-    timeout) does not count."""
+    timeout) does not count here (see ``max_ungradable_files_per_actor``)."""
+    max_ungradable_files_per_actor: int = Field(5, ge=0)
+    """An actor with more than this many rollout files the task could not grade the same way everywhere
+    (a reply that timed out on the learner's grader, a poker replay parting at a near tie), when they are
+    also more than ``max_ungradable_fraction`` of its files the learner judged, is banned like one with
+    malformed files. Each such file costs the learner up to ``task.grade_file_max_timeouts`` x
+    ``task.grade_timeout_s`` of grading, so files of one hanging reply each would otherwise cost that for
+    ever, unbanned; an honest actor's are rare accidents (a timeout on a reply that grades in about 2 ms,
+    a replay parting after a near tie), far below both bounds (``learner/collector.py``)."""
+    max_ungradable_fraction: float = Field(0.25, ge=0, le=1)
+    """The share of an actor's judged files that its ungradable files must also exceed for a ban
+    (``max_ungradable_files_per_actor``): a long honest run's few accidents never add up to a ban."""
     max_prompt_tokens: int = Field(4096, ge=1)
     """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
     audit_fraction: float = Field(0.1, ge=0, le=1)

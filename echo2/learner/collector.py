@@ -19,7 +19,18 @@ At learner version t, a committed rollout file of policy version v is
   later files are quarantined unread, and so do ``max_invalid_files`` (``train.max_invalid_files_per_actor``)
   malformed files (``Malformed``: unreadable, too large, failing validation, more groups than a batch)
   or files from the future, which no honest actor writes (a file the task could not grade the same
-  way everywhere does not count);
+  way everywhere does not count there);
+- quarantined if the task could not grade it the same way everywhere (``UngradableFile``: a reply that
+  timed out on the learner's grader, a poker replay that parts from the file after a near tie). One
+  such file is an honest accident, so it is not held against its actor; many are not: each costs the
+  learner up to ``grade_file_max_timeouts`` x ``grade_timeout_s`` of grading (a file of one hanging
+  reply each would cost that, file after file, for ever), so an actor is banned once its ungradable
+  files are both more than ``max_ungradable_files`` (``train.max_ungradable_files_per_actor``) and
+  more than ``max_ungradable_fraction`` of its files the learner judged. Honest actors stay far
+  below: a timeout on an honest reply (about 2 ms of grading against a limit of seconds) or a replay
+  parting at a near tie is rare, and is a small share of an actor's files however long the run. An
+  actor that hides hanging files among good ones below that share is not banned, but it pays for them
+  with real rollouts, and the cost it puts on the learner stays a bounded share of grading;
 - quarantined unread if its version is from the future (t < v: no such policy exists yet; found by a
   poll up to t + 1, beyond by the periodic sweep or when the run finishes: ``final_leftovers``);
 - otherwise used, oldest first, whole files at a time, until ``groups_per_step`` groups are in.
@@ -68,6 +79,12 @@ FULL_SWEEP_EVERY = 16
 """Every this many collections, every version folder is listed again (late files into old folders)."""
 
 
+class UngradableFile(InvalidRollouts):
+    """The task could not score the file the same way on every machine (``tasks.base.Ungradable``, as the
+    verifier reports it): set aside, not held against its actor unless it keeps happening (the module's
+    docstring: ``max_ungradable_files``)."""
+
+
 class NoRollouts(TimeoutError):
     """No usable rollouts arrived within ``train.rollout_timeout_s``: not a transient store error."""
 
@@ -114,6 +131,7 @@ class RolloutCollector:
                  limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
                  settled: set[str] | None = None, used_hashes: set[str] | None = None, auditor=None,
                  banned: dict[str, str] | None = None, max_invalid_files: int = 3,
+                 max_ungradable_files: int = 5, max_ungradable_fraction: float = 0.25,
                  lost_timelines: list[tuple[int, set[str]]] | None = None):
         self.store = store
         self.lost_timelines = list(lost_timelines or ())
@@ -134,6 +152,12 @@ class RolloutCollector:
         self.max_invalid_files = max_invalid_files
         self.invalid_files: dict[str, int] = {}
         """Per actor: its files quarantined as ``Malformed`` or from the future (no honest actor writes one)."""
+        self.max_ungradable_files = max_ungradable_files
+        self.max_ungradable_fraction = max_ungradable_fraction
+        self.ungradable_files: dict[str, int] = {}
+        """Per actor: its files the task could not grade the same way everywhere (``UngradableFile``)."""
+        self.judged_files: dict[str, int] = {}
+        """Per actor: its files read and judged (used or quarantined after reading), the share's denominator."""
         self.settled: set[str] = set(settled or ())
         """Keys settled by completed steps (what a checkpoint records)."""
         self.used_hashes: set[str] = set(used_hashes or ())
@@ -180,7 +204,12 @@ class RolloutCollector:
         except Exception as exc:  # a function of the actor's bytes alone (a MemoryError, say): the file's fault
             raise Malformed(f"undecodable: {type(exc).__name__}: {str(exc)[:200]}") from None
         if self.verifier is not None:
-            self.verifier.check(table)
+            try:
+                self.verifier.check(table)
+            except Dishonest:
+                raise
+            except InvalidRollouts as exc:  # the verifier's only other refusal: the task could not grade it
+                raise UngradableFile(str(exc)) from None
         if self.auditor is not None and self.auditor.wants(actor_id):
             self.auditor.check(table, version, actor_id)
         return table
@@ -270,13 +299,17 @@ class RolloutCollector:
                     taken.discard(key)
                     continue  # moved away meanwhile; gone from the next listing
                 except InvalidRollouts as exc:
+                    self.judged_files[actor_id] = self.judged_files.get(actor_id, 0) + 1
                     if isinstance(exc, Dishonest):
                         log.error("banning actor %s: %s", actor_id, exc)
                         self.banned[actor_id] = str(exc)
                     self._quarantine(sel, key, str(exc))
                     if isinstance(exc, Malformed):
                         self._count_invalid(actor_id, str(exc))
+                    if isinstance(exc, UngradableFile):
+                        self._count_ungradable(actor_id, str(exc))
                     continue
+                self.judged_files[actor_id] = self.judged_files.get(actor_id, 0) + 1
                 digest = content_hash(table)
                 if digest in self.used_hashes or digest in hashes:
                     sel.dropped.append({"key": key, "policy_version": version, "sha256": digest,
@@ -319,6 +352,19 @@ class RolloutCollector:
         n = self.invalid_files[actor_id] = self.invalid_files.get(actor_id, 0) + 1
         if n >= self.max_invalid_files:
             why = f"{n} invalid or future-version files (the last: {reason[:300]})"
+            log.error("banning actor %s: %s", actor_id, why)
+            self.banned[actor_id] = why
+
+    def _count_ungradable(self, actor_id: str, reason: str) -> None:
+        """One more ungradable file of ``actor_id``: banned once they are more than ``max_ungradable_files``
+        and more than ``max_ungradable_fraction`` of its judged files (the module's docstring says why)."""
+        if actor_id in self.banned:
+            return
+        n = self.ungradable_files[actor_id] = self.ungradable_files.get(actor_id, 0) + 1
+        judged = self.judged_files.get(actor_id, n)
+        if n > self.max_ungradable_files and n > self.max_ungradable_fraction * judged:
+            why = (f"{n} of its {judged} files could not be graded, more than an honest actor's accidents "
+                   f"(the last: {reason[:300]})")
             log.error("banning actor %s: %s", actor_id, why)
             self.banned[actor_id] = why
 

@@ -112,6 +112,7 @@ class LearnerRun:
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
             auditor=self.auditor, banned=state.get("banned", {}), max_invalid_files=t.max_invalid_files_per_actor,
+            max_ungradable_files=t.max_ungradable_files_per_actor, max_ungradable_fraction=t.max_ungradable_fraction,
             lost_timelines=lost_timelines(read_events(self.store)) if resume else None,
         )
         if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
