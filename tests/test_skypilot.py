@@ -75,6 +75,7 @@ class FakeLaunchApi:
     SkyPilot's real optimizer on the real task, as its API server would, and "provisions" the cheapest
     candidate: a cluster that is UP with its job RUNNING; the test then plays the clouds (capacity, job
     ends, reclaims) on ``table`` and ``jobs``. ``hold`` keeps launches in flight until it is set.
+    ``calls`` records launches returned, downs and launch cancellations in the order they reached the "API server".
     ``fail(call, times, exc)`` makes the next ``times`` calls of ``launch``, ``clusters`` or ``job_status`` raise ``exc``
     (a dropped request); ``spot_notice`` and ``take`` play a reclaim the way it reaches SkyPilot: the actor
     exits 0 on its notice (job SUCCEEDED), then the machine goes (``ec2``: a moto EC2 client whose instance,
@@ -86,6 +87,7 @@ class FakeLaunchApi:
         self.table: dict[str, Cluster] = {}
         self.jobs: dict[str, str] = {}
         self.downs: list[str] = []
+        self.calls: list[tuple[str, str]] = []
         self.tasks: dict[str, object] = {}
         self.instances: dict[str, str] = {}
         self.status_calls = 0
@@ -110,6 +112,7 @@ class FakeLaunchApi:
             self.instances[cluster_name] = reply["Instances"][0]["InstanceId"]
         self.table[cluster_name] = Cluster(cluster_name, "UP", dict(best.labels or {}), name_on_cloud)
         self.jobs[cluster_name] = "RUNNING"
+        self.calls.append(("launched", cluster_name))
         return Launched(1, str(best.cloud).lower(), best.region, best.instance_type, bool(best.use_spot), name_on_cloud)
 
     def fail(self, call, times, exc):
@@ -145,8 +148,13 @@ class FakeLaunchApi:
         return self.jobs.get(cluster_name)
 
     def down(self, cluster_name):
+        self.calls.append(("down", cluster_name))
         self.downs.append(cluster_name)
         self.table.pop(cluster_name, None)
+
+    def cancel_launch(self, cluster_name):
+        """Recorded only: the launch in flight goes on (as one the API server had already begun would)."""
+        self.calls.append(("cancel_launch", cluster_name))
 
 
 def backend_with(api, **config) -> SkyPilotBackend:
@@ -619,7 +627,8 @@ def test_a_spot_notice_then_the_machine_gone_is_a_reclaim_and_replaced_not_a_cra
         assert [e["actor_id"] for e in reclaimed] == taken
         assert all("SUCCEEDED" in e["detail"] and "EC2 says reclaimed" in e["detail"] for e in reclaimed)
         assert not events(store, "exited") and not events(store, "crashed") and len(events(store, "launch")) == 4
-        fleet.stop()
+        fleet.stop()  # returns without waiting for launches in flight: theirs must end inside moto's EC2
+        wait_for(lambda: all(a.future.done() for a in backend.actors.values()), "the launches in flight to return")
 
 
 # --- a dead learner (issue 18, item 7) -----------------------------------------------------------------
@@ -644,3 +653,82 @@ def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, of
     assert set(old) <= resumed.revoked and len(resumed.slots) == 2 and not set(old) & {s.actor_id for s in resumed.slots}
     resumed.stop()
     fleet.stop()
+
+
+# --- teardown inside Prefect's grace (issue 18, item 12) -----------------------------------------------
+
+def test_stop_with_launches_in_flight_sends_their_downs_at_once_and_again_when_each_launch_returns(
+        tmp_path, offline_optimizer):
+    """A cancelled flow run stops its fleet inside Prefect's 30 s grace. The down of a cluster whose launch was
+    in flight waited for that launch (minutes on a cloud), and close() for every down (up to 900 s). Now stop()
+    returns with the launches still held: each was cancelled and sent its down at once, and its cluster is
+    downed again once the launch returns (the first down may have come before the cluster existed)."""
+    api = FakeLaunchApi()
+    api.hold.clear()  # both launches are under way on the "cloud"
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP,), actors=2)
+    fleet.start()
+    ids = [s.actor_id for s in fleet.slots]
+    clusters = [backend.actors[a].cluster for a in ids]
+    fleet.stop()
+    assert not api.hold.is_set()  # stop() returned before either launch did
+    assert sorted(api.calls) == sorted([("cancel_launch", c) for c in clusters] + [("down", c) for c in clusters])
+    assert sorted(e["actor_id"] for e in events(store, "terminated")) == sorted(ids)
+    api.hold.set()  # the launches return (the cancel came too late for them): each cluster is downed again
+    wait_for(lambda: all(api.calls.count(("down", c)) == 2 for c in clusters), "a second down after each launch")
+    for c in clusters:
+        last_down = max(i for i, call in enumerate(api.calls) if call == ("down", c))
+        assert api.calls.index(("launched", c)) < last_down
+    assert not api.table  # no cluster left up
+
+
+def test_a_launch_not_yet_sent_when_its_actor_is_terminated_is_never_sent(tmp_path, offline_optimizer):
+    """A launch whose request was dropped is sent again; not once its actor was terminated meanwhile."""
+    api = FakeLaunchApi()
+    api.hold.clear()
+    api.fail("launch", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    backend = backend_with(api)
+    backend.launch(spec("actor0-abc123", L4_GCP, ()))
+    backend.terminate("actor0-abc123")
+    api.hold.set()
+    wait_for(lambda: backend.actors["actor0-abc123"].future.done(), "the launch to give up")
+    assert "LaunchCancelled" in repr(backend.actors["actor0-abc123"].future.exception())
+    backend.close()
+    assert ("launched", cluster_name(RUN, "actor0-abc123")) not in api.calls and not api.table
+
+
+def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_returned(monkeypatch, source):
+    """``SkySdk.cancel_launch`` aborts the cluster's launch request in SkyPilot's API server (``sky.api_cancel``),
+    only while that launch is under way. SkyPilot's SDK module is stubbed at the network call."""
+    from sky.utils import annotations
+
+    from echo2.fleet.skypilot import SkySdk
+
+    monkeypatch.setattr(annotations, "is_on_api_server", False)
+    cancelled, answer = [], threading.Event()
+
+    class Sdk:
+        exceptions = sky.exceptions
+
+        def launch(self, task, **kwargs):
+            return "request-7"
+
+        def get(self, request):
+            answer.wait(30)
+            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+
+        def api_cancel(self, request, silent=False):
+            cancelled.append(request)
+
+    sdk = SkySdk()
+    sdk.sky = Sdk()
+    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
+    launching = threading.Thread(target=lambda: pytest.raises(sky.exceptions.ApiServerConnectionError, sdk.launch,
+                                                              task, "e2-x", idle_minutes=10))
+    launching.start()
+    wait_for(lambda: "e2-x" in sdk._launches, "the launch request to be sent")
+    sdk.cancel_launch("e2-x")
+    assert cancelled == ["request-7"]
+    answer.set()
+    launching.join()
+    sdk.cancel_launch("e2-x")  # the launch has returned: nothing to cancel
+    assert cancelled == ["request-7"]

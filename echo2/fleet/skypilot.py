@@ -28,11 +28,16 @@
         a status request that fails           -> retried (bounded, logged); then FleetApiError, and the
                                                  manager skips that reconcile pass
     release_leftovers(ids)  --resume: down every cluster of the run this learner did not launch
-    terminate(actor)        sky.down in a worker thread; close() waits for every down
+    terminate(actor)        sky.down sent at once, in a thread of its own (never queued behind launches);
+                            a launch still in flight is cancelled in the API server, and its cluster gets
+                            one more down when the launch returns (a down that came before the launch
+                            made the cluster found nothing to down)
+    close()                 waits for the downs sent, at most CLOSE_WAIT_S, then names those still going:
+                            a cancelled flow run has Prefect's 30 s grace for its checkpoint and teardown
     `echo2 fleet down RUN`  downs every cluster labelled with the run: teardown after a learner crash
 
-Everything SkyPilot is reached through ``SkyApi`` (launch, clusters, job status, down): ``SkySdk`` is
-the real one. The tests put a test double there (no cloud is reachable from here) and exercise
+Everything SkyPilot is reached through ``SkyApi`` (``skypilot_api.py``: launch, clusters, job status, down,
+cancel a launch): ``SkySdk`` is the real one. The tests put a test double there (no cloud is reachable from here) and exercise
 SkyPilot's real ``Task`` and ``Resources`` objects, its YAML schema and its optimizer on a fixture
 catalog. Nothing in this file has run against a real cloud account.
 
@@ -42,7 +47,6 @@ so a run id is folded into ``run_label`` and the same fold finds the clusters ag
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import re
@@ -51,7 +55,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 import tenacity
 import yaml
@@ -60,13 +64,14 @@ from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
 from echo2.fleet.reclaims import cloud_end_reason
+from echo2.fleet.skypilot_api import (Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable,  # noqa: F401
+                                      SkySdk, import_sky)
 
 log = logging.getLogger("echo2.fleet")
 
 DEFAULT_TASK_FILE = Path(__file__).resolve().parents[2] / "infra" / "skypilot" / "actor.yaml"
 RUN_LABEL = "echo2-run"
 ACTOR_LABEL = "echo2-actor"
-INSTALL = "pip install -e '.[cloud]'"
 JOB_ENDED = {"SUCCEEDED": ActorState.EXITED}
 JOB_LIVE = ("INIT", "PENDING", "SETTING_UP", "RUNNING")
 CAPACITY_ERRORS = ("ResourcesUnavailableError", "ResourcesMismatchError")
@@ -77,6 +82,9 @@ TRANSIENT_SKY_ERRORS = ("ApiServerConnectionError", "ServerTemporarilyUnavailabl
 did not answer, or answered "later"); anything else is not retried."""
 API_ATTEMPTS = 3
 """Tries of one status request within a reconcile pass, before the pass is skipped."""
+CLOSE_WAIT_S = 15.0
+"""How long ``close`` waits for the downs it sent: inside Prefect's 30 s grace beside the checkpoint. A down
+still going after that runs on in SkyPilot's API server, where it was sent (named in the log)."""
 
 
 def transient(exc: BaseException) -> bool:
@@ -94,100 +102,6 @@ def transient(exc: BaseException) -> bool:
     from echo2.fleet.credentials import transient_aws_error
 
     return transient_aws_error(exc)
-
-
-class SkyPilotUnavailable(RuntimeError):
-    """SkyPilot is not installed here (the ``cloud`` extra)."""
-
-
-# -- the boundary -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Launched:
-    """What a finished launch bought."""
-
-    job_id: int | None
-    cloud: str
-    region: str
-    instance_type: str
-    spot: bool
-    name_on_cloud: str | None = None
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """One cluster as SkyPilot knows it now."""
-
-    name: str
-    status: str
-    """``UP``, ``INIT`` or ``STOPPED`` (SkyPilot's ClusterStatus)."""
-    labels: dict[str, str] = field(default_factory=dict)
-    name_on_cloud: str | None = None
-
-
-class SkyApi(Protocol):
-    """The calls that reach SkyPilot's API server (and through it, the clouds)."""
-
-    def launch(self, task: Any, cluster_name: str, *, idle_minutes: int) -> Launched:
-        """Provision the cluster and submit the task's job; blocks until both are done."""
-
-    def clusters(self, names: list[str] | None) -> list[Cluster]:
-        """The clusters named (every cluster of every user with None), refreshed from the clouds."""
-
-    def job_status(self, cluster_name: str, job_id: int | None) -> str | None:
-        """The job's status (``RUNNING``, ``SUCCEEDED``, ``FAILED`` ...), None if SkyPilot has none."""
-
-    def down(self, cluster_name: str) -> None:
-        """Tear the cluster down (billing stops); a cluster that no longer exists is not an error."""
-
-
-def import_sky():
-    try:
-        import sky  # noqa: F401  (the cloud extra)
-    except ImportError as exc:
-        raise SkyPilotUnavailable(f"fleet.backend skypilot needs SkyPilot, which is not installed here "
-                                  f"({exc.name or exc}): {INSTALL}") from None
-    return sky
-
-
-class SkySdk:
-    """``SkyApi`` through SkyPilot's client SDK: every call is a request to its API server (started
-    locally on first use unless ``SKYPILOT_API_SERVER_ENDPOINT`` names a remote one)."""
-
-    def __init__(self, aws_node_profile: str | None = None):
-        self.sky = import_sky()
-        self.aws_node_profile = aws_node_profile
-
-    def launch(self, task, cluster_name: str, *, idle_minutes: int) -> Launched:
-        sky = self.sky
-        with skypilot_trust.launch_config(self.aws_node_profile):  # remote_identity: NO_UPLOAD for every cloud
-            request = sky.launch(task, cluster_name=cluster_name, down=True, idle_minutes_to_autostop=idle_minutes,
-                                 retry_until_up=False)
-        job_id, handle = sky.get(request)
-        r = handle.launched_resources
-        return Launched(job_id, str(r.cloud).lower(), r.region or "?", r.instance_type or "?", bool(r.use_spot),
-                        getattr(handle, "cluster_name_on_cloud", None))
-
-    def clusters(self, names: list[str] | None) -> list[Cluster]:
-        sky = self.sky
-        records = sky.get(sky.status(names, refresh=sky.StatusRefreshMode.FORCE, all_users=names is None))
-        return [Cluster(r.name, getattr(r.status, "value", str(r.status)), dict(r.labels or {}),
-                        r.cluster_name_on_cloud) for r in records]
-
-    def job_status(self, cluster_name: str, job_id: int | None) -> str | None:
-        sky = self.sky
-        try:
-            statuses = sky.get(sky.job_status(cluster_name, [job_id] if job_id is not None else None))
-        except (sky.exceptions.ClusterNotUpError, sky.exceptions.ClusterDoesNotExist):
-            return None
-        status = statuses.get(job_id) if job_id is not None else next(iter(statuses.values()), None)
-        return None if status is None else getattr(status, "value", str(status))
-
-    def down(self, cluster_name: str) -> None:
-        sky = self.sky
-        try:
-            sky.get(sky.down(cluster_name))
-        except sky.exceptions.ClusterDoesNotExist:
-            pass
 
 
 # -- names and labels ---------------------------------------------------------------------------
@@ -305,6 +219,8 @@ class _Actor:
     name_on_cloud: str | None = None
     clean_exit_at: float | None = None
     """When its job was first seen SUCCEEDED with the cluster still up (held for ``exit_hold_s``)."""
+    down_requested: threading.Event = field(default_factory=threading.Event)
+    """Set by ``terminate``: a launch not yet sent (or dropped, to be sent again) is not sent."""
 
 
 EndReason = Callable[[Launched, str | None], tuple[str, str]]
@@ -334,7 +250,8 @@ class SkyPilotBackend(FleetBackend):
         """First wait between tries of a failed status request (doubling, at most 10 s)."""
         self.actors: dict[str, _Actor] = {}
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="echo2-skypilot")
-        self._downs: list[tuple[str, Future]] = []
+        self._downs: list[tuple[str, Future, Future | None]] = []
+        """(cluster, its down, the launch that down waits for or None): every down requested."""
         self._clusters: dict[str, Cluster] = {}
         self._jobs: dict[str, str | None] = {}
         self._refreshed_at = 0.0
@@ -343,9 +260,15 @@ class SkyPilotBackend(FleetBackend):
     def launch(self, spec: ActorLaunch) -> dict:
         task = build_task(spec, self.config, run_id=self.run_id, workdir=self.workdir, task_config=self.task_config)
         name = cluster_name(self.run_id, spec.actor_id)
-        # a launch whose request was dropped is sent again (SkyPilot reuses a cluster of the same name)
-        launch = functools.partial(self.api.launch, idle_minutes=self.config.idle_minutes_to_autodown)
-        actor = _Actor(spec, name, self._pool.submit(self._ask, "sky.launch", launch, task, name))
+        down_requested = threading.Event()
+
+        def launch(task, name):  # tried again by _ask when its request was dropped (SkyPilot reuses the name)
+            if down_requested.is_set():
+                raise LaunchCancelled(f"cluster {name} was terminated before its launch was sent")
+            return self.api.launch(task, name, idle_minutes=self.config.idle_minutes_to_autodown)
+
+        actor = _Actor(spec, name, self._pool.submit(self._ask, "sky.launch", launch, task, name),
+                       down_requested=down_requested)
         actor.future.add_done_callback(lambda f, a=actor: setattr(a, "done_at", time.time()))
         self.actors[spec.actor_id] = actor
         log.info("launching %s as SkyPilot cluster %s (%d candidate offers)", spec.actor_id, name,
@@ -429,14 +352,42 @@ class SkyPilotBackend(FleetBackend):
             raise
 
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
-        # also after a failed launch: SkyPilot keeps a cluster whose setup failed up, for debugging
+        """Send the cluster's down now, never waiting for anything (also after a failed launch: SkyPilot keeps
+        a cluster whose setup failed up, for debugging). A launch under way is cancelled in the API server,
+        and SkyPilot's down itself kills the cluster's other requests; but a down that reaches the API server
+        before the launch made the cluster finds none, so the cluster gets one more down when its launch
+        returns, whatever it returned: no cluster is left without a down request."""
         a = self.actors[actor_id]
-        self._downs.append((a.cluster, self._pool.submit(self._down_after_launch, a)))
+        a.down_requested.set()
+        if not a.future.done():
+            try:
+                self.api.cancel_launch(a.cluster)
+            except Exception as exc:  # the down below still goes; SkyPilot's down kills the launch request too
+                log.warning("could not cancel the launch of SkyPilot cluster %s: %s", a.cluster, exc)
+        self._send_down(a.cluster)
+        if not a.future.done():
+            after = Future()
+            self._downs.append((a.cluster, after, a.future))
+            a.future.add_done_callback(lambda _launch: self._send_down(a.cluster, after))
 
-    def _down_after_launch(self, a: _Actor) -> None:
-        wait([a.future])  # a down before the launch returns would race it; SkyPilot queues it otherwise
-        self.api.down(a.cluster)
-        log.info("SkyPilot cluster %s is down", a.cluster)
+    def _send_down(self, name: str, future: Future | None = None) -> None:
+        """``sky.down`` of ``name`` in a thread of its own, started now (a pool could queue it behind launches
+        that take minutes). Not a daemon: a learner that exits normally waits for its downs."""
+        if future is None:
+            future = Future()
+            self._downs.append((name, future, None))
+
+        def down():
+            try:
+                self._ask("sky.down", self.api.down, name)
+            except BaseException as exc:
+                log.error("could not tear down SkyPilot cluster %s: %s; run `echo2 fleet down %s`", name, exc,
+                          self.run_id)
+                future.set_exception(exc)
+            else:
+                log.info("SkyPilot cluster %s is down", name)
+                future.set_result(None)
+        threading.Thread(target=down, name=f"echo2-down-{name}").start()
 
     def release_leftovers(self, actor_ids: list[str]) -> None:
         """``--resume``: down the clusters of ``actor_ids`` (the previous learner's, never seen ending) and any
@@ -451,18 +402,27 @@ class SkyPilotBackend(FleetBackend):
         names -= {a.cluster for a in self.actors.values()}
         for name in sorted(names):
             log.warning("downing SkyPilot cluster %s: launched by this run's previous learner", name)
-            self._downs.append((name, self._pool.submit(self.api.down, name)))
+            self._send_down(name)
 
-    def close(self, timeout_s: float = 900.0) -> None:
-        """Wait for every down (a cluster left up keeps billing), and say how to finish the job if one fails."""
-        done, pending = wait([f for _, f in self._downs], timeout=timeout_s)
-        failed = [name for name, f in self._downs if f in pending or f.exception() is not None]
-        for name, f in self._downs:
-            if f in done and f.exception() is not None:
-                log.error("could not tear down SkyPilot cluster %s: %s", name, f.exception())
-        if failed:
-            log.error("SkyPilot clusters may still be up (and billing): %s; run `echo2 fleet down %s`",
-                      ", ".join(failed), self.run_id)
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """Wait at most ``timeout_s`` for the downs sent (each logs its own failure, naming `echo2 fleet down`),
+        then name the clusters still going down, and those whose launch is still under way (their second
+        down goes when it returns). The downs run on: the process waits for them at a normal exit, and a
+        down already sent runs on in SkyPilot's API server if the process is killed."""
+        sent = [f for _, f, launch in self._downs if launch is None or launch.done()]
+        wait(sent, timeout=timeout_s)
+        going = sorted({name for name, f, launch in self._downs if not f.done() and (launch is None or launch.done())})
+        launching = sorted({name for name, f, launch in self._downs if launch is not None and not launch.done()})
+        failed = sorted({name for name, f, _ in self._downs if f.done() and f.exception() is not None})
+        if going:
+            log.warning("SkyPilot clusters still going down (sent; SkyPilot's API server finishes them): %s",
+                        ", ".join(going))
+        if launching:
+            log.warning("SkyPilot launches still under way, each cancelled and sent a down, and downed again when "
+                        "it returns: %s", ", ".join(launching))
+        if failed or going or launching:
+            log.error("SkyPilot clusters may still be up (and billing): %s; `echo2 fleet down %s` downs every "
+                      "cluster of the run", ", ".join(sorted({*failed, *going, *launching})), self.run_id)
         self._pool.shutdown(wait=False, cancel_futures=False)
         skypilot_trust.remove_staged(self.workdir)
 
