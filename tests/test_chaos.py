@@ -1,7 +1,7 @@
 """The chaos suite's scenarios in their smaller forms (``make chaos`` runs them all at full size with
-``echo2 chaos``; echo2/chaos/): learner kills, fuzzed rollout files (local and S3), store faults and
-``hostile-store`` here. The other scenarios' small forms live beside the code they test:
-reclaims (test_e2e), hostile peers and truncated shards (test_relay_hostile, test_broadcast), forged
+``echo2 chaos``; echo2/chaos/): learner kills, fuzzed rollout files (local and S3), store faults,
+``hostile-store`` and ``bad-peers`` here. The other scenarios' small forms live beside the code they test:
+reclaims (test_e2e), hostile peers and truncated shards (also test_relay_hostile, test_broadcast), forged
 manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config), dishonest actors
 (test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load (test_collector).
 """
@@ -206,5 +206,24 @@ def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_mod
     missed = {k: v["evidence"] for k, v in row["kinds"].items() if not v["detected"]}
     assert not missed, missed
     assert not row["broken"], row["broken"]
+    assert row["finished"] and row["lost"] == 0 and row["bad_loaded"] == 0 and not row["leaks"], row["detail"]
+    assert not failed(row)
+
+
+def test_bad_peers_hostile_peer_with_a_launched_actors_credentials_is_left_and_nothing_bad_is_loaded(tiny_model,
+                                                                                                   tmp_path):
+    """``bad-peers`` at its small size: an attacker holding one launched actor's credentials registers that
+    actor's peer record with its own relay, which serves corrupted chunks and chunks of another version.
+    The plans send the other actor to it (the relay plans only actors the fleet launched: a peer under a
+    made-up name is never asked, and the row would measure nothing); the actor leaves it at the first bad
+    chunk for the store, never loads a bad version, and the run finishes. A hostile peer that served no
+    chunk makes the row broken."""
+    from echo2.chaos.attacks import bad_peers
+
+    (tmp_path / "tiny-model").symlink_to(tiny_model)
+    row = bad_peers(tmp_path, quick=True)
+    print("chaos:", json.dumps({k: v for k, v in row.items() if k != "audit"}, indent=1))
+    assert row["injected"] >= 2, row["detail"]  # at least one bad chunk served, and the truncated shard
+    assert row["detected"] == row["injected"] and not row["broken"], row["detail"]
     assert row["finished"] and row["lost"] == 0 and row["bad_loaded"] == 0 and not row["leaks"], row["detail"]
     assert not failed(row)

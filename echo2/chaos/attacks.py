@@ -16,11 +16,17 @@ from echo2.chaos.rows import audit_row, bad_loads, result_row
 
 # -- 3. hostile peers and a truncated shard ------------------------------------------------------------
 class HostilePeer:
-    """A relay peer in the run (it registers under peers/ as an actor would, heartbeat and all) that answers
-    every chunk request with bytes of the right length and the wrong content: flipped bits of what the
-    store holds, or the chunk of another version. Played by the harness: an attacker with store access."""
+    """A relay peer in the run that answers every chunk request with bytes of the right length and the wrong
+    content: flipped bits of what the store holds, or the chunk of another version. Played by the harness as
+    an attacker holding one launched actor's credentials (``actor_id``): it writes that actor's peer record
+    (``peers/<actor_id>.json``, which the actor's scoped credentials may write) with its own url, more often
+    than the actor's heartbeat does, so the plans that put that actor above another send the other to it.
+    A peer under a name the fleet never launched is never planned (``topology.LaunchedActors``)."""
 
-    def __init__(self, run_dir: Path, actor_id: str = "a0-hostile"):
+    BEAT_S = 0.2
+    """Ten times as often as the actors' heartbeat (broadcast.heartbeat_s, 2 s): the record is nearly always the attacker's."""
+
+    def __init__(self, run_dir: Path, actor_id: str):
         import asyncio
 
         self.run_dir, self.actor_id = run_dir, actor_id
@@ -35,8 +41,11 @@ class HostilePeer:
     async def _serve(self) -> str:
         from aiohttp import web
 
+        async def health(_request):
+            return web.json_response({"versions": []})
+
         app = web.Application()
-        app.router.add_get("/v1/health", lambda r: web.json_response({"versions": []}))
+        app.router.add_get("/v1/health", health)
         app.router.add_get("/v1/versions/{version}/chunks/{index}", self._chunk)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -67,11 +76,16 @@ class HostilePeer:
         return web.Response(body=data, content_type="application/octet-stream")
 
     def _beat(self) -> None:
-        while not self._stop.wait(1.0):
+        import os
+
+        while not self._stop.wait(self.BEAT_S):
             record = {"id": self.actor_id, "url": self.url, "version": None, "heartbeat": time.time()}
+            peers = self.run_dir / "peers"
             try:
-                (self.run_dir / "peers").mkdir(parents=True, exist_ok=True)
-                (self.run_dir / "peers" / f"{self.actor_id}.json").write_text(json.dumps(record))
+                peers.mkdir(parents=True, exist_ok=True)
+                tmp = peers / f".{self.actor_id}.hostile"
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, peers / f"{self.actor_id}.json")  # whole, as the store's put_pointer writes it
             except OSError:
                 pass
 
@@ -133,32 +147,63 @@ def _truncated_shard_is_never_loaded(workdir: Path) -> tuple[bool, str]:
         receiver.close()
 
 
+def launched_actors(run_dir: Path) -> list[str]:
+    """The actors the fleet launched in a run on a local store, from its ledger's ``launch`` events."""
+    out = []
+    for path in sorted((run_dir / "ledger" / "events").glob("*.json")):
+        try:
+            event = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(event, dict) and event.get("kind") == "launch" and event.get("actor_id") not in out:
+            out.append(str(event["actor_id"]))
+    return out
+
+
+def most_often_a_parent(actors: list[str], versions: range, *, fanout: int = 1, roots: int = 1) -> str:
+    """The actor that the relay's hash order (``topology.order``) makes a parent of another in the most of
+    ``versions``: whose credentials the attacker of ``bad_peers`` holds, so that in a short run some actor is
+    sent to it (in a chain of two, any one actor is the root of about half the versions, none of them in a
+    run of six with probability 1/64: the scenario would pass without its attack)."""
+    from echo2.broadcast.topology import order
+
+    def parent_in(actor: str, version: int) -> bool:  # node k's first child is k * fanout + roots (parent_index)
+        return order(actors, version).index(actor) * fanout + roots < len(actors)
+
+    return max(actors, key=lambda a: (sum(parent_in(a, v) for v in versions), a))
+
+
 def bad_peers(workdir: Path, quick: bool = False) -> dict:
     """A peer in the relay serving corrupted chunks and chunks of another version, inside a real run with two
-    relaying actors; and a shard truncated in the store after its version was committed."""
+    relaying actors: an attacker holding one launched actor's credentials (``HostilePeer``); and a shard
+    truncated in the store after its version was committed. The row is broken if the hostile peer served no
+    chunk: then no actor was sent to it, and the attack did not happen."""
     model = h.tiny_model(workdir)
     run_dir = workdir / "runs" / "peers"
+    steps, actors = (6 if quick else 12), 2
     hostile: list[HostilePeer] = []
 
     def inject(_proc):
-        if not hostile and (run_dir / "run.json").exists():
-            hostile.append(HostilePeer(run_dir))
+        if not hostile and len(launched := launched_actors(run_dir)) == actors:
+            hostile.append(HostilePeer(run_dir, most_often_a_parent(launched, range(1, steps + 1))))
 
     code = h.run_cli(["run", h.QUICKSTART, *h.sets(f"model.name={model}", f"store.url={workdir}", "run.id=peers",
-                                                  *h.TINY, "fleet.actors=2", f"train.max_steps={6 if quick else 12}",
+                                                  *h.TINY, f"fleet.actors={actors}", f"train.max_steps={steps}",
                                                   "broadcast.chunk_mb=0.01", "broadcast.pipeline_wait_s=2")],
                      workdir, workdir / "peers.log", timeout=900, while_running=inject)
     answered = hostile[0].answered if hostile else 0
     if hostile:
         hostile[0].stop()
     row = audit_row("bad-peers", run_dir, code)
-    left = sum(log.read_text(errors="replace").count("leaving a0-hostile") for log in (run_dir / "logs").glob("*.log"))
+    who = f"{hostile[0].actor_id} at {hostile[0].url}" if hostile else "the hostile peer"
+    left = sum(log.read_text(errors="replace").count(f"leaving {who} ") for log in (run_dir / "logs").glob("*.log"))
     truncated, how = _truncated_shard_is_never_loaded(workdir)
+    broken = [] if answered else [f"{who} served no chunk: no actor was sent to it, so its attack did not happen"]
     return result_row("bad-peers", injected=answered + 1, detected=(answered if left else 0) + truncated,
                 lost=row["lost"], bad_loaded=bad_loads(run_dir), finished=row["finished"],
-                leaks=h.leaks(workdir, [run_dir]),
-                detail=f"{answered} bad chunks served; the actors left the hostile peer {left} times (a fetch "
-                       f"falls back to the store at the first bad chunk); {how}")
+                leaks=h.leaks(workdir, [run_dir]), broken=broken,
+                detail=f"{answered} bad chunks served by {who} (the credentials of a launched actor); the actors "
+                       f"left it {left} times (a fetch falls back to the store at the first bad chunk); {how}")
 
 
 # -- 4. forged manifests and hostile relay requests ---------------------------------------------------
