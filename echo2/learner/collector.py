@@ -23,8 +23,8 @@ At learner version t, a committed rollout file of policy version v is
 - quarantined if the task could not grade it the same way everywhere (``UngradableFile``: a reply that
   timed out on the learner's grader, a poker replay that parts from the file after a near tie). One
   such file is an honest accident, so it is not held against its actor; many are not: each costs the
-  learner up to ``grade_file_max_timeouts`` x ``grade_timeout_s`` of grading (a file of one hanging
-  reply each would cost that, file after file, for ever), so an actor is banned once its ungradable
+  learner up to ``grade_file_max_timeouts`` x ``grade_timeout_s`` of grading (files of one hanging
+  reply each would cost ``grade_timeout_s`` apiece, without end), so an actor is banned once its ungradable
   files are both more than ``max_ungradable_files`` (``train.max_ungradable_files_per_actor``) and
   more than ``max_ungradable_fraction`` of its files the learner judged. Honest actors stay far
   below: a timeout on an honest reply (about 2 ms of grading against a limit of seconds) or a replay
