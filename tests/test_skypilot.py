@@ -5,6 +5,7 @@ plays a spot notice), and moto's EC2 telling a spot reclaim from a crash."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -366,7 +367,8 @@ def test_a_skypilot_fleet_needs_a_store_every_actor_can_reach(tmp_path):
     role = f"fleet.skypilot.credentials_role_arn={ROLE}"
     with pytest.raises(ConfigError, match=r"skypilot needs a store every actor can reach \(s3:// or gs://\)"):
         load_config(None, ["fleet.backend=skypilot", f"store.url={tmp_path}", role])
-    cfg = load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", role])
+    cfg = load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", role,
+                             "fleet.skypilot.providers=[aws]", "fleet.skypilot.aws_node_profile=echo2-actor-node"])
     assert cfg.fleet.skypilot.spot and cfg.fleet.skypilot.relay_port == 8443
 
 
@@ -386,13 +388,13 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     role_arn = iam.create_role(RoleName="echo2-actor-fleet", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
     store = s3_store.child(f"runs/{RUN}")
     config = FleetConfig(backend="skypilot", actors=2, skypilot=SkyPilotFleetConfig(
-        gpus=["L4", "A10G"], providers=["aws", "gcp"], credentials_role_arn=role_arn, credentials_hours=1,
-        sts_endpoint_url=s3_server))
+        gpus=["L4", "A10G"], providers=["aws"], aws_node_profile="echo2-actor-node", credentials_role_arn=role_arn,
+        credentials_hours=1, sts_endpoint_url=s3_server))
     options = {"endpoint_url": s3_server, "key": "learner-key", "client_kwargs": {"aws_secret_access_key": "x"}}
     fleet = make_fleet(config, store, store_options=options, log_dir=tmp_path, run_key=run_key(RUN, create=True),
                        run_id=RUN, model_params_b=0.135)
     assert fleet.backend.name == "skypilot" and fleet.alternatives == 7
-    # catalog offers SkyPilot can launch (no GCP accelerator rows without their host VM), spot, ranked
+    # catalog offers SkyPilot can launch on the providers named, spot, ranked
     offers = fleet.offers
     assert offers and {o.provider for o in offers} == {"aws"} and all(o.spot and o.gpu in ("L4", "A10G") for o in offers)
     assert [o.usd_per_throughput for o in offers] == sorted(o.usd_per_throughput for o in offers)
@@ -732,3 +734,111 @@ def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_retur
     launching.join()
     sdk.cancel_launch("e2-x")  # the launch has returned: nothing to cancel
     assert cancelled == ["request-7"]
+
+
+# --- the VM's own identity (issue 18, item 2) ----------------------------------------------------------
+
+VOID = "fleet.skypilot.allow_broad_vm_identity: true, which voids the actor trust boundary"
+
+
+def test_a_vm_identity_broader_than_the_actors_credentials_is_refused_in_one_line_each():
+    """On AWS, SkyPilot attaches its skypilot-v1 instance profile (S3 and EC2 full access) unless remote_identity
+    names one; on GCP 0.14 always attaches its skypilot-v1 service account: an actor there reaches the whole
+    bucket through its machine's metadata, whatever its scoped credentials say. It used to be a warning."""
+    base = ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", f"fleet.skypilot.credentials_role_arn={ROLE}"]
+    cases = {("fleet.skypilot.providers=[aws,gcp]", "fleet.skypilot.aws_node_profile=echo2-actor-node"):
+             "fleet.skypilot.providers includes gcp: SkyPilot gives every GCP VM its skypilot-v1 service account",
+             (): "fleet.skypilot.providers (unset: every provider) includes gcp",
+             ("fleet.skypilot.providers=[aws]",): "fleet.skypilot.aws_node_profile is not set: every AWS VM would "
+                                                  "run under SkyPilot's skypilot-v1 instance profile"}
+    for settings, refusal in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(refusal)) as err:
+            load_config(None, [*base, *settings])
+        assert "\n" not in str(err.value).strip() and VOID in str(err.value)
+        # the backend refuses the same, for a fleet config built without Config's checks
+        fleet = load_config(None, [*base, *settings, "fleet.skypilot.allow_broad_vm_identity=true"]).fleet.skypilot
+        with pytest.raises(ValueError, match=re.escape(refusal)):
+            SkyPilotBackend(fleet.model_copy(update={"allow_broad_vm_identity": False}), run_id=RUN)
+    # what is allowed: AWS under the node profile, clouds whose VMs hold no cloud identity, and the opt-out
+    load_config(None, [*base, "fleet.skypilot.providers=[aws,lambda]", "fleet.skypilot.aws_node_profile=echo2-actor-node"])
+    load_config(None, [*base, "fleet.skypilot.providers=[runpod]"])
+    assert load_config(None, [*base, "fleet.skypilot.allow_broad_vm_identity=true"]).fleet.skypilot.providers is None
+
+
+def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_launch_request(
+        tmp_path, monkeypatch, source, caplog):
+    """Through the backend with SkyPilot's real SDK client (stubbed at the network call): the opt-out starts
+    with a warning; a node profile is in the config override each launch request carries."""
+    from sky.server.requests import payloads
+    from sky.utils import annotations
+
+    monkeypatch.setattr(annotations, "is_on_api_server", False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no credential file that would travel anyway
+    sent = []
+
+    class Sdk:  # SkyPilot's SDK module at the network call: the request body it would send, nothing sent
+        exceptions = sky.exceptions
+
+        def launch(self, task, **kwargs):
+            sent.append(payloads.RequestBody().override_skypilot_config)
+            return "request-1"
+
+        def get(self, request):
+            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+
+    opted_out = SkyPilotBackend(SkyPilotFleetConfig(allow_broad_vm_identity=True), run_id=RUN)
+    assert "allow_broad_vm_identity is set" in caplog.text
+    opted_out.close()
+    backend = SkyPilotBackend(SkyPilotFleetConfig(providers=["aws"], aws_node_profile="echo2-actor-node"), run_id=RUN)
+    backend.api.sky = Sdk()
+    backend.launch(spec("actor0-abc123", L4_EAST, (L4_WEST,)))
+    wait_for(lambda: backend.actors["actor0-abc123"].future.done(), "the launch request")
+    assert sent and all(body["aws"] == {"remote_identity": "echo2-actor-node"} for body in sent)
+    backend.close()
+
+
+def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_the_store(monkeypatch):
+    """infra/iam/actor-node-policy.json against the EC2 calls SkyPilot's own autodown makes on the node
+    (sky.provision.aws.instance.terminate_instances, run here on moto's EC2 and recorded at botocore): every
+    call is granted, and the profile grants nothing outside EC2 (no S3, no IAM, no launches). moto does not
+    evaluate the conditions (instance profile, the e2- cluster tag): they are checked on the document."""
+    import json
+
+    import boto3
+    import botocore.client
+    moto = pytest.importorskip("moto")
+    from sky.provision.aws import instance as aws_instance
+
+    policy = json.loads((DEFAULT_TASK_FILE.parents[1] / "iam" / "actor-node-policy.json").read_text())
+    granted = {a for st in policy["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    assert {a.split(":")[0] for a in granted} == {"ec2"} and not {"ec2:RunInstances", "ec2:CreateTags"} & granted
+    terminate = next(st for st in policy["Statement"] if "ec2:TerminateInstances" in st["Action"])
+    assert terminate["Condition"]["StringLike"] == {"aws:ResourceTag/ray-cluster-name": "e2-*"}
+    assert "ec2:InstanceProfile" in terminate["Condition"]["ArnEquals"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    calls = []
+    make_api_call = botocore.client.BaseClient._make_api_call
+
+    def recording(client, operation, params):
+        calls.append(f"{client.meta.service_model.endpoint_prefix}:{operation}")
+        return make_api_call(client, operation, params)
+
+    with moto.mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        group = ec2.create_security_group(GroupName="sky-sg-e2-run-actor0", Description="its ports")["GroupId"]
+        # SkyPilot's default group exists: the node moves itself there first (Case 3 of terminate_instances)
+        ec2.create_security_group(GroupName=sky.clouds.aws.DEFAULT_SECURITY_GROUP_NAME, Description="SkyPilot's")
+        ami = ec2.describe_images()["Images"][0]["ImageId"]
+        iid = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SecurityGroupIds=[group], TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "ray-cluster-name", "Value": "e2-run-actor0-2ea4"}]}],
+        )["Instances"][0]["InstanceId"]
+        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
+        aws_instance.terminate_instances("e2-run-actor0-2ea4", {
+            "region": "us-east-1", "security_group": {"GroupName": "sky-sg-e2-run-actor0", "ManagedBySkyPilot": True}})
+        monkeypatch.undo()
+        state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("shutting-down", "terminated")
+    made = set(calls)
+    assert {"ec2:DescribeInstances", "ec2:TerminateInstances", "ec2:ModifyInstanceAttribute"} <= made
+    assert made - {"sts:GetCallerIdentity"} <= granted, made - granted

@@ -300,6 +300,8 @@ class Config(_Section):
             raise ValueError("fleet.backend skypilot needs fleet.skypilot.credentials_role_arn: actors run on "
                              "machines we do not own and get only scoped, expiring store credentials "
                              "(infra/iam/README.md)")
+        if self.fleet.backend == "skypilot" and (broad := self.fleet.skypilot.broad_vm_identity()):
+            raise ValueError(broad)
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
                              f"({self.fleet.max_actors})")

@@ -96,10 +96,35 @@ class SkyPilotFleetConfig(_Section):
     gets these and nothing else of the operator's (SkyPilot is told ``remote_identity: NO_UPLOAD`` for every
     cloud), so without them it could not reach the store."""
     aws_node_profile: str | None = None
-    """IAM instance profile an actor VM on AWS runs under (SkyPilot's ``aws.remote_identity``). None: SkyPilot
-    attaches its own ``skypilot-v1`` profile, which holds AmazonEC2FullAccess and AmazonS3FullAccess, so an
-    actor on AWS could reach the whole bucket through the instance metadata whatever its scoped credentials
-    say (logged at start). Name one that may do no more than the node's own autodown needs."""
+    """IAM instance profile an actor VM on AWS runs under (SkyPilot's ``aws.remote_identity``): the node profile
+    of ``infra/iam/README.md``, which may do no more than the node's own autodown needs (no S3 at all). None:
+    SkyPilot attaches its own ``skypilot-v1`` profile (AmazonEC2FullAccess, AmazonS3FullAccess), through
+    whose instance metadata an actor reaches the whole bucket and account whatever its scoped credentials
+    say, so AWS is refused without it (unless ``allow_broad_vm_identity``)."""
+    allow_broad_vm_identity: bool = False
+    """Launch anyway where the VM itself holds a broad cloud identity: AWS without ``aws_node_profile``, and GCP,
+    whose VMs SkyPilot 0.14 always gives its ``skypilot-v1`` service account (storage.admin, compute.admin).
+    True VOIDS THE ACTOR TRUST BOUNDARY: any actor can then read and overwrite the whole bucket (other actors'
+    rollouts, policy versions, checkpoints, the ledger) and act on the cloud account through its machine's
+    metadata server, whatever its scoped credentials say. Only for actors you trust as much as the learner."""
+
+    def broad_vm_identity(self) -> str | None:
+        """Why actor VMs would hold a broad cloud identity (one line), or None; ``allow_broad_vm_identity`` opts out."""
+        if self.allow_broad_vm_identity:
+            return None
+        providers = {p.lower() for p in self.providers} if self.providers else None  # None: every provider
+        named = "fleet.skypilot.providers " + ("includes {0}" if providers else "(unset: every provider) includes {0}")
+        void = "or set fleet.skypilot.allow_broad_vm_identity: true, which voids the actor trust boundary"
+        if providers is None or "gcp" in providers:
+            return (f"{named.format('gcp')}: SkyPilot gives every GCP VM its skypilot-v1 service account (storage.admin, "
+                    f"compute.admin), so an actor there is not held to its scoped credentials: list providers "
+                    f"without gcp (e.g. [aws]), {void}")
+        if "aws" in providers and not self.aws_node_profile:
+            return ("fleet.skypilot.aws_node_profile is not set: every AWS VM would run under SkyPilot's skypilot-v1 "
+                    "instance profile (AmazonS3FullAccess, AmazonEC2FullAccess), so an actor there is not held to "
+                    "its scoped credentials: create the node profile of infra/iam/README.md and name it, leave aws "
+                    f"out of fleet.skypilot.providers, {void}")
+        return None
     credentials_hours: float = Field(6.0, ge=0.25, le=12)
     """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
     sts_endpoint_url: str | None = None

@@ -234,12 +234,15 @@ class SkyPilotBackend(FleetBackend):
                  end_reason: EndReason | None = None, task_config: dict | None = None):
         self.config = config
         self.run_id = run_id
-        if api is None:  # the real SDK: refuse a machine whose credentials SkyPilot would upload regardless
+        if api is None:  # the real SDK: refuse VMs holding a broad cloud identity, and credentials that would travel
+            broad = config.broad_vm_identity()
+            if broad:
+                raise ValueError(broad)
+            if config.allow_broad_vm_identity:
+                log.warning("fleet.skypilot.allow_broad_vm_identity is set: actor VMs may hold SkyPilot's skypilot-v1 "
+                            "identity, and an actor on one is not held to its scoped credentials")
             api = SkySdk(config.aws_node_profile)
             skypilot_trust.check_no_credentials_travel()
-            if not config.aws_node_profile and (config.providers is None or "aws" in config.providers):
-                log.warning("fleet.skypilot.aws_node_profile is not set: an actor on AWS runs under SkyPilot's "
-                            "skypilot-v1 instance profile, which can read and write the whole bucket")
         self.api = api
         self.end_reason = end_reason or cloud_end_reason
         self.task_config = task_config if task_config is not None else load_task_config(config.task_file)

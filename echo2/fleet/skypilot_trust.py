@@ -20,6 +20,8 @@ What NO_UPLOAD does not change: the identity SkyPilot gives the VM itself. On AW
 ``skypilot-v1`` instance profile (AmazonEC2FullAccess, AmazonS3FullAccess) unless
 ``fleet.skypilot.aws_node_profile`` names another; on GCP its ``skypilot-v1`` service account
 (storage.admin, compute.admin), which 0.14 cannot replace (GCP's ``remote_identity`` takes no name).
+So AWS without the node profile (``infra/iam/actor-node-policy.json``) and GCP are refused
+(``SkyPilotFleetConfig.broad_vm_identity``) unless ``allow_broad_vm_identity`` voids the boundary.
 """
 
 from __future__ import annotations
