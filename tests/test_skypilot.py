@@ -89,6 +89,7 @@ class FakeLaunchApi:
         self.jobs: dict[str, str] = {}
         self.downs: list[str] = []
         self.calls: list[tuple[str, str]] = []
+        self.sent: set[str] = set()
         self.tasks: dict[str, object] = {}
         self.instances: dict[str, str] = {}
         self.status_calls = 0
@@ -97,6 +98,7 @@ class FakeLaunchApi:
         self.hold.set()
 
     def launch(self, task, cluster_name, *, idle_minutes):
+        self.sent.add(cluster_name)  # the request reached the "API server"
         self.hold.wait(30)
         self._maybe_fail("launch")
         self.tasks[cluster_name] = task
@@ -671,6 +673,7 @@ def test_stop_with_launches_in_flight_sends_their_downs_at_once_and_again_when_e
     fleet.start()
     ids = [s.actor_id for s in fleet.slots]
     clusters = [backend.actors[a].cluster for a in ids]
+    wait_for(lambda: api.sent == set(clusters), "both launch requests to reach the API server")
     fleet.stop()
     assert not api.hold.is_set()  # stop() returned before either launch did
     assert sorted(api.calls) == sorted([("cancel_launch", c) for c in clusters] + [("down", c) for c in clusters])
@@ -791,6 +794,7 @@ def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_
     opted_out.close()
     backend = SkyPilotBackend(SkyPilotFleetConfig(providers=["aws"], aws_node_profile="echo2-actor-node"), run_id=RUN)
     backend.api.sky = Sdk()
+    backend.retry_wait_s = 0.01  # the stub's dropped answer is asked again at once
     backend.launch(spec("actor0-abc123", L4_EAST, (L4_WEST,)))
     wait_for(lambda: backend.actors["actor0-abc123"].future.done(), "the launch request")
     assert sent and all(body["aws"] == {"remote_identity": "echo2-actor-node"} for body in sent)
