@@ -3,24 +3,36 @@
 import json
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
 from echo2.cli import app
 from echo2.data import layout
 from echo2.data.store import open_store
+from echo2.data.run_folder import create_run
 from echo2.data.weights import model_files, write_weights
+from echo2.learner.checkpoint import save_checkpoint
 
 
-def _checkpoint(tmp_path, tiny_model):
+def _checkpoint(tmp_path, tiny_model, *, signed: bool = True):
+    """Step 3 of run r1 as its learner writes it: run.json, and a checkpoint signed with the run key (or not)."""
     from transformers import AutoModelForCausalLM
 
     from echo2.data.weights import unique_state_dict
 
     run = tmp_path / "runs" / "r1"
     store = open_store(str(run))
+    key = Ed25519PrivateKey.generate()
+    create_run(store, "r1", {}, key=key, echo2_version="test")
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    write_weights(store, layout.checkpoint_dir(3), unique_state_dict(model), extra_files=model_files(tiny_model),
-                  shard_mb=64, meta={"step": 3})
+    tensors = unique_state_dict(model)
+    if signed:
+        save_checkpoint(store, 3, tensors, torch.optim.AdamW(model.parameters()).state_dict(),
+                        {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, shard_mb=64,
+                        extra_files=model_files(tiny_model))
+    else:
+        write_weights(store, layout.checkpoint_dir(3), tensors, extra_files=model_files(tiny_model),
+                      shard_mb=64, meta={"step": 3})
     return run / layout.checkpoint_dir(3)
 
 
@@ -33,6 +45,15 @@ def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_mode
     assert out["task"] == "arithmetic" and out["n"] == 6 and out["k"] == 3
     assert 0.0 <= out["pass_at_1"] <= 1.0 and 0.0 <= out["pass_at_k"] <= 1.0
     assert out["score"] == out["pass_at_1"]
+
+
+def test_eval_refuses_a_checkpoint_its_run_did_not_sign_in_one_line(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))  # no key of run r1 on this machine
+    ckpt = _checkpoint(tmp_path, tiny_model, signed=False)
+    result = CliRunner().invoke(app, ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=2"])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and "error:" in result.output and "step-000003" in result.output
+    assert "sign" in result.output, result.output
 
 
 def test_eval_of_poker_reports_bb_per_100_per_opponent(tmp_path, tiny_model):
