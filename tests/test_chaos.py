@@ -218,7 +218,7 @@ def test_bad_peers_hostile_peer_with_a_launched_actors_credentials_is_left_and_n
     made-up name is never asked, and the row would measure nothing); the actor leaves it at the first bad
     chunk for the store, never loads a bad version, and the run finishes. A hostile peer that served no
     chunk makes the row broken."""
-    from echo2.chaos.attacks import bad_peers
+    from echo2.chaos.bad_peers import bad_peers
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)
     row = bad_peers(tmp_path, quick=True)

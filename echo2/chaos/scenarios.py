@@ -17,7 +17,8 @@ the size ``make test`` runs (``tests/test_chaos.py``); the full sizes are ``make
 
 from __future__ import annotations
 
-from echo2.chaos.attacks import bad_peers, dishonest_actors, forgeries, fuzzed_rollouts
+from echo2.chaos.attacks import dishonest_actors, forgeries, fuzzed_rollouts
+from echo2.chaos.bad_peers import bad_peers
 from echo2.chaos.faults import bad_input, learner_kills, load, reclaims, store_faults
 from echo2.chaos.hostile_store import hostile_store
 
