@@ -73,22 +73,9 @@ def reap_tagged(tag: str) -> int:
     """SIGKILL every process whose environment holds ``ECHO2_TEST_TAG=tag``: what a run left in sessions of
     its own (torchrun starts each rank in a new session, so a SIGKILLed rank 0's Prefect server is not in
     the session ``reap_session`` kills). Returns how many were killed."""
-    import os
-    import signal
-    from pathlib import Path
+    from echo2.chaos.runner import kill_by_environment
 
-    marker = f"ECHO2_TEST_TAG={tag}".encode()
-    killed = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed += 1
-        except OSError:  # gone meanwhile (ProcessLookupError), or not ours to read
-            continue
-    return killed
+    return kill_by_environment("ECHO2_TEST_TAG", tag)
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:

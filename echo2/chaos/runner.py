@@ -43,7 +43,13 @@ SUITE_TAG_ENV = "ECHO2_CHAOS_SUITE"
 def reap_suite(tag: str) -> int:
     """SIGKILL every process (but this one) whose environment holds ``SUITE_TAG_ENV=tag``: what the suite's
     scenarios started, in whatever session. Returns how many were killed."""
-    marker = f"{SUITE_TAG_ENV}={tag}".encode()
+    return kill_by_environment(SUITE_TAG_ENV, tag)
+
+
+def kill_by_environment(name: str, value: str) -> int:
+    """SIGKILL every process (but this one) whose environment holds ``name=value``, in whatever session
+    (a process that started a session of its own is out of reach of a process-group kill). Returns how many."""
+    marker = f"{name}={value}".encode()
     killed = 0
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():
