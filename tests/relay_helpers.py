@@ -49,13 +49,12 @@ def nodes(store, n, policy=None):
             for _ in range(n)]
 
 
-def raw_peer(answer: bytes | None):
-    """A test peer on a bare socket: reads a request, sends ``answer`` and hangs up; with None it
-    accepts connections and never answers (a stalled peer)."""
+def _bare_peer(handle):
+    """A test peer on a bare loopback socket: every accepted connection goes to ``handle(conn, stop)`` in the
+    accepting thread; returns (url, stop), where stop also ends ``handle``'s waits on the event."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    conns = []
     stop = threading.Event()
 
     def serve():
@@ -65,38 +64,47 @@ def raw_peer(answer: bytes | None):
                 conn = sock.accept()[0]
             except OSError:
                 continue
-            if answer is None:
-                conns.append(conn)  # held open, never answered
-                continue
-            with conn:
-                try:
-                    conn.settimeout(5)
-                    head = b""
-                    while b"\r\n\r\n" not in head and (part := conn.recv(4096)):
-                        head += part
-                    conn.sendall(answer)
-                except OSError:
-                    pass
+            handle(conn, stop)
 
     threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close(), [c.close() for c in conns])
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close())
+
+
+def _read_head(conn) -> None:
+    head = b""
+    while b"\r\n\r\n" not in head and (part := conn.recv(4096)):
+        head += part
+
+
+def raw_peer(answer: bytes | None):
+    """A test peer on a bare socket: reads a request, sends ``answer`` and hangs up; with None it
+    accepts connections and never answers (a stalled peer)."""
+    conns = []
+
+    def answer_once(conn, stop):
+        if answer is None:
+            conns.append(conn)  # held open, never answered
+            return
+        with conn:
+            try:
+                conn.settimeout(5)
+                _read_head(conn)
+                conn.sendall(answer)
+            except OSError:
+                pass
+
+    url, stop = _bare_peer(answer_once)
+    return url, lambda: (stop(), [c.close() for c in conns])
 
 
 def trickling_peer(size: int, interval_s: float = 0.1):
     """A test peer on a bare socket that answers every request at once with a 200 announcing ``size``
     bytes, then sends the body one byte per ``interval_s`` (a peer that holds by trickling); returns
     (url, stop)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    stop = threading.Event()
-
-    def trickle(conn):
+    def trickle(conn, stop):
         with conn:
             try:
-                head = b""
-                while b"\r\n\r\n" not in head and (part := conn.recv(4096)):
-                    head += part
+                _read_head(conn)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
                 for _ in range(size):
                     if stop.wait(interval_s):
@@ -105,17 +113,7 @@ def trickling_peer(size: int, interval_s: float = 0.1):
             except OSError:  # the client hung up: what we want
                 pass
 
-    def serve():
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn = sock.accept()[0]
-            except OSError:
-                continue
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", lambda: (stop.set(), sock.close())
+    return _bare_peer(lambda conn, stop: threading.Thread(target=trickle, args=(conn, stop), daemon=True).start())
 
 
 def env_of_a_launched_actor(store, key, tmp_path, names, **fleet_kwargs):
