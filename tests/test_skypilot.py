@@ -494,6 +494,25 @@ def test_a_task_file_may_not_upload_local_files():
     assert "workdir" not in load_task_config(DEFAULT_TASK_FILE)  # the shipped task leaves it to the backend
 
 
+def recording_sdk(sent: list):
+    """SkyPilot's SDK module at the network call (a test double of the API server's side): ``launch`` appends the
+    SkyPilot config override the request body it builds would carry to ``sent`` and sends nothing; ``get``
+    finds no server. Needs ``annotations.is_on_api_server`` False, as SkyPilot's client-API wrapper sets it."""
+    from sky.server.requests import payloads
+
+    class Sdk:
+        exceptions = sky.exceptions
+
+        def launch(self, task, **kwargs):
+            sent.append(payloads.RequestBody().override_skypilot_config)
+            return "request-1"
+
+        def get(self, request):
+            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+
+    return Sdk
+
+
 def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credentials(monkeypatch, source):
     """SkyPilot uploads the local credentials of every cloud unless its remote_identity is NO_UPLOAD, a key a
     task's own `config:` cannot set for AWS or GCP in 0.14: the backend sends it as the client config override
@@ -507,15 +526,7 @@ def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credential
 
     sent = []
 
-    class Sdk:  # SkyPilot's SDK module at the network call: the request body it would send, nothing sent
-        exceptions = sky.exceptions
-
-        def launch(self, task, **kwargs):
-            sent.append(payloads.RequestBody().override_skypilot_config)
-            return "request-1"
-
-        def get(self, request):
-            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+    Sdk = recording_sdk(sent)
 
     sdk = SkySdk()
     sdk.sky = Sdk()
@@ -775,22 +786,13 @@ def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_
         tmp_path, monkeypatch, source, caplog):
     """Through the backend with SkyPilot's real SDK client (stubbed at the network call): the opt-out starts
     with a warning; a node profile is in the config override each launch request carries."""
-    from sky.server.requests import payloads
     from sky.utils import annotations
 
     monkeypatch.setattr(annotations, "is_on_api_server", False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no credential file that would travel anyway
     sent = []
 
-    class Sdk:  # SkyPilot's SDK module at the network call: the request body it would send, nothing sent
-        exceptions = sky.exceptions
-
-        def launch(self, task, **kwargs):
-            sent.append(payloads.RequestBody().override_skypilot_config)
-            return "request-1"
-
-        def get(self, request):
-            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+    Sdk = recording_sdk(sent)
 
     opted_out = SkyPilotBackend(SkyPilotFleetConfig(allow_broad_vm_identity=True), run_id=RUN)
     assert "allow_broad_vm_identity is set" in caplog.text
