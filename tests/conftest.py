@@ -54,14 +54,19 @@ def s3_server():
 
 
 @pytest.fixture
-def s3_store(s3_server, monkeypatch):
+def moto_credentials(monkeypatch):
+    """The made-up AWS credentials and region moto's server takes (it checks no signature)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture
+def s3_store(s3_server, moto_credentials):
     import uuid
 
     import boto3
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     bucket = f"echo2-{uuid.uuid4().hex[:8]}"
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
     from echo2.data.store import open_store

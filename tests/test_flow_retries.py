@@ -48,10 +48,7 @@ class _Fleet:
         return None
 
 
-def test_a_dead_store_during_collect_surfaces_after_one_store_retry_window(s3_server, monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def test_a_dead_store_during_collect_surfaces_after_one_store_retry_window(s3_server, moto_credentials):
     proxy = FaultyS3Proxy(s3_server, fail_rate=0.0)
     url = proxy.start()
     try:

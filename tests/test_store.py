@@ -218,16 +218,13 @@ def test_s3_create_retried_inside_the_client_library_succeeds(s3_store, monkeypa
     assert s3_store.get("rollouts/v000001/a-000001.arrow") == b"payload"
 
 
-def test_one_layer_retries_a_failing_store(s3_server, monkeypatch):
+def test_one_layer_retries_a_failing_store(s3_server, moto_credentials):
     """echo2's retry loop is the only one: botocore and s3fs make one request per attempt of ours, so a
     dead store surfaces after ``retry_s`` (issue 18, item 11: the layers stacked to over 8 minutes).
     The store is behind the fault-injecting proxy in an outage (503 SlowDown, 500, connection reset
     in turn, each of which botocore and s3fs used to retry); ``retry_s=0`` is one attempt of ours."""
     from echo2.chaos.s3_proxy import FaultyS3Proxy
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     proxy = FaultyS3Proxy(s3_server, fail_rate=0.0)
     url = proxy.start()
     try:
