@@ -1,0 +1,152 @@
+r"""Token log-probabilities of a causal LM without the full logits: the decoder once, the head in chunks.
+
+For final hidden states h (N tokens x H), head weight W (V x H), temperature T and targets y:
+
+    z_n      = W h_n / T                                   (one chunk of C tokens at a time: C x V)
+    lse_n    = logsumexp_v z_nv                            (fp32)
+    out_n    = z_{n, y_n} - lse_n = log softmax(z_n)[y_n]
+
+Backward, for upstream gradient g_n (what the loss puts on out_n):
+
+    dL/dz_n  = g_n (onehot(y_n) - softmax(z_n)) / T         (recomputed per chunk from h, W and lse)
+    dL/dh_n  = dL/dz_n W            dL/dW = sum_n dL/dz_n^T h_n  (accumulated in fp32 over the chunks)
+
+The forward keeps only h, W, y and lse (N floats), so no tensor of tokens x vocabulary exists beyond one
+chunk's C x V: peak memory has no rows x tokens x vocabulary term. Tokens whose upstream gradient is zero
+(prompt tokens, padding: the loss masks them) are skipped in the backward.
+
+Precision: the matmul runs in the inputs' dtype (under autocast: the autocast dtype, bf16, as the HF head
+would), its output is taken to fp32 before the temperature, and log-softmax, softmax and the gradient of
+the logits are fp32; on CUDA a bf16 matmul writes fp32 directly (``out_dtype``), on the CPU it rounds to
+bf16 first, as HF's own head does under autocast. Only torch is imported: the GPU benchmark uses this file
+with nothing but torch and transformers installed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
+                     "output_multiplier", "inv_norm_factor")
+"""Config/model attributes of transformers models whose logits are more than ``lm_head(hidden)``."""
+
+
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 (C, V) = hidden (C, H) @ weight (V, H).T / temperature."""
+    if hidden.is_cuda and hidden.dtype != torch.float32:
+        logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    else:
+        logits = torch.mm(hidden, weight.t()).float()
+    return logits.div_(temperature)
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, chunk_tokens):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            rows = slice(start, start + chunk_tokens)
+            logits = _logits(hidden[rows], weight, temperature)
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            out[rows] = logits.gather(1, targets[rows].unsqueeze(1)).squeeze(1) - lse[rows]
+            del logits
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        temperature, chunk_tokens = ctx.temperature, ctx.chunk_tokens
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.zeros_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
+        # only tokens the loss weighs contribute: prompt and padding positions have g = 0
+        live = grad_out.nonzero().squeeze(1)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, live.numel(), chunk_tokens):
+                index = live[start : start + chunk_tokens]
+                h = hidden.index_select(0, index)
+                g = grad_out.index_select(0, index).float() / temperature
+                # softmax from the saved logsumexp, in place: one C x V buffer
+                grad_logits = _logits(h, weight, temperature).sub_(lse.index_select(0, index).unsqueeze(1)).exp_()
+                grad_logits.mul_(-g.unsqueeze(1))
+                grad_logits.scatter_add_(1, targets.index_select(0, index).unsqueeze(1), g.unsqueeze(1))
+                grad_logits = grad_logits.to(hidden.dtype)
+                if want_hidden:
+                    grad_hidden.index_copy_(0, index, torch.mm(grad_logits, weight))
+                if want_weight:
+                    grad_weight.add_(torch.mm(grad_logits.t(), h))
+                del grad_logits
+        if want_weight:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                           temperature: float, chunk_tokens: int) -> torch.Tensor:
+    """log softmax(hidden @ weight.T / temperature) at ``targets``, fp32, ``chunk_tokens`` tokens at a time.
+
+    ``hidden``: (..., H); ``weight``: (V, H); ``targets``: (...) long, each in [0, V). Returns (...) float32.
+    Under autocast the matmuls run in the autocast dtype (the inputs are cast once, outside the chunks,
+    so autograd carries the cast's gradient back to fp32 parameters).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, not {chunk_tokens}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on the tokens")
+    device = hidden.device.type
+    dtype = torch.promote_types(hidden.dtype, weight.dtype)
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    with torch.autocast(device, enabled=False):
+        out = _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
+                                          targets.reshape(-1), float(temperature), int(chunk_tokens))
+    return out.view(targets.shape)
+
+
+def refuse_unsupported_head(lm: torch.nn.Module) -> None:
+    """Raise if the logits of ``lm`` are more than a bias-free linear head of the last hidden state."""
+    head = lm.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:  # a LoRA-wrapped or otherwise replaced head: its .weight is not all
+        raise ValueError(f"{type(lm).__name__}: the output head is a {type(head).__name__}, not a plain Linear; "
+                         "chunked log-probabilities only take lm_head(hidden) with one weight matrix")
+    if head.bias is not None:
+        raise ValueError(f"{type(lm).__name__}: the output head has a bias; chunked log-probabilities take none")
+    configs = [lm.config, getattr(lm.config, "text_config", None)]
+    for owner in [lm, *(c for c in configs if c is not None)]:
+        for name in _LOGIT_TRANSFORMS:
+            value = getattr(owner, name, None)
+            if value is not None and not (isinstance(value, (int, float)) and value == 1):
+                raise ValueError(f"{type(lm).__name__}: its logits are transformed after the head ({name}={value!r}); "
+                                 "chunked log-probabilities compute only lm_head(hidden), so they would be wrong")
+
+
+class PolicyLogprobs(torch.nn.Module):
+    """Token log-probabilities of a Hugging Face causal LM (also peft-wrapped) at one temperature.
+
+    ``forward(input_ids (B, W), targets (B, W), position_ids, attention_mask) -> (B, W) float32``: element
+    [b, j] = log p(targets[b, j] | input_ids[b, :j+1]). The decoder runs once and the chunked head runs inside
+    this module's forward, so when this wrapper is FSDP2's root unit the head's weight is unsharded here.
+    """
+
+    def __init__(self, lm: torch.nn.Module, *, temperature: float, chunk_tokens: int):
+        super().__init__()
+        self.lm = lm
+        self.temperature = float(temperature)
+        self.chunk_tokens = int(chunk_tokens)
+        refuse_unsupported_head(self.causal_lm)
+
+    @property
+    def causal_lm(self) -> torch.nn.Module:
+        """The transformers model under a peft wrapper (LoRA layers are injected into it in place)."""
+        return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        lm = self.causal_lm
+        hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  use_cache=False).last_hidden_state
+        return chunked_token_logprobs(hidden, lm.get_output_embeddings().weight, targets, self.temperature,
+                                      self.chunk_tokens)
