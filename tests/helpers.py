@@ -86,3 +86,41 @@ def wait_until(predicate, timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def teach_sums(model_dir, dest, *, steps: int, lr: float = 1e-2):
+    """``model_dir``'s model taught to answer the arithmetic task's sums by ``steps`` supervised steps on
+    100 problems, saved (with its tokenizer) to ``dest``: its rollout groups then carry a reward signal,
+    so a learner's steps really change weights. Returns ``dest``."""
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from echo2.config import ArithmeticTaskConfig
+    from echo2.tasks import make_task, prompt_token_ids
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small only waits on a second thread
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
+        prompts = [prompt_token_ids(tokenizer, p) for p in problems]
+        answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id] for p in problems]
+        width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+        labels = torch.full_like(ids, -100)
+        for i, (p, a) in enumerate(zip(prompts, answers)):
+            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        for _ in range(steps):
+            model(input_ids=ids, labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest

@@ -21,7 +21,7 @@ from echo2.data.store import open_store
 from echo2.data.weights import read_manifest, unique_state_dict
 from echo2.fleet.manager import make_fleet
 from echo2.learner.run import LearnerRun
-from helpers import wait_until
+from helpers import teach_sums, wait_until
 
 STEPS = 8
 
@@ -34,38 +34,7 @@ def hashes(tensors) -> dict[str, str]:
 def answering_model(tiny_model, tmp_path_factory):
     """The tiny model taught to answer a sum about a quarter of the time (a few seconds of supervised
     steps): its rollout groups carry a reward signal, so the learner's steps really change weights."""
-    import random
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from echo2.config import ArithmeticTaskConfig
-    from echo2.tasks import make_task, prompt_token_ids
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small only waits on a second thread
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-        model = AutoModelForCausalLM.from_pretrained(tiny_model)
-        problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
-        prompts = [prompt_token_ids(tokenizer, p) for p in problems]
-        answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id] for p in problems]
-        width = max(len(p) + len(a) for p, a in zip(prompts, answers))
-        ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
-        labels = torch.full_like(ids, -100)
-        for i, (p, a) in enumerate(zip(prompts, answers)):
-            ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-            labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for _ in range(150):
-            model(input_ids=ids, labels=labels).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
-    path = tmp_path_factory.mktemp("answering-model")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return teach_sums(tiny_model, tmp_path_factory.mktemp("answering-model"), steps=150)
 
 
 def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path, monkeypatch):

@@ -1,0 +1,184 @@
+"""A mixture-of-experts policy (a tiny random Qwen3-MoE, ``make_tiny_moe_model``) through echo2 like a
+dense one: the learner trains it, publishes bf16 keyframes and sparse deltas, actors relay them and
+load exactly what was published; two FSDP2 ranks take the step one process takes.
+
+What is specific to MoE here: transformers 5 holds each layer's experts fused, as two 3-D tensors
+(``mlp.experts.gate_up_proj`` (E, 2I, H), ``mlp.experts.down_proj`` (E, H, I)), while the Hub's
+checkpoint (what ``save_pretrained`` writes) has one 2-D tensor per expert and projection. The learner
+loads the Hub layout and publishes what its model holds, the fused one; both must load in the actor's
+engine and in ``from_pretrained`` to the same weights, and the delta encoder must carry 3-D tensors.
+The router's load-balancing loss is not part of echo2's loss (see the README's MoE section).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import REPO
+from echo2.bench.tiny_model import make_tiny_moe_model
+from echo2.config import config_from_dict
+from echo2.data import layout
+from echo2.data.delta import apply_delta, encode_delta, tensor_table
+from echo2.data.delta_chain import read_version
+from echo2.data.store import open_store
+from echo2.data.weights import read_manifest, unique_state_dict
+from echo2.fleet.manager import make_fleet
+from echo2.learner.run import LearnerRun
+from helpers import teach_sums, wait_until
+
+EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+STEPS = 3
+
+
+def hashes(tensors) -> dict[str, str]:
+    return {name: e["sha256"] for name, e in tensor_table(tensors).items()}
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    return make_tiny_moe_model(tmp_path_factory.mktemp("tiny-moe"))
+
+
+def test_fused_experts_load_from_the_hub_layout_and_from_what_the_learner_publishes(moe_model, tmp_path):
+    """The tiny model's checkpoint is in the Hub's per-expert layout; in memory the experts are 3-D tensors;
+    a folder of those in-memory tensors (a published version) loads in ``from_pretrained`` and in the
+    actor's engine to the same weights, and a delta between two of them applies bit for bit."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from echo2.rollout.transformers_engine import TransformersEngine
+
+    saved = load_file(moe_model / "model.safetensors")
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in saved and not any(k.endswith(EXPERTS) for k in saved)
+    model = AutoModelForCausalLM.from_pretrained(moe_model)
+    assert model.config.output_router_logits is False  # so the router's aux loss is not even computed
+    published = unique_state_dict(model, torch.bfloat16)
+    assert published["model.layers.1.mlp.experts.gate_up_proj"].shape == (4, 32, 32)
+    assert published["model.layers.1.mlp.experts.down_proj"].shape == (4, 32, 16)
+
+    folder = tmp_path / "published"
+    folder.mkdir()
+    save_file(published, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_bytes((moe_model / "config.json").read_bytes())
+    loaded, info = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, output_loading_info=True)
+    assert not any(info.values()), info
+    assert hashes(unique_state_dict(loaded)) == hashes(published)
+    engine = TransformersEngine(moe_model, eos_token_id=0, pad_token_id=0, dtype="bfloat16")
+    engine.load_weights(published.items())
+    assert hashes(unique_state_dict(engine.model)) == hashes(published)
+
+    # a step that moves one expert of one layer: the delta names the 3-D tensor and rebuilds it exactly
+    moved = {k: v.clone() for k, v in published.items()}
+    moved["model.layers.0.mlp.experts.down_proj"][2] += 0.5
+    delta = encode_delta(published, moved, max_file_bytes=2**20)
+    rebuilt = {k: v.clone() for k, v in published.items()}
+    apply_delta(rebuilt, delta.files, delta.table)
+    assert hashes(rebuilt) == hashes(moved)
+    changed = {name for name, entry in delta.table.items() if entry.get("changed")}
+    assert changed == {"model.layers.0.mlp.experts.down_proj"}, delta.table
+
+
+def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_model, tmp_path, monkeypatch):
+    records = tmp_path / "records"
+    records.mkdir()
+    monkeypatch.setenv("ECHO2_TEST_RECORDS", str(records))
+    # about a quarter of sums right after these steps: groups carry a reward signal, so weights move
+    model = teach_sums(moe_model, tmp_path / "answering-moe", steps=80)
+    config = config_from_dict({
+        "run": {"id": "moe"}, "store": {"url": str(tmp_path)}, "model": {"name": str(model)},
+        "task": {"eval_size": 10},
+        "rollout": {"group_size": 8, "groups_per_batch": 2, "max_new_tokens": 4, "max_pending_batches": 1},
+        "train": {"max_steps": STEPS, "groups_per_step": 2, "staleness": 2, "lr": 1e-4, "checkpoint_every": 100,
+                  "publish_dtype": "bfloat16", "publish_delta": True, "keyframe_every": 100, "num_threads": 1,
+                  "keep_versions": 20},
+        "eval": {"before": False, "after": False},
+        "fleet": {"actors": 2, "max_restarts": 0},
+        "broadcast": {"mode": "relay", "chunk_mb": 0.01},
+    })
+    run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
+    fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
+                       actor_command=[sys.executable, str(REPO / "tests" / "recording_actor.py")])
+
+    def both_hold(version: int) -> bool:
+        logs = [p.read_text() for p in run.log_dir.glob("*.log")]
+        return len(logs) == 2 and all(f"now generating with policy v{version} " in log for log in logs)
+
+    fleet.start()
+    try:
+        while run.step < STEPS:
+            # the next version waits until both actors hold this one, so that each is relayed to the
+            # second actor rather than superseded at its parent before it asks (test_delta_e2e.py)
+            wait_until(lambda: both_hold(run.step), 120, f"both actors on v{run.step}")
+            run.update(run.collect(should_abort=fleet.reconcile))
+        wait_until(lambda: both_hold(STEPS), 120, f"both actors on v{STEPS}")
+    finally:
+        fleet.stop()
+    run.finish()
+
+    store = run.store
+    manifests = {v: read_manifest(store, layout.policy_dir(v)) for v in range(STEPS + 1)}
+    assert [m["weights"] for m in manifests.values()] == ["full"] + ["delta"] * STEPS
+    published = {v: {n: e["sha256"] for n, e in m["tensors"].items()} for v, m in manifests.items()}
+    for v in manifests:  # what the store rebuilds is what the learner signed
+        assert hashes(read_version(store, v)[0]) == published[v]
+    experts = [n for n in published[0] if n.endswith(EXPERTS)]
+    assert len(experts) == 4 and all(manifests[0]["tensors"][n]["shape"][0] == 4 for n in experts)
+    # the steps moved the weights, the experts' among them: a delta carries changed 3-D expert tensors
+    assert published[STEPS] != published[0]
+    assert any(manifests[v]["tensors"][n].get("changed") for v in range(1, STEPS + 1) for n in experts)
+
+    logs = {p.stem: p.read_text() for p in run.log_dir.glob("*.log")}
+    assert len(logs) == 2
+    for actor, log in logs.items():
+        loaded = [json.loads(line) for line in (records / f"{actor}.jsonl").read_text().splitlines()]
+        swapped = [int(v) for v in re.findall(r"now generating with policy v(\d+)", log)]
+        assert swapped == list(range(STEPS + 1)) and len(loaded) == len(swapped), (actor, swapped)
+        for version, table in zip(swapped, loaded):  # every engine load, byte for byte the learner's version
+            assert table == published[version], (actor, version)
+    received = re.findall(r"v\d+ received and verified \(.*", "\n".join(logs.values()))
+    assert any(re.search(r"from actor\S+ at http://127.0.0.1", line) for line in received), received
+
+    # `echo2 export` of the last version (a delta) rebuilds it; from_pretrained loads exactly it
+    dest = tmp_path / "exported"
+    subprocess.run([sys.executable, "-m", "echo2.cli", "export", store.url, str(dest)], check=True, cwd=REPO,
+                   capture_output=True)
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(dest)
+    assert hashes(unique_state_dict(exported, torch.bfloat16)) == published[STEPS]
+
+
+def _distributed_step(model_dir, out, nproc: int) -> dict:
+    """tests/distributed_step.py (the dense model's 2-ranks-equal-1-process step) on ``model_dir``."""
+    prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 \
+        else [sys.executable]
+    proc = subprocess.run([*prefix, str(REPO / "tests" / "distributed_step.py"), str(model_dir), str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return ast.literal_eval(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_fsdp_ranks_take_the_moe_step_one_process_takes(moe_model, tmp_path):
+    """Each decoder layer (attention, router and fused experts together) is one FSDP2 unit, its 3-D expert
+    tensors sharded on the expert dimension (2 of the 4 experts a rank): no expert parallelism."""
+    from transformers import AutoModelForCausalLM
+
+    one = _distributed_step(moe_model, tmp_path / "one.safetensors", 1)
+    two = _distributed_step(moe_model, tmp_path / "two.safetensors", 2)
+    assert one["world"] == 1 and two["world"] == 2 and one["groups_with_signal"] == two["groups_with_signal"] > 0
+    assert abs(one["loss"] - two["loss"]) < 1e-6 and abs(one["grad_norm"] - two["grad_norm"]) < 1e-5, (one, two)
+    a, b = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
+    assert a.keys() == b.keys() and {f"model.layers.1.{n}" for n in EXPERTS} <= a.keys()
+    initial = AutoModelForCausalLM.from_pretrained(moe_model).state_dict()
+    for name in a:  # every weight moved, the experts and the router included; and moved alike on 2 ranks
+        assert (a[name] - initial[name]).abs().max() > 1e-4, name
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, worst
