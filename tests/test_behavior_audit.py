@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from echo2.config import load_config
 from echo2.data.rollouts import Rollout, RolloutLimits, decode_rollouts
 from echo2.data.store import open_store
-from echo2.learner.batch import assemble, policy_logprobs
 from echo2.learner.behavior_audit import BehaviorAuditor, Dishonest
 from echo2.learner.collector import RolloutCollector
 from echo2.rollout.engine import SamplingParams
@@ -59,24 +58,23 @@ def table_of(rows, actor="a") -> pa.Table:
 
 
 def auditor(setup, fraction=0.0) -> BehaviorAuditor:
-    model_dir, tok, _, weights, _ = setup
-    a = BehaviorAuditor(model_dir, fraction=fraction, max_gap=THRESHOLD, temperature=1.0,
-                        pad_token_id=tok.pad_token_id, keep_versions=3)
+    model_dir, _, _, weights, _ = setup
+    a = BehaviorAuditor(model_dir, fraction=fraction, max_gap=THRESHOLD, temperature=1.0, keep_versions=3,
+                        micro_batch_tokens=64, chunk_tokens=16)  # several packs and chunks per file
     a.published(1, weights)
     return a
 
 
 def bf16_engine_rows(setup, rows) -> list[Rollout]:
     """The same completions with the behavior logprobs a bf16 engine reports (weights and compute in bf16)."""
-    model_dir, tok, _, _, _ = setup
+    model_dir = setup[0]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     out = []
     with torch.no_grad():
-        for r in rows:
-            batch = assemble([{"prompt_token_ids": r.prompt_token_ids, "completion_token_ids": r.completion_token_ids,
-                               "completion_mask": [1] * len(r.completion_token_ids),
-                               "behavior_logprobs": r.behavior_logprobs}], tok.pad_token_id)
-            lp = policy_logprobs(model, batch, 1.0)[0][batch.mask[0] > 0].tolist()
+        for r in rows:  # full logits of one sequence, as an engine computes them
+            ids = torch.tensor([r.prompt_token_ids + r.completion_token_ids])
+            logits = model(input_ids=ids).logits[0, len(r.prompt_token_ids) - 1 : -1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, len(r.prompt_token_ids):, None])[:, 0].tolist()
             out.append(dataclasses.replace(r, behavior_logprobs=lp))
     return out
 

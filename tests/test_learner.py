@@ -7,7 +7,8 @@ import torch
 
 from echo2.config import TrainConfig
 from echo2.data.rollouts import decode_rollouts
-from echo2.learner.batch import assemble, policy_logprobs
+from echo2.learner.columns import step_columns
+from echo2.learner.packing import Ragged, StepColumns, assemble_packed
 from echo2.learner.learner import Learner
 from helpers import rollout_bytes
 
@@ -62,15 +63,20 @@ def test_dropout_is_off_in_the_learners_forward(tmp_path):
     config.attention_dropout = 0.5
     config.save_pretrained(path)
     learner = Learner(path, TrainConfig(), temperature=1.0)
-    rows = decode_rollouts(rollout_bytes(0)).to_pylist()
-    batch = assemble(rows, learner.pad_token_id)
-    first = policy_logprobs(learner.model, batch, 1.0)
-    assert torch.equal(first, policy_logprobs(learner.model, batch, 1.0))
+    columns = step_columns([decode_rollouts(rollout_bytes(0))])
+    batch = assemble_packed(columns, range(columns.num_rows), torch.zeros(columns.num_rows))
+    policy = learner._policy_logprobs()
+
+    def logprobs():
+        return policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
+
+    first = logprobs()
+    assert torch.equal(first, logprobs())
     first.sum().backward()  # and gradients still flow
     assert any(p.grad is not None for p in learner.model.parameters())
 
 
-def test_recomputed_logprobs_on_a_right_padded_batch_equal_the_engines(tiny_model):
+def test_recomputed_logprobs_on_a_packed_batch_equal_the_engines(tiny_model):
     from transformers import AutoTokenizer
 
     from echo2.rollout.engine import SamplingParams
@@ -82,12 +88,19 @@ def test_recomputed_logprobs_on_a_right_padded_batch_equal_the_engines(tiny_mode
     engine.load_weights(learner.full_tensors().items())
     prompts = [tok(t)["input_ids"] for t in ("What is 1 + 2?", "What is 13 + 4? Think hard about it.", "9")]
     groups = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=8, temperature=0.8, seed=3))
-    rows = [{"prompt_token_ids": p, "completion_token_ids": c.token_ids, "completion_mask": [1] * len(c.token_ids),
-             "behavior_logprobs": c.logprobs} for p, g in zip(prompts, groups) for c in g]
-    assert len({len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) for r in rows}) > 1  # mixed lengths
-    batch = assemble(rows, learner.pad_token_id)
+    completions = [(p, c) for p, g in zip(prompts, groups) for c in g]
+    assert len({len(p) + len(c.token_ids) for p, c in completions}) > 1  # mixed lengths
+    n = len(completions)
+    columns = StepColumns(
+        prompt=Ragged.from_lists([p for p, _ in completions], torch.int32),
+        completion=Ragged.from_lists([c.token_ids for _, c in completions], torch.int32),
+        completion_mask=torch.ones(sum(len(c.token_ids) for _, c in completions), dtype=torch.int8),
+        behavior_logprobs=Ragged.from_lists([c.logprobs for _, c in completions], torch.float32).values,
+        reward=torch.zeros(n), group_index=torch.zeros(n, dtype=torch.int64),
+        policy_version=torch.zeros(n, dtype=torch.int64))
+    batch = assemble_packed(columns, range(n), torch.zeros(n))  # every completion in one packed row
     with torch.no_grad():
-        logprobs = policy_logprobs(learner.model, batch, 0.8)
+        logprobs = learner._policy_logprobs()(batch.input_ids, batch.targets, position_ids=batch.position_ids)
     m = batch.mask.bool()
     assert torch.allclose(logprobs[m], batch.behavior_logprobs[m], atol=1e-4)
 

@@ -115,8 +115,12 @@ class TrainConfig(_Section):
     """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient norm clip."""
-    micro_batch_size: int = Field(16, ge=1)
-    """Sequences per forward/backward; gradients accumulate over the step."""
+    micro_batch_tokens: int = Field(8192, ge=1)
+    """Tokens per forward/backward: a step's sequences (prompt + completion - 1 tokens each) are packed
+    first-fit decreasing into micro-batches of at most this many tokens, several sequences to a row with no
+    padding; gradients accumulate over the step (``learner/packing.py``). A sequence longer than this is
+    never split: it gets a micro-batch of its own (so peak memory follows the longest sequence, not this).
+    Replaces ``micro_batch_size`` (a count of rows)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
     clip_high: float = Field(0.28, ge=0)
@@ -188,9 +192,19 @@ class TrainConfig(_Section):
     fp32 actors differ by ~1e-6, bf16 ones by a few hundredths)."""
     nproc: int = Field(1, ge=1)
     """Learner processes (torchrun on one node): the policy is sharded over them with FSDP, each takes
-    every nproc-th micro-batch, rank 0 runs the flow, reads rollouts and publishes (``learner/distributed.py``)."""
+    a token-balanced share of the packed micro-batches, rank 0 runs the flow, reads rollouts and publishes
+    (``learner/distributed.py``)."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "micro_batch_size" in data:
+            raise ValueError("train.micro_batch_size (rows per micro-batch) was replaced by train.micro_batch_tokens "
+                             "(tokens per packed micro-batch; default 8192): remove micro_batch_size and set "
+                             "micro_batch_tokens instead")
+        return data
 
 
 class EvalConfig(_Section):

@@ -10,7 +10,9 @@ out for good:
     the first file of every actor, and every further file with probability ``train.audit_fraction``
         (drawn from the learner's own unseeded RNG, so an actor cannot tell which files are checked)
     recompute log mu(token) of the file's policy tokens under the version the file claims, with the
-        weights the learner published as that version (kept for the S + 1 newest versions), in fp32
+        weights the learner published as that version (kept for the S + 1 newest versions), in fp32,
+        as the learner computes them: the file's rows packed into micro-batches of ``train.micro_batch_tokens``
+        (``packing.py``), log-probabilities by ``PolicyLogprobs`` (chunked, no full logits)
     gap = mean |claimed - recomputed| over the file's policy tokens
     gap > ``train.audit_max_gap``: the file is quarantined and its actor banned (``Dishonest``): the
         collector quarantines every later file of it unread, the flow has the fleet retire and replace
@@ -34,7 +36,9 @@ import pyarrow as pa
 import torch
 
 from echo2.data.rollouts import InvalidRollouts
-from echo2.learner.batch import assemble, policy_logprobs
+from echo2.learner.columns import step_columns
+from echo2.learner.logprobs import PolicyLogprobs
+from echo2.learner.packing import assemble_packed, pack_by_tokens
 
 log = logging.getLogger("echo2.learner")
 
@@ -44,15 +48,15 @@ class Dishonest(InvalidRollouts):
 
 
 class BehaviorAuditor:
-    def __init__(self, model_dir: Path, *, fraction: float, max_gap: float, temperature: float, pad_token_id: int,
-                 keep_versions: int, micro_batch_size: int = 16):
+    def __init__(self, model_dir: Path, *, fraction: float, max_gap: float, temperature: float, keep_versions: int,
+                 micro_batch_tokens: int = 8192, chunk_tokens: int = 1024):
         self.model_dir = model_dir
         self.fraction = fraction
         self.max_gap = max_gap
         self.temperature = temperature
-        self.pad_token_id = pad_token_id
         self.keep_versions = keep_versions
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_tokens = micro_batch_tokens
+        self.chunk_tokens = chunk_tokens
         self.versions: dict[int, dict[str, torch.Tensor]] = {}
         """The weights published as each of the newest versions (what an honest actor sampled with)."""
         self.audited_actors: set[str] = set()
@@ -92,12 +96,13 @@ class BehaviorAuditor:
     @torch.no_grad()
     def gap(self, table: pa.Table, model: torch.nn.Module) -> float:
         """Mean |claimed - recomputed| behavior logprob over the policy tokens of ``table``."""
-        rows = table.select(["prompt_token_ids", "completion_token_ids", "completion_mask",
-                             "behavior_logprobs"]).to_pylist()
+        columns = step_columns([table])
+        policy = PolicyLogprobs(model, temperature=self.temperature, chunk_tokens=self.chunk_tokens)
+        no_advantages = torch.zeros(columns.num_rows)
         total, count = 0.0, 0
-        for start in range(0, len(rows), self.micro_batch_size):
-            batch = assemble(rows[start : start + self.micro_batch_size], self.pad_token_id)
-            recomputed = policy_logprobs(model, batch, self.temperature)
+        for pack in pack_by_tokens(columns.sequence_lengths().tolist(), self.micro_batch_tokens):
+            batch = assemble_packed(columns, pack, no_advantages)
+            recomputed = policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
             total += ((recomputed - batch.behavior_logprobs).abs() * batch.mask).sum().item()
             count += int(batch.mask.sum().item())
         return total / max(count, 1)

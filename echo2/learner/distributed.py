@@ -7,16 +7,17 @@ needs all ranks (a step, gathering the full weights, the optimizer state, restor
 first announced to ranks 1..N-1 by a broadcast of ``(op, payload)``; they run ``follow()``: wait for an
 op, do their share, until ``stop``. So the flow, the store, the actors and the fleet see one learner;
 only the arithmetic is spread. (The ranks are all the learner's own processes: the broadcast's pickle
-never carries anything an actor wrote that validation has not already turned into plain lists.)
+never carries anything an actor wrote that validation has not already turned into plain tensors.)
 
 Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the whole model, so tied
 embeddings stay in one unit; parameters, gradients and AdamW moments are split over the ranks.
 
-A step is learner.py's GRPO step over the same rows, with the micro-batches dealt out:
-    rank 0 broadcasts the step's rows (what ``rows_of`` read from the selected files)
-    every rank computes the same advantages, signal filter and length order (deterministic)
-    micro-batch j goes to rank j mod N; a rank with fewer than the most runs a zero-weight pass
-        for each missing one, since FSDP's all-gathers and reduce-scatters need every rank
+A step is learner.py's GRPO step over the same rows, with the packed micro-batches dealt out:
+    rank 0 broadcasts the step's columns (``columns.step_columns``: offsets + values tensors)
+    every rank computes the same advantages, signal filter and packs (deterministic)
+    the packs are dealt by tokens: longest first, each to the rank with the fewest tokens so far (ties:
+        the lowest rank); a rank with fewer packs than the most runs a zero-weight pass of the step's
+        smallest pack for each missing one, since FSDP's all-gathers and reduce-scatters need every rank
     losses are normalized by the step's token count over all ranks and gradients are summed, not
         averaged (``set_gradient_divide_factor(1)``): the step's gradient is the one-process gradient,
         up to the order of float additions
@@ -40,7 +41,9 @@ from pathlib import Path
 import torch
 
 from echo2.config import TrainConfig
-from echo2.learner.learner import Learner, rows_of
+from echo2.learner.columns import step_columns
+from echo2.learner.learner import Learner
+from echo2.learner.packing import StepColumns, assemble_packed
 
 log = logging.getLogger("echo2.learner")
 
@@ -105,7 +108,7 @@ class DistributedLearner(Learner):
         return getattr(self, f"_op_{op}")(payload)
 
     def train_step(self, tables) -> dict:
-        return self._announce("step", rows_of(tables))
+        return self._announce("step", step_columns(tables))
 
     def full_tensors(self) -> dict[str, torch.Tensor]:
         return self._announce("full")
@@ -150,8 +153,8 @@ class DistributedLearner(Learner):
                 return
             getattr(self, f"_op_{op}")(payload)
 
-    def _op_step(self, rows: list[dict]) -> dict:
-        return self.step_on_rows(rows)
+    def _op_step(self, columns: StepColumns) -> dict:
+        return self.step_on_columns(columns)
 
     def _op_full(self, _=None) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -176,17 +179,18 @@ class DistributedLearner(Learner):
         set_model_state_dict(self.model, tensors, options=options)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
 
-    def _accumulate(self, rows, micro_batches, advantages, n_tokens, totals) -> dict:
-        """This rank's micro-batches (j mod N), padded with zero-weight passes to the most any rank runs."""
+    def _accumulate(self, columns, packs, advantages, n_tokens, totals) -> dict:
+        """This rank's packs (``deal_by_tokens``), then zero-weight passes up to the most packs any rank runs."""
         import torch.distributed as dist
 
-        mine = micro_batches[self.rank :: self.world_size]
-        most = -(-len(micro_batches) // self.world_size)
-        for idx in mine:
-            self._backward(rows, idx, advantages, n_tokens, totals)
-        for _ in range(most - len(mine)):  # FSDP's collectives need every rank in every pass
-            filler = micro_batches[0]
-            terms = self._micro_batch([rows[i] for i in filler], advantages[filler], n_tokens)
+        lengths = columns.sequence_lengths()
+        tokens = [int(lengths[pack].sum()) for pack in packs]
+        dealt = deal_by_tokens(tokens, self.world_size)
+        for j in dealt[self.rank]:
+            self._backward(columns, packs[j], advantages, n_tokens, totals)
+        smallest = packs[min(range(len(packs)), key=lambda j: (tokens[j], j))]
+        for _ in range(max(map(len, dealt)) - len(dealt[self.rank])):  # FSDP's collectives need every rank
+            terms = self._micro_batch(assemble_packed(columns, smallest, advantages), n_tokens)
             (terms.loss * 0.0).backward()
         keys = sorted(totals)
         summed = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
@@ -195,6 +199,18 @@ class DistributedLearner(Learner):
 
     def _trainable_names(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
+    """Pack indices per rank: longest pack first, each to the rank holding the fewest tokens so far (ties:
+    the lowest rank). Deterministic, so every rank computes the same deal."""
+    dealt: list[list[int]] = [[] for _ in range(ranks)]
+    load = [0] * ranks
+    for j in sorted(range(len(tokens)), key=lambda j: (-tokens[j], j)):
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        dealt[rank].append(j)
+        load[rank] += tokens[j]
+    return dealt
 
 
 def _to_indexed(named: dict, names: list[str]) -> dict:

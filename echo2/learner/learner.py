@@ -20,8 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from echo2.config import TrainConfig
 from echo2.data.lora import merge_lora
 from echo2.data.weights import model_files, unique_state_dict
-from echo2.learner.batch import assemble, policy_logprobs
+from echo2.learner.columns import step_columns
+from echo2.learner.logprobs import PolicyLogprobs
 from echo2.learner.loss import group_advantages, policy_loss
+from echo2.learner.packing import PackedBatch, StepColumns, assemble_packed, pack_by_tokens
 
 log = logging.getLogger("echo2.learner")
 
@@ -67,39 +69,37 @@ class Learner:
     # -- training --------------------------------------------------------------------------
     def train_step(self, tables: list[pa.Table]) -> dict:
         """One optimizer step on whole rollout files; returns metrics."""
-        return self.step_on_rows(rows_of(tables))
+        return self.step_on_columns(step_columns(tables))
 
-    def step_on_rows(self, rows: list[dict]) -> dict:
-        """One optimizer step on the rows of a step's rollout files (``rows_of``)."""
+    def step_on_columns(self, columns: StepColumns) -> dict:
+        """One optimizer step on the rows of a step's rollout files (``columns.step_columns``)."""
         t0 = time.time()
         cfg = self.config
-        group_ids = {g: i for i, g in enumerate(dict.fromkeys(r["group"] for r in rows))}
-        rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32)
-        group_index = torch.tensor([group_ids[r["group"]] for r in rows])
+        rewards, group_index = columns.reward.float(), columns.group_index
+        n_groups = int(group_index.max()) + 1
         advantages = group_advantages(rewards, group_index, scale=cfg.scale_rewards)
-        lags = [self.version - r["policy_version"] for r in rows]
+        lags = self.version - columns.policy_version
         metrics = {
-            "step": self.version + 1, "reward": rewards.mean().item(), "rollouts": len(rows),
-            "groups": len(group_ids), "lag_mean": sum(lags) / len(lags), "lag_max": max(lags),
-            "completion_tokens": sum(len(r["completion_token_ids"]) for r in rows), "nonfinite": False,
+            "step": self.version + 1, "reward": rewards.mean().item(), "rollouts": columns.num_rows,
+            "groups": n_groups, "lag_mean": lags.double().mean().item(), "lag_max": int(lags.max()),
+            "completion_tokens": int(columns.completion.offsets[-1]), "nonfinite": False,
         }
         # a group whose rewards are all equal has A = 0 everywhere: no signal, so its rows skip the
         # forward pass. Whole groups are dropped; a row of a group with signal stays even if its own A is 0
-        n_groups = len(group_ids)
         high = torch.full((n_groups,), -math.inf).scatter_reduce(0, group_index, rewards, "amax")
         low = torch.full((n_groups,), math.inf).scatter_reduce(0, group_index, rewards, "amin")
         with_signal = high > low
-        keep = [i for i in range(len(rows)) if with_signal[group_index[i]]]
+        keep = with_signal[group_index].nonzero().squeeze(1)
         metrics["groups_with_signal"] = int(with_signal.sum())
-        n_tokens = sum(sum(rows[i]["completion_mask"]) for i in keep)
+        n_tokens = int(columns.policy_tokens()[keep].sum())
         totals = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0, "kl_behavior": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
         grad_norm = 0.0
-        if keep:
-            keep.sort(key=lambda i: len(rows[i]["prompt_token_ids"]) + len(rows[i]["completion_token_ids"]))
-            mb = cfg.micro_batch_size
-            micro_batches = [keep[start : start + mb] for start in range(0, len(keep), mb)]
-            totals = self._accumulate(rows, micro_batches, advantages, n_tokens, totals)
+        if len(keep):
+            keep = keep.tolist()
+            lengths = columns.sequence_lengths()[keep].tolist()
+            packs = [[keep[i] for i in pack] for pack in pack_by_tokens(lengths, cfg.micro_batch_tokens)]
+            totals = self._accumulate(columns, packs, advantages, n_tokens, totals)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
             if math.isfinite(grad_norm) and math.isfinite(totals["loss"]):
                 self.optimizer.step()
@@ -114,37 +114,49 @@ class Learner:
         metrics.update(totals, grad_norm=grad_norm, train_tokens=n_tokens, step_seconds=time.time() - t0)
         return metrics
 
-    def _accumulate(self, rows: list[dict], micro_batches: list[list[int]], advantages: torch.Tensor,
+    def _accumulate(self, columns: StepColumns, packs: list[list[int]], advantages: torch.Tensor,
                     n_tokens: int, totals: dict) -> dict:
-        """Forward and backward over the micro-batches (row indices), gradients summed; the step's totals."""
-        for idx in micro_batches:
-            self._backward(rows, idx, advantages, n_tokens, totals)
+        """Forward and backward over the packs (row indices), gradients summed; the step's totals."""
+        for pack in packs:
+            self._backward(columns, pack, advantages, n_tokens, totals)
         return totals
 
-    def _backward(self, rows: list[dict], idx: list[int], advantages: torch.Tensor, n_tokens: int,
+    def _backward(self, columns: StepColumns, pack: list[int], advantages: torch.Tensor, n_tokens: int,
                   totals: dict) -> None:
-        terms = self._micro_batch([rows[i] for i in idx], advantages[idx], n_tokens)
+        batch = assemble_packed(columns, pack, advantages)
+        terms = self._micro_batch(batch, n_tokens)
         terms.loss.backward()
-        weight = sum(sum(rows[i]["completion_mask"]) for i in idx) / n_tokens
+        weight = batch.policy_tokens / n_tokens
         totals["loss"] += terms.loss.item()
         for k in ("clip_fraction", "ratio_mean", "kl_behavior"):
             totals[k] += getattr(terms, k).item() * weight
 
-    def _micro_batch(self, rows: list[dict], advantages: torch.Tensor, n_tokens: int):
-        batch = assemble(rows, self.pad_token_id)
-        logprobs = policy_logprobs(self.model, batch, self.temperature)
+    def _micro_batch(self, batch: PackedBatch, n_tokens: int):
+        """The loss terms of one pack (``n_tokens``: the step's policy tokens, over every pack and rank)."""
+        inputs = dict(input_ids=batch.input_ids, targets=batch.targets, position_ids=batch.position_ids)
+        logprobs = self._policy_logprobs()(**inputs)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = policy_logprobs(self.reference, batch, self.temperature)
+                ref = self._reference_logprobs()(**inputs)
         cfg = self.config
-        return policy_loss(logprobs, batch.behavior_logprobs, advantages, batch.mask, n_tokens=n_tokens,
+        return policy_loss(logprobs, batch.behavior_logprobs, batch.advantages, batch.mask, n_tokens=n_tokens,
                            clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref,
                            kl_coef=cfg.kl_coef)
 
-    @property
-    def pad_token_id(self) -> int:
-        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+    def _policy_logprobs(self) -> torch.nn.Module:
+        # TEMPORARY until the LOGPROBS helper's Learner.__init__ holds self.policy
+        if getattr(self, "policy", None) is None:
+            self.policy = PolicyLogprobs(self.model, temperature=self.temperature,
+                                         chunk_tokens=getattr(self.config, "logprob_chunk_tokens", 1024))
+        return self.policy
+
+    def _reference_logprobs(self) -> torch.nn.Module:
+        # TEMPORARY until the LOGPROBS helper's Learner.__init__ wraps the reference
+        if getattr(self, "reference_policy", None) is None:
+            self.reference_policy = PolicyLogprobs(self.reference, temperature=self.temperature,
+                                                   chunk_tokens=getattr(self.config, "logprob_chunk_tokens", 1024))
+        return self.reference_policy
 
     # -- state -----------------------------------------------------------------------------
     def optimizer_state(self) -> dict:
@@ -197,14 +209,3 @@ class Learner:
             return {k: v.to(dtype) for k, v in self.base_tensors.items()}, {"weights": "full"}
         return unique_state_dict(self.model, dtype), {"weights": "full"}
 
-
-def rows_of(tables: list[pa.Table]) -> list[dict]:
-    """A step's training rows: the columns the loss needs, each row tagged with its group."""
-    rows = []
-    for file_index, table in enumerate(tables):
-        for row in table.select(["group_id", "prompt_token_ids", "completion_token_ids", "completion_mask",
-                                 "behavior_logprobs", "reward", "policy_version"]).to_pylist():
-            # a group is one group_id of one file: two files never merge their groups of the same name
-            row["group"] = (file_index, row["group_id"])
-            rows.append(row)
-    return rows

@@ -74,13 +74,14 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> LossTerms:
-    """Token-level loss of one micro-batch. Shapes: (B, T) for token tensors, (B,) for advantages.
+    """Token-level loss of one micro-batch. Shapes: (B, T) for token tensors; advantages (B,) per row or
+    (B, T) per token (a packed row holds several sequences, each token carrying its own sequence's).
 
     ``n_tokens`` is the number of masked tokens in the whole step, so micro-batch losses add up
     to the step's token average.
     """
     mask = mask.to(logprobs.dtype)
-    adv = advantages.unsqueeze(-1).to(logprobs.dtype)
+    adv = (advantages if advantages.shape == mask.shape else advantages.unsqueeze(-1)).to(logprobs.dtype)
     log_ratio = logprobs - behavior_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
