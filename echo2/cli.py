@@ -314,6 +314,13 @@ def _download_weights(store, prefix: str, dest: Path) -> dict:
     except (NotFound, ValueError):
         raise RunRecordRejected(f"{store.url} has no readable {layout.RUN_JSON}: not a run folder, so there is no key "
                                 "to check its weights with") from None
+    if prefix.startswith(layout.CHECKPOINTS):  # every rank's shards, put together here (checkpoint.py)
+        from echo2.learner.checkpoint import export_checkpoint
+
+        step = layout.parse_step_dir(prefix.rsplit("/", 1)[-1])
+        if step is None:
+            raise NotFound(f"{store.url}/{prefix} is not a checkpoint folder (checkpoints/step-N)")
+        return export_checkpoint(store, step, dest, public_key)
     manifest = download(store, prefix, dest, public_key=public_key)
     if manifest.get("weights") == "lora":
         adapter = {k: v for k, v in iter_tensors(store, prefix, manifest)}

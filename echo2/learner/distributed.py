@@ -3,7 +3,7 @@
 Process layout. Rank 0 is the learner everything else talks to: it runs the ``echo2-train`` Prefect
 flow, reads and validates rollouts, publishes versions, writes checkpoints and runs the fleet, exactly
 as a one-process learner does. Its learner object is a ``DistributedLearner``, and every operation that
-needs all ranks (a step, gathering the full weights, the optimizer state, restoring a checkpoint) is
+needs all ranks (a step, gathering the full weights, writing or restoring a checkpoint) is
 first announced to ranks 1..N-1 by a broadcast of ``(op, payload)``; they run ``follow()``: wait for an
 op, do their share, until ``stop``. So the flow, the store, the actors and the fleet see one learner;
 only the arithmetic is spread. (The ranks are all the learner's own processes: the broadcast's pickle
@@ -24,10 +24,11 @@ A step is learner.py's GRPO step over the same rows, with the packed micro-batch
     the global gradient norm is clipped (DTensor-aware ``clip_grad_norm_``), AdamW updates each shard
     the metrics' sums are all-reduced
 
-Publishing and checkpoints gather full tensors to rank 0 (``get_model_state_dict(full_state_dict=True)``);
-the optimizer state is kept by parameter name, so a checkpoint of N ranks resumes on any N (and on one
-process: ``_to_indexed`` / ``_to_named`` convert between names and the one-process optimizer's indices);
-a restore broadcasts from rank 0. Greedy evaluation runs on rank 0 alone on a gathered copy of the weights.
+Publishing gathers full tensors to rank 0 (``get_model_state_dict(full_state_dict=True)``). A checkpoint
+does not: every rank writes and reads its own shards of the weights and of the AdamW state with
+``torch.distributed.checkpoint`` (``sharded.py``, ``checkpoint.py``), keyed by parameter name, so a
+checkpoint of N ranks resumes on any number of ranks, one process included. Greedy evaluation runs on rank
+0 alone on a gathered copy of the weights.
 LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0``).
 """
 
@@ -84,7 +85,6 @@ class DistributedLearner(Learner):
         self.rank, self.world_size = world()
         super().__init__(model_dir, config, temperature=temperature)
         self._eval_copy: torch.nn.Module | None = None
-        self._pending_load: tuple[dict, dict] = ({}, {})
 
     def _prepare_model(self) -> None:
         from torch.distributed.fsdp import fully_shard
@@ -118,12 +118,11 @@ class DistributedLearner(Learner):
         tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.full_tensors().items()}
         return tensors, {"weights": "full"}
 
-    def optimizer_state(self) -> dict:
-        return _to_indexed(self._announce("optim"), self._trainable_names())
+    def save_sharded(self, store, prefix: str) -> list[dict]:
+        return self._announce("save_sharded", (store, prefix))
 
-    def load_state(self, tensors, optimizer_state, adapter=None) -> None:
-        self._pending_load = (tensors, _to_named(optimizer_state, self._trainable_names()))
-        self._announce("load")
+    def load_sharded(self, store, prefix: str, entries: dict[str, dict]) -> None:
+        self._announce("load_sharded", (store, prefix, entries))
 
     def eval_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
@@ -162,22 +161,27 @@ class DistributedLearner(Learner):
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: full[name].detach().contiguous() for name in self.published_names} if self.rank == 0 else {}
 
-    def _op_optim(self, _=None) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    def _op_save_sharded(self, payload) -> list[dict]:
+        """Every rank writes its shards (DCP; rank 0 its metadata last); rank 0 gets every rank's file entries."""
+        import torch.distributed as dist
 
-        return get_optimizer_state_dict(self.model, self.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        store, prefix = payload
+        mine = Learner.save_sharded(self, store, prefix)
+        every: list = [None] * self.world_size
+        dist.all_gather_object(every, mine)
+        return [entry for entries in every for entry in entries]
 
-    def _op_load(self, _=None) -> None:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+    def _op_load_sharded(self, payload) -> None:
+        """Every rank reads its shards; a refused file on any rank fails the load on all of them (DCP), and
+        a follower then waits for the next op (rank 0 tries an older checkpoint)."""
+        from echo2.learner.checkpoint import UNLOADABLE
 
-        tensors, optim = self._pending_load if self.rank == 0 else ({}, {})
-        self._pending_load = ({}, {})
-        # strict=False: a checkpoint leaves tied duplicates out (lm_head is embed_tokens: one parameter)
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-        set_model_state_dict(self.model, tensors, options=options)
-        set_optimizer_state_dict(self.model, self.optimizer, optim, options=options)
+        try:
+            Learner.load_sharded(self, *payload)
+        except UNLOADABLE as exc:
+            if self.rank == 0:
+                raise
+            log.info("rank %d: checkpoint %s not loaded: %s", self.rank, payload[1], exc)
 
     def _accumulate(self, columns, packs, advantages, n_tokens, totals) -> dict:
         """This rank's packs (``deal_by_tokens``), then zero-weight passes up to the most packs any rank runs."""
@@ -211,21 +215,6 @@ def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
         dealt[rank].append(j)
         load[rank] += tokens[j]
     return dealt
-
-
-def _to_indexed(named: dict, names: list[str]) -> dict:
-    """A full optimizer state keyed by parameter name -> the one-process optimizer's integer keys."""
-    index = {n: i for i, n in enumerate(names)}
-    state = {index[k]: v for k, v in named.get("state", {}).items() if k in index}
-    groups = [{**g, "params": [index[p] for p in g["params"] if p in index]} for g in named.get("param_groups", [])]
-    return {"state": state, "param_groups": groups}
-
-
-def _to_named(indexed: dict, names: list[str]) -> dict:
-    """The inverse of ``_to_indexed``: what ``set_optimizer_state_dict`` takes."""
-    state = {names[k]: v for k, v in indexed.get("state", {}).items()}
-    groups = [{**g, "params": [names[p] for p in g["params"]]} for g in indexed.get("param_groups", [])]
-    return {"state": state, "param_groups": groups}
 
 
 _released = False

@@ -159,19 +159,34 @@ class Learner:
         return self.reference_policy
 
     # -- state -----------------------------------------------------------------------------
-    def optimizer_state(self) -> dict:
-        """What a checkpoint keeps of the optimizer (its ``state_dict``)."""
-        return self.optimizer.state_dict()
+    def sharded_state(self) -> dict:
+        """What a checkpoint keeps of this process's training state, for DCP (``sharded.py``): the trainable
+        weights (tied duplicates left out; with LoRA the adapter alone) and the optimizer state, both keyed by
+        parameter name; under FSDP2 each tensor is a DTensor of this rank's shard, never gathered."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    def load_state(self, tensors: dict[str, torch.Tensor], optimizer_state: dict,
-                   adapter: dict[str, torch.Tensor] | None = None) -> None:
-        """Restore a checkpoint: full weights (or the LoRA adapter over the base) and the optimizer."""
-        if adapter is not None:
-            self.load_adapter(adapter)
-        else:
-            self.model.load_state_dict(tensors, strict=False)
-            self.model.tie_weights()
-        self.optimizer.load_state_dict(optimizer_state)
+        model, optim = get_state_dict(self.model, self.optimizer, options=StateDictOptions(ignore_frozen_params=True))
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return {"model": {k: v for k, v in model.items() if k in trainable}, "optim": optim}
+
+    def save_sharded(self, store, prefix: str) -> list[dict]:
+        """Write this process's shard of a checkpoint under ``prefix`` (every rank runs it); returns the
+        manifest entries of the files written, every rank's (``checkpoint.save_checkpoint``)."""
+        from echo2.learner.sharded import save_sharded
+
+        return save_sharded(store, prefix, self.sharded_state(), file_mb=self.config.shard_mb)
+
+    def load_sharded(self, store, prefix: str, entries: dict[str, dict]) -> None:
+        """Restore the weights and optimizer state of the checkpoint at ``prefix`` (every rank runs it), each
+        file checked against ``entries``, the signed manifest's: ``CorruptWeights`` before any weight changed."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        from echo2.learner.sharded import load_sharded
+
+        state = self.sharded_state()
+        load_sharded(store, prefix, entries, state)  # in place, into this rank's shards
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
 
     def eval_model(self) -> torch.nn.Module:
         """A model with the current weights that can generate on this process alone."""

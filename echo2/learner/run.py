@@ -31,7 +31,7 @@ from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.behavior_audit import BehaviorAuditor
-from echo2.learner.checkpoint import newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
+from echo2.learner.checkpoint import Checkpoint, newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
 from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
@@ -122,13 +122,15 @@ class LearnerRun:
     def _resume(self) -> dict:
         """Restore the newest checkpoint this run's key signed (newer folders that fail verification are
         logged and skipped: ``checkpoint.py``), move the lost timeline aside, re-point LATEST; returns its state."""
-        ckpt = newest_checkpoint(self.store, self.key.public_key())
+        def restore(ckpt: Checkpoint) -> None:  # every rank reads its shards, each file verified first
+            self.learner.load_sharded(self.store, ckpt.prefix, ckpt.entries)
+
+        ckpt = newest_checkpoint(self.store, self.key.public_key(), restore)
         step = ckpt.step if ckpt is not None else 0
         state: dict = {}
         if ckpt is not None:
-            self.learner.load_state(ckpt.tensors, ckpt.optimizer["optimizer"], ckpt.adapter)
-            torch.set_rng_state(ckpt.optimizer["torch_rng"])
-            random.setstate(_as_random_state(ckpt.optimizer["py_rng"]))
+            torch.set_rng_state(ckpt.rng["torch_rng"])
+            random.setstate(_as_random_state(ckpt.rng["py_rng"]))
             state = ckpt.state
             self.history = state["history"]
             self.evals = state["evals"]
@@ -249,10 +251,12 @@ class LearnerRun:
                  "banned": self.collector.banned,
                  "history": self.history, "evals": self.evals, "wall_seconds": self.wall_seconds(),
                  "run_id": self.run_id}
-        learner = self.learner
-        save_checkpoint(self.store, self.step, learner.full_tensors(), learner.optimizer_state(), state,
-                        key=self.key, shard_mb=self.config.train.shard_mb, extra_files=learner.extra_files,
-                        adapter=learner.adapter_tensors() if learner.lora else None)
+        learner, t = self.learner, self.config.train
+        # every rank writes its own shards (no weight or optimizer state is gathered); the manifest goes last
+        meta = ({"weights": "lora", "base_version": 0, "lora_rank": t.lora_rank, "lora_alpha": t.lora_alpha}
+                if learner.lora else {"weights": "full"})
+        save_checkpoint(self.store, self.step, learner.save_sharded, state, key=self.key,
+                        extra_files=learner.extra_files, meta=meta)
         prune_checkpoints(self.store, self.config.train.keep_checkpoints, self.key.public_key())
 
     def wall_seconds(self) -> float:
