@@ -86,6 +86,30 @@ def test_fused_experts_load_from_the_hub_layout_and_from_what_the_learner_publis
     assert changed == {"model.layers.0.mlp.experts.down_proj"}, delta.table
 
 
+def test_the_vllm_engine_writes_a_version_in_the_hub_layout_its_loader_reads(moe_model, tiny_model, tmp_path):
+    """vLLM's Qwen3-MoE loader reads per-expert names (``mlp.experts.0.gate_proj.weight``), not transformers'
+    fused ones: the vLLM engine converts a published version back to the Hub layout before its reload, to
+    exactly the tensors ``save_pretrained`` writes. A dense model's version passes through unchanged.
+    (vLLM itself is not installed here: the reload is not run with an MoE model.)"""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from echo2.rollout.vllm_engine import hub_layout
+
+    def skeleton(path):
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+
+    published = unique_state_dict(AutoModelForCausalLM.from_pretrained(moe_model))
+    hub = hub_layout(skeleton(moe_model), published)
+    saved = load_file(moe_model / "model.safetensors")
+    assert hub.keys() == saved.keys() and all(torch.equal(hub[k], saved[k]) for k in saved)
+    save_file(hub, str(tmp_path / "weights.safetensors"))  # no two tensors share storage
+    dense = unique_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model))
+    same = hub_layout(skeleton(tiny_model), dense)
+    assert same.keys() == dense.keys() and all(same[k] is dense[k] for k in dense)
+
+
 def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_model, tmp_path, monkeypatch):
     records = tmp_path / "records"
     records.mkdir()

@@ -8,7 +8,9 @@ an actor-only environment: vLLM and Prefect pin incompatible fastapi versions.
                     per prompt at the rollout temperature, no top-k/top-p/min-p, stop at
                     end-of-sequence or ``max_new_tokens``; prompts go in as token ids and
                     completions come back as token ids (no detokenization)
-    load_weights    the tensors are written to one safetensors file in the engine's folder and
+    load_weights    the tensors (a mixture-of-experts model's in transformers' fused in-memory layout,
+                    converted to the Hub's per-expert one vLLM's loaders read: ``hub_layout``) are
+                    written to one safetensors file in the engine's folder and
                     every worker loads it in place with vLLM's ``reload_weights`` (through
                     ``collective_rpc`` and the worker extension below): layer by layer, in the
                     parameters' own memory, including the kernel-format processing vLLM applies
@@ -84,6 +86,20 @@ class WorkerExtension:
         return refreshed
 
 
+def hub_layout(skeleton: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the tensors of a published version, named as transformers holds them in memory) in the
+    layout of the model's Hub checkpoint, which is what vLLM's loaders read: transformers 5 fuses the experts
+    of a mixture-of-experts layer into 3-D tensors (``mlp.experts.gate_up_proj``), its checkpoints and vLLM
+    keep one tensor per expert and projection (``mlp.experts.0.gate_proj.weight``). transformers' own
+    save-time conversion does it (``save_pretrained`` writes the same tensors); a dense model's state comes
+    back as it was. ``skeleton``: the model on the meta device. Converted tensors are copies (a split
+    leaves views that share storage, which safetensors refuses to write)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    converted = revert_weight_conversion(skeleton, dict(state))
+    return {k: v if state.get(k) is v else v.clone() for k, v in converted.items()}
+
+
 def _lora_rank_bound(rank: int) -> int:
     for bound in _LORA_RANKS:
         if bound >= rank:
@@ -103,7 +119,8 @@ class VllmEngine(Engine):
 
         hf_config = AutoConfig.from_pretrained(model_dir)
         with torch.device("meta"):  # names and shapes of the Hugging Face model, no memory
-            self._shapes = {k: v.shape for k, v in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+            self._skeleton = AutoModelForCausalLM.from_config(hf_config)
+        self._shapes = {k: v.shape for k, v in self._skeleton.state_dict().items()}
         self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.eos = eos_token_id
         self.native_lora = lora_rank > 0 and config.native_lora
@@ -140,7 +157,7 @@ class VllmEngine(Engine):
         # vLLM's reload leaves a tensor it is not given at its old value: check first, load all or nothing
         check_weights_fit(self._shapes, state, tied=self._tied)
         path = self._workdir / "weights.safetensors"
-        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        save_file({k: v.contiguous() for k, v in hub_layout(self._skeleton, state).items()}, str(path))
         written = time.time() - t0
         try:
             self.llm.collective_rpc("echo2_reload_weights", args=(str(path),))
