@@ -48,23 +48,34 @@ class _Payload:
 
 
 def test_a_checkpoint_never_unpickles_code(tmp_path):
-    """Even one the run's key signed (defense in depth: an unsigned one is refused before any file is read)."""
+    """Even one the run's key signed (defense in depth: an unsigned one is refused before any file is read):
+    neither its RNG file nor DCP's pickled metadata may run code when loaded."""
+    from echo2.data.manifest import sign
+    from echo2.data.weights import CorruptWeights, read_manifest, sha256
+    from echo2.learner.checkpoint import checkpoint_weights
+    from echo2.learner.sharded import save_sharded, store_name
+
     store = open_store(str(tmp_path / "store"))
-    model = torch.nn.Linear(2, 2)
-    opt = torch.optim.AdamW(model.parameters())
     key = Ed25519PrivateKey.generate()
-    save_checkpoint(store, 5, {"w": torch.ones(2)}, opt.state_dict(), {"settled": []}, shard_mb=1, extra_files={},
-                    key=key)
-    assert load_checkpoint(store, 5, key.public_key()).optimizer["optimizer"]["param_groups"]  # a real one loads
+    save_checkpoint(store, 5, lambda s, prefix: save_sharded(s, prefix, {"model": {"w": torch.ones(2)}}, file_mb=1),
+                    {"settled": []}, extra_files={}, key=key)
+    loaded = load_checkpoint(store, 5, key.public_key(), lambda c: checkpoint_weights(store, c))
+    assert loaded.rng["torch_rng"].dtype == torch.uint8  # a real one loads
 
     marker = tmp_path / "pwned"
     buf = io.BytesIO()
-    torch.save({"optimizer": _Payload(marker)}, buf, pickle_protocol=pickle.DEFAULT_PROTOCOL)
-    # a consistent folder (sizes and hashes match): only weights_only stands in the way
-    write_weights(store, layout.checkpoint_dir(6), {"w": torch.ones(2)}, shard_mb=1, meta={"step": 6},
-                  extra_files={"optimizer.pt": buf.getvalue(), "trainer_state.json": b'{"step": 6}'}, key=key)
-    with pytest.raises(pickle.UnpicklingError):
-        load_checkpoint(store, 6, key.public_key())
+    torch.save({"torch_rng": _Payload(marker)}, buf, pickle_protocol=pickle.DEFAULT_PROTOCOL)
+    for step, name, data, refusal in ((6, "rng.pt", buf.getvalue(), pickle.UnpicklingError),
+                                      (7, store_name(".metadata"), pickle.dumps(_Payload(marker)), CorruptWeights)):
+        # a consistent folder (sizes and hashes match, signed): only the loaders stand in the way
+        manifest = read_manifest(store, layout.checkpoint_dir(5))
+        for entry in manifest["files"]:
+            content = data if entry["name"] == name else store.get(f"{layout.checkpoint_dir(5)}/{entry['name']}")
+            entry.update(size=len(content), sha256=sha256(content))
+            store.put(f"{layout.checkpoint_dir(step)}/{entry['name']}", content)
+        store.put_json(layout.manifest_key(layout.checkpoint_dir(step)), sign({**manifest, "step": step}, key))
+        with pytest.raises(refusal):
+            load_checkpoint(store, step, key.public_key(), lambda c: checkpoint_weights(store, c))
     assert not marker.exists()
 
 

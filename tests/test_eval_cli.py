@@ -12,6 +12,7 @@ from echo2.data.store import open_store
 from echo2.data.run_folder import create_run
 from echo2.data.weights import model_files, write_weights
 from echo2.learner.checkpoint import save_checkpoint
+from echo2.learner.sharded import save_sharded
 
 
 def _checkpoint(tmp_path, tiny_model, *, signed: bool = True):
@@ -27,9 +28,8 @@ def _checkpoint(tmp_path, tiny_model, *, signed: bool = True):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     tensors = unique_state_dict(model)
     if signed:
-        save_checkpoint(store, 3, tensors, torch.optim.AdamW(model.parameters()).state_dict(),
-                        {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, shard_mb=64,
-                        extra_files=model_files(tiny_model))
+        save_checkpoint(store, 3, lambda s, prefix: save_sharded(s, prefix, {"model": tensors}, file_mb=64),
+                        {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, extra_files=model_files(tiny_model))
     else:
         write_weights(store, layout.checkpoint_dir(3), tensors, extra_files=model_files(tiny_model),
                       shard_mb=64, meta={"step": 3})

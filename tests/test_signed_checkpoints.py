@@ -26,6 +26,7 @@ from echo2.data.weights import read_manifest, write_weights
 from echo2.launch import resume_config
 from echo2.learner.checkpoint import checkpoint_steps, save_checkpoint
 from echo2.learner.run import LearnerRun
+from echo2.learner.sharded import save_sharded
 from helpers import rollout_bytes
 
 RUN = "r1"
@@ -60,10 +61,9 @@ def key_here(tmp_path, monkeypatch):
 def plant(store, step: int, *, key: Ed25519PrivateKey | None) -> None:
     """A complete checkpoint folder with other weights: signed with ``key`` (not the run's), or unsigned."""
     tensors = {"model.embed_tokens.weight": torch.full((4, 4), 7.0)}
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))]).state_dict()
     if key is not None:
-        save_checkpoint(store, step, tensors, optimizer, {"history": [], "evals": {}, "wall_seconds": 0.0},
-                        key=key, shard_mb=1, extra_files={})
+        save_checkpoint(store, step, lambda s, prefix: save_sharded(s, prefix, {"model": tensors}, file_mb=1),
+                        {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, extra_files={})
     else:
         write_weights(store, layout.checkpoint_dir(step), tensors, shard_mb=1, meta={"step": step},
                       extra_files={"trainer_state.json": b'{"step": %d}' % step})

@@ -17,14 +17,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from echo2.data import layout
 from echo2.data.run_folder import orphan_after
 from echo2.data.store import is_unreadable_object
-from echo2.learner.checkpoint import newest_checkpoint, save_checkpoint, verified_steps
+from echo2.learner.checkpoint import checkpoint_weights, newest_checkpoint, save_checkpoint, verified_steps
+from echo2.learner.sharded import save_sharded, store_name
 from helpers import put_glacier
 
 
 def save(store, step: int, key: Ed25519PrivateKey, fill: float = 1.0) -> None:
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))]).state_dict()
-    save_checkpoint(store, step, {"model.embed_tokens.weight": torch.full((4, 4), fill)}, optimizer,
-                    {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, shard_mb=1, extra_files={})
+    state = {"model": {"model.embed_tokens.weight": torch.full((4, 4), fill)}}
+    save_checkpoint(store, step, lambda s, prefix: save_sharded(s, prefix, state, file_mb=1),
+                    {"history": [], "evals": {}, "wall_seconds": 0.0}, key=key, extra_files={})
+
+
+def newest(store, key: Ed25519PrivateKey):
+    """The newest checkpoint whose weights load (every file read verified), and its weights."""
+    loaded = {}
+    ckpt = newest_checkpoint(store, key.public_key(), lambda c: loaded.update(checkpoint_weights(store, c)))
+    return ckpt, loaded
 
 
 def test_resume_goes_on_past_unreadable_planted_objects_and_deletes_them(s3_store, caplog):
@@ -32,19 +40,20 @@ def test_resume_goes_on_past_unreadable_planted_objects_and_deletes_them(s3_stor
     save(s3_store, 1, key)
     save(s3_store, 3, key)
     # step 3 is the learner's, but one of its files was replaced by one the store will not return
-    put_glacier(s3_store, layout.checkpoint_dir(3) + "/optimizer.pt", b"not the optimizer")
+    shard = layout.checkpoint_dir(3) + "/" + store_name("__0_0.distcp")
+    put_glacier(s3_store, shard, b"not the shard")
     planted = [layout.manifest_key(layout.checkpoint_dir(999999)), layout.checkpoint_dir(999999) + "/model.safetensors",
                layout.manifest_key(layout.policy_dir(999999)), layout.consumed_key(999999)]
     for k in planted:
         put_glacier(s3_store, k, b"{}")
 
-    ckpt = newest_checkpoint(s3_store, key.public_key())  # raised PermissionError before the fix
+    ckpt, _ = newest(s3_store, key)  # raised PermissionError before the fix
     assert ckpt is not None and ckpt.step == 1
     assert verified_steps(s3_store, key.public_key()) == [1, 3]  # a manifest that does not answer is not verified
 
     with caplog.at_level(logging.ERROR, logger="echo2.data"):
         moved = orphan_after(s3_store, 1)  # raised OSError (ObjectNotInActiveTierError) before the fix
-    unmovable = planted + [layout.checkpoint_dir(3) + "/optimizer.pt"]
+    unmovable = planted + [shard]
     for k in unmovable:
         assert not s3_store.exists(k), k
         assert k not in moved
@@ -56,7 +65,7 @@ def test_resume_goes_on_past_unreadable_planted_objects_and_deletes_them(s3_stor
     assert s3_store.list(layout.CHECKPOINTS) == s3_store.list(layout.checkpoint_dir(1) + "/")
     # the new timeline can write the keys the planted objects held
     save(s3_store, 3, key, fill=2.0)
-    assert newest_checkpoint(s3_store, key.public_key()).step == 3
+    assert newest(s3_store, key)[0].step == 3
 
 
 def test_saving_a_step_deletes_an_unreadable_planted_folder_of_that_step(s3_store, caplog):
@@ -67,8 +76,8 @@ def test_saving_a_step_deletes_an_unreadable_planted_folder_of_that_step(s3_stor
         put_glacier(s3_store, k, b"{}")
     with caplog.at_level(logging.ERROR):
         save(s3_store, 2, key, fill=5.0)  # raised PermissionError (reading the planted manifest) before the fix
-    ckpt = newest_checkpoint(s3_store, key.public_key())
-    assert ckpt.step == 2 and torch.equal(ckpt.tensors["model.embed_tokens.weight"], torch.full((4, 4), 5.0))
+    ckpt, weights = newest(s3_store, key)
+    assert ckpt.step == 2 and torch.equal(weights["model.embed_tokens.weight"], torch.full((4, 4), 5.0))
     for k in planted:
         assert sum(f"deleted {k} " in r.getMessage() for r in caplog.records) == 1, k
 

@@ -225,7 +225,10 @@ class VerifiedReader(FileSystemReader):
     def __init__(self, store: ObjectStore, prefix: str, entries: dict[str, dict], local: Path):
         super().__init__(local)
         self.store, self.prefix, self.entries, self.local = store, prefix, entries, local
-        self.fetch(METADATA)
+        with open(self.fetch(METADATA), "rb") as f:  # here, not inside DCP: its failure is this one line
+            self.metadata = _MetadataUnpickler(f).load()
+        if not isinstance(self.metadata, Metadata):
+            raise CorruptWeights(f"{self.prefix}/{store_name(METADATA)} is not DCP metadata")
 
     def fetch(self, dcp_name: str) -> Path:
         """Download DCP file ``dcp_name`` into the local folder, refused unless it matches its manifest entry."""
@@ -259,10 +262,7 @@ class VerifiedReader(FileSystemReader):
         return dest
 
     def read_metadata(self) -> Metadata:  # no **kwargs: DCP then never falls back to per-rank metadata
-        with open(self.local / METADATA, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-        if not isinstance(metadata, Metadata):
-            raise CorruptWeights(f"{self.prefix}/{store_name(METADATA)} is not DCP metadata")
+        metadata = self.metadata
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
