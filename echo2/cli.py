@@ -1,6 +1,7 @@
 """``echo2``: the command line.
 
     echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
+    echo2 learner CONFIG [--nproc P] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT]   (torchrun)
     echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)
     echo2 export RUN [--step N] DIR
     echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]   (held-out metrics)
@@ -25,6 +26,7 @@ from typing import List, Optional
 import typer
 
 from echo2.errors import Echo2InputError
+from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, Rendezvous, never_joined, torchrun_command, write_rank_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="echo2: distributed RL post-training with bounded staleness.")
@@ -123,6 +125,13 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
 ) -> None:
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
+    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=DEFAULT_RDZV_TIMEOUT_S)
+
+
+def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, verbose: bool, *,
+            rdzv_endpoint: str | None, rdzv_timeout: float) -> None:
+    """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
+    with ``train.nnodes > 1``)."""
     from echo2.config import dump_config
 
     _CtrlC.install()
@@ -134,14 +143,19 @@ def run(
     from echo2.launch import resolve_launch
 
     try:
-        cfg = resolve_launch(config, set_ or [], resume, dry_run=dry_run)
+        cfg = resolve_launch(config, overrides, resume, dry_run=dry_run)
+        if dry_run:
+            typer.echo(dump_config(cfg), nl=False)
+            return
+        if cfg.train.nnodes > 1 and rdzv_endpoint is None:
+            raise Echo2InputError(f"train.nnodes is {cfg.train.nnodes}: start the learner with `echo2 learner CONFIG "
+                                  f"--nnodes {cfg.train.nnodes} --node-rank R --rdzv-endpoint HOST:PORT` on each "
+                                  "node, HOST:PORT on node 0")
+        rendezvous = Rendezvous(cfg.train.nnodes, 0, rdzv_endpoint, rdzv_timeout)
     except Echo2InputError as exc:
         _fail(str(exc))
-    if dry_run:
-        typer.echo(dump_config(cfg), nl=False)
-        return
-    if cfg.train.nproc > 1:  # the learner over several processes: torchrun, this same flow in rank 0
-        _torchrun(cfg, resume, verbose)
+    if cfg.train.nproc * cfg.train.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
+        _torchrun(cfg.train.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose)
     _run_flow(cfg, f"echo2 run {config}", resume, verbose)
 
 
@@ -185,19 +199,14 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
             typer.echo(f"  {key}: {b:.3f} -> {a:.3f} ({a - b:+.3f})")
 
 
-def _torchrun(cfg, resume: bool, verbose: bool) -> None:
-    """Run this learner as ``cfg.train.nproc`` processes of ``torchrun`` (``echo2/learner/distributed.py``)
-    and exit with its code; the resolved config travels in a private file, removed afterwards."""
+def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool, verbose: bool) -> None:
+    """Run this node's ``nproc`` learner processes under ``torchrun`` (``echo2/learner/torchrun.py``) and exit
+    with its code; they start from ``rank_file`` (private, removed once they have formed the group, else here)."""
     import subprocess
-    import tempfile
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="echo2-learner-", delete=False) as f:
-        os.chmod(f.name, 0o600)  # store options may hold credentials
-        json.dump(cfg.model_dump(mode="json"), f)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.train.nproc}",
-               "-m", "echo2.cli", "learner", "--rank-config", f.name, *(["--resume"] if resume else []),
+    program = ["-m", "echo2.cli", "learner", "--rank-config", str(rank_file), *(["--resume"] if resume else []),
                *(["-v"] if verbose else [])]
-    proc = subprocess.Popen(command)
+    proc = subprocess.Popen(torchrun_command(nproc, rendezvous, program))
     try:
         code = proc.wait()
     except KeyboardInterrupt:  # torchrun passes the signal on to every rank; rank 0 checkpoints and stops
@@ -205,44 +214,78 @@ def _torchrun(cfg, resume: bool, verbose: bool) -> None:
             proc.send_signal(signal.SIGTERM)
         code = proc.wait()
     finally:
-        os.unlink(f.name)
+        never_formed = rank_file.exists()
+        rank_file.unlink(missing_ok=True)
+    if code != 0 and never_formed and rendezvous.nnodes > 1 and not _CtrlC.pressed:
+        _fail(never_joined(rendezvous), code=1)  # last, under torchrun's traceback
     raise typer.Exit(code)
 
 
 @app.command()
 def learner(
-    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`)."),
+    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`); the same file on every node."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes [train.nproc]."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint (node 0)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (train.nproc)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes of the learner (train.nnodes)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node: 0 resolves the run and runs the flow, the "
+                                                          "others only follow."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT on node 0 where the nodes "
+                                                                              "meet (needed with --nnodes > 1)."),
+    rdzv_timeout: float = typer.Option(DEFAULT_RDZV_TIMEOUT_S, "--rdzv-timeout",
+                                       help="Seconds to wait for every node at the rendezvous before failing."),
     rank_config: Optional[Path] = typer.Option(None, "--rank-config", hidden=True,
-                                               help="Inside torchrun: the resolved config of the run."),
+                                               help="Inside torchrun: the file this node's processes start from."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
 ) -> None:
-    """The learner on N processes of this node (torchrun, FSDP); rank 0 runs the echo2-train flow."""
-    if rank_config is None:  # the launcher: resolve the run once, then torchrun
-        if config is None:
-            _fail("echo2 learner needs a config file")
-        overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else [])]
-        run(config=config, set_=overrides, resume=resume, dry_run=False, verbose=verbose)
+    """The learner on N processes (torchrun, FSDP), on this node or several; rank 0 runs the echo2-train flow."""
+    if rank_config is not None:
+        _learner_process(rank_config, resume, verbose)
         return
-    from echo2.config import config_from_dict
-    from echo2.learner.distributed import DistributedLearner, init_process_group, release_followers
-    from echo2.models import resolve_model
+    if config is None:  # the launcher of a node
+        _fail("echo2 learner needs a config file")
+    overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else []),
+                 *([f"train.nnodes={nnodes}"] if nnodes else [])]
+    if node_rank == 0:  # resolve the run once, then torchrun (or the flow here, on one process)
+        _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout)
+        return
+    _follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout, verbose)
 
-    cfg = config_from_dict(json.loads(rank_config.read_text()), str(rank_config))
-    rank, _ = init_process_group(cfg.train)
-    if rank != 0:  # a follower: its share of every step, until rank 0 says stop
-        _setup_logging(verbose)
-        DistributedLearner(resolve_model(cfg.model.name), cfg.train, temperature=cfg.rollout.temperature).follow()
+
+def _follower_node(config: Path, overrides: list[str], node_rank: int, rdzv_endpoint: str | None,
+                   rdzv_timeout: float, verbose: bool) -> None:
+    """Node 1..N-1: resolves no run and never opens the store (``torchrun.prepare_follower_node``)."""
+    from echo2.learner.torchrun import RendezvousFailed, prepare_follower_node
+
+    _CtrlC.install()
+    try:
+        nproc, rendezvous, rank_file = prepare_follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout)
+    except Echo2InputError as exc:
+        _fail(str(exc), code=1 if isinstance(exc, RendezvousFailed) else 2)
+    except KeyboardInterrupt:
+        raise typer.Exit(_CtrlC.exit_code()) from None
+    _torchrun(nproc, rendezvous, rank_file, False, verbose)
+
+
+def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
+    """One process under torchrun: rank 0 runs the flow on the run's config; every other rank, on this node or
+    another, follows rank 0 (``distributed.start_process``) and returns when it says stop."""
+    from echo2.learner.distributed import release_followers, start_process
+
+    cfg = start_process(rank_config, on_follow=lambda: _setup_logging(verbose))
+    if cfg is None:
         return
     _CtrlC.install()
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    rerun = f"echo2 learner CONFIG --nproc {cfg.train.nproc}"
+    if cfg.train.nnodes > 1:
+        rerun += f" --nnodes {cfg.train.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
+                 f"{os.environ.get('MASTER_PORT')}"
     try:
-        _run_flow(cfg, f"echo2 learner --nproc {cfg.train.nproc}", resume, verbose)
+        _run_flow(cfg, rerun, resume, verbose)
     finally:
         release_followers()
 

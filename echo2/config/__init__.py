@@ -196,6 +196,11 @@ class TrainConfig(_Section):
     (``learner/distributed.py``)."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
+    nnodes: int = Field(1, ge=1)
+    """Nodes of the learner, each running ``nproc`` processes: every node runs ``echo2 learner CONFIG --nnodes N
+    --node-rank R --rdzv-endpoint HOST:PORT`` (torchrun's static rendezvous at node 0, ``learner/torchrun.py``);
+    node 0 resolves the run and runs the flow, the others only take their share of the arithmetic. ``echo2 run``
+    starts one node and refuses more."""
 
     @model_validator(mode="before")
     @classmethod
@@ -305,8 +310,9 @@ class Config(_Section):
         if self.fleet.skypilot.credentials_role_arn and not self.store.url.startswith("s3://"):
             raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
-        if self.train.nproc > 1 and self.train.lora_rank > 0:
-            raise ValueError("train.nproc > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) runs in one process")
+        if self.train.nproc * self.train.nnodes > 1 and self.train.lora_rank > 0:
+            raise ValueError("train.nproc > 1 or train.nnodes > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) "
+                             "runs in one process")
         if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
             raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
                              "open to the internet (use auto or on)")

@@ -1,4 +1,4 @@
-"""The learner over N processes of one node (``torchrun``): FSDP2 sharding, rank 0 drives, the others follow.
+"""The learner over N processes (``torchrun``), on one node or several: FSDP2 sharding, rank 0 drives, the others follow.
 
 Process layout. Rank 0 is the learner everything else talks to: it runs the ``echo2-train`` Prefect
 flow, reads and validates rollouts, publishes versions, writes checkpoints and runs the fleet, exactly
@@ -8,6 +8,14 @@ first announced to ranks 1..N-1 by a broadcast of ``(op, payload)``; they run ``
 op, do their share, until ``stop``. So the flow, the store, the actors and the fleet see one learner;
 only the arithmetic is spread. (The ranks are all the learner's own processes: the broadcast's pickle
 never carries anything an actor wrote that validation has not already turned into plain tensors.)
+
+Nodes. The N processes may span nodes (``echo2 learner --nnodes``, ``learner/torchrun.py``): N = nodes x
+processes per node, and torchrun's static rendezvous makes node 0's first process rank 0. Nothing above
+changes: the broadcasts and FSDP's collectives simply cross the network (NCCL between GPUs; gloo on CPUs),
+and node 0 alone resolves the run, reaches the store and runs the flow. The launcher of another node never
+reads the run or the store: its processes get the run's config from rank 0 over the group right after
+``init_process_group`` (``share_config``), as ranks 1..P-1 of node 0 do. Whoever reaches the rendezvous
+port could join the group, so it must be open between the learner's nodes only.
 
 Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the whole model, so tied
 embeddings stay in one unit; parameters, gradients and AdamW moments are split over the ranks.
@@ -34,6 +42,7 @@ LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from datetime import timedelta
@@ -41,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from echo2.config import TrainConfig
+from echo2.config import Config, TrainConfig
 from echo2.learner.columns import step_columns
 from echo2.learner.learner import Learner
 from echo2.learner.packing import StepColumns, assemble_packed
@@ -59,7 +68,8 @@ def world() -> tuple[int, int]:
 
 
 def init_process_group(config: TrainConfig) -> tuple[int, int]:
-    """Join the group ``torchrun`` set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment)."""
+    """Join the group ``torchrun`` set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment; RANK counts over
+    every node, LOCAL_RANK within this one picks the GPU)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
@@ -71,6 +81,37 @@ def init_process_group(config: TrainConfig) -> tuple[int, int]:
         # a follower waits in a broadcast while rank 0 waits for rollouts: the timeout must outlast that
         dist.init_process_group(backend, timeout=timedelta(seconds=max(1800.0, 2 * config.rollout_timeout_s)))
     return world()
+
+
+def share_config(config: dict | None) -> dict:
+    """Rank 0's resolved config (``Config.model_dump``) to every rank, once, right after ``init_process_group``
+    and before anything else is broadcast: the run other nodes' processes take part in, which only node 0's
+    launcher resolved. Every rank calls it; only rank 0's ``config`` is read."""
+    import torch.distributed as dist
+
+    message = [config if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(message, src=0)
+    return message[0]
+
+
+def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
+    """A process of ``echo2 learner`` under torchrun, from the start file its node's launcher wrote
+    (``learner/torchrun.py``): join the group, take the run's config from rank 0, and on every rank but 0
+    follow until rank 0 says stop (returns None). Rank 0 gets its config back, to run the flow with."""
+    from echo2.config import config_from_dict
+    from echo2.learner.torchrun import joined
+    from echo2.models import resolve_model
+
+    start = config_from_dict(json.loads(start_file.read_text()), str(start_file))
+    rank, _ = init_process_group(start.train)
+    shared = share_config(start.model_dump(mode="json") if rank == 0 else None)
+    joined(start_file)
+    if rank == 0:
+        return start
+    config = config_from_dict(shared, "rank 0 of the learner")
+    on_follow()
+    DistributedLearner(resolve_model(config.model.name), config.train, temperature=config.rollout.temperature).follow()
+    return None
 
 
 def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float) -> Learner:
