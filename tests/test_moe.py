@@ -180,6 +180,27 @@ def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_m
     assert hashes(unique_state_dict(exported, torch.bfloat16)) == published[STEPS]
 
 
+def test_lora_on_moe_adapts_named_modules_and_refuses_the_fused_experts(moe_model):
+    """peft's ``all-linear`` on this model also adapts the fused experts and the router (parameters, which
+    echo2's merge cannot fold in): refused before any step, in one line naming what to set. Named attention
+    projections train, and the merged weights are the base plus exactly those modules' updates."""
+    from echo2.config import TrainConfig
+    from echo2.learner.learner import Learner
+    from distributed_step import tables
+
+    with pytest.raises(ValueError, match=r"mlp.experts|gate_up_proj") as refused:
+        Learner(moe_model, TrainConfig(lora_rank=4), temperature=1.0)
+    assert "train.lora_target_modules" in str(refused.value)
+    learner = Learner(moe_model, TrainConfig(lora_rank=4, lr=1e-2, lora_target_modules=["q_proj", "v_proj"]),
+                      temperature=1.0)
+    base = {k: v.clone() for k, v in learner.base_tensors.items()}
+    for _ in range(2):  # B starts at 0: the second step is the first to move the merged weights
+        assert learner.train_step(tables())["groups_with_signal"] > 0
+    merged = learner.full_tensors()
+    moved = {k for k in base if not torch.equal(merged[k], base[k])}
+    assert moved == {f"model.layers.{i}.self_attn.{m}.weight" for i in range(2) for m in ("q_proj", "v_proj")}, moved
+
+
 def _distributed_step(model_dir, out, nproc: int) -> dict:
     """tests/distributed_step.py (the dense model's 2-ranks-equal-1-process step) on ``model_dir``."""
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 \

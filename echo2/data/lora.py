@@ -36,3 +36,17 @@ def merge_lora(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], 
         merged[target] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
         count += 1
     return merged if strict else (merged, count)
+
+
+def check_mergeable(peft_config) -> None:
+    """Refuse, before any step, an adapter that ``merge_lora`` could not fold in: one on a parameter rather than
+    a module's 2-D weight (peft's ``target_parameters``). peft 0.21 puts one there by itself when its targets
+    (``all-linear`` included) reach a transformers 5 mixture-of-experts layer, whose experts are fused 3-D
+    tensors (``mlp.experts.gate_up_proj``) and whose router is a bare parameter (``mlp.gate.weight``); without
+    this check the run would fail at its first adapter version."""
+    fused = sorted(getattr(peft_config, "target_parameters", None) or [])
+    if fused:
+        raise ValueError(f"train.lora_rank > 0 adapts {', '.join(fused)} (parameters, not modules: a "
+                         "mixture-of-experts model's fused experts and router), which echo2's LoRA merge cannot "
+                         "fold in: name the modules to adapt in train.lora_target_modules (e.g. [q_proj, k_proj, "
+                         "v_proj, o_proj]) or train in full (lora_rank 0)")

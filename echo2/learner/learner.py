@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from echo2.config import TrainConfig
-from echo2.data.lora import merge_lora
+from echo2.data.lora import check_mergeable, merge_lora
 from echo2.data.weights import model_files, unique_state_dict
 from echo2.learner.columns import step_columns
 from echo2.learner.logprobs import PolicyLogprobs
@@ -46,6 +46,7 @@ class Learner:
             self.model = get_peft_model(self.model, LoraConfig(
                 r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules=config.lora_target_modules,
                 lora_dropout=0.0))
+            check_mergeable(self.model.peft_config["default"])  # before any step: MoE experts are not modules
         # eval mode: dropout off. The loss is a ratio against the behavior policy, which sampled with
         # dropout off; dropout in the learner's forward would bias every ratio (gradients still flow)
         self.model.eval()
