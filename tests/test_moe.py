@@ -179,6 +179,17 @@ def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_m
     exported = AutoModelForCausalLM.from_pretrained(dest)
     assert hashes(unique_state_dict(exported, torch.bfloat16)) == published[STEPS]
 
+    # the run's last checkpoint (a sharded one, written at the last step) restores a fresh learner to that version
+    from echo2.config import TrainConfig
+    from echo2.learner.checkpoint import load_checkpoint
+    from echo2.learner.learner import Learner
+
+    fresh = Learner(model, TrainConfig(), temperature=1.0)
+    load_checkpoint(store, STEPS, run.key.public_key(),
+                    lambda ckpt: fresh.load_sharded(store, ckpt.prefix, ckpt.entries))
+    assert hashes(unique_state_dict(fresh.model, torch.bfloat16)) == published[STEPS]
+    assert fresh.optimizer.state  # the AdamW moments came back too
+
 
 def test_lora_on_moe_adapts_named_modules_and_refuses_the_fused_experts(moe_model):
     """peft's ``all-linear`` on this model also adapts the fused experts and the router (parameters, which
