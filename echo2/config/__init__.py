@@ -131,6 +131,18 @@ class TrainConfig(_Section):
     """Weight of the k3 KL penalty to the initial policy (0 = no reference model is loaded)."""
     scale_rewards: bool = True
     """Divide group-centered rewards by the group std (GRPO); False keeps only the centering (Dr. GRPO)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of the learner's forward and backward. bfloat16: bf16 matmuls with fp32 master weights and
+    fp32 AdamW state (one process: torch.autocast around the forward; nproc > 1: FSDP2's MixedPrecisionPolicy,
+    bf16 parameters in compute, fp32 gradient reduction); the log-softmax of the head stays fp32 either way.
+    What is published is ``publish_dtype``, unchanged by this."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (torch's
+    non-reentrant checkpoint, per layer): activation memory of one layer instead of all, for about one more
+    forward pass of compute. Parameter names, published weights and checkpoints are unchanged."""
+    logprob_chunk_tokens: int = Field(1024, ge=1)
+    """Tokens whose logits (tokens x vocabulary, fp32) exist at once when the learner computes log-probabilities
+    (``learner/logprobs.py``): the head's memory is about 3 x this x vocabulary x 4 bytes, whatever the batch."""
     num_threads: int | None = Field(None, ge=1)
     """torch threads of the learner (None = torch's default)."""
     rollout_timeout_s: float = Field(900.0, gt=0)

@@ -17,8 +17,14 @@ reads the run or the store: its processes get the run's config from rank 0 over 
 ``init_process_group`` (``share_config``), as ranks 1..P-1 of node 0 do. Whoever reaches the rendezvous
 port could join the group, so it must be open between the learner's nodes only.
 
-Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the whole model, so tied
-embeddings stay in one unit; parameters, gradients and AdamW moments are split over the ranks.
+Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the root unit: the learner's
+``PolicyLogprobs`` around the whole model, so tied embeddings stay in one unit and the chunked head
+(``learner/logprobs.py``), which runs inside that wrapper's forward, sees its weight unsharded; parameters,
+gradients and AdamW moments are split over the ranks, and parameter names stay ``self.model``'s. With
+``train.dtype: bfloat16`` every unit has ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``:
+fp32 shards (what AdamW updates and checkpoints hold), bf16 all-gathered copies in compute, fp32 gradient
+reduce-scatter. Activation checkpointing (``train.activation_checkpointing``) is applied to each layer before
+it is sharded (composable: hooks, no wrapper, so no name changes).
 
 A step is learner.py's GRPO step over the same rows, with the packed micro-batches dealt out:
     rank 0 broadcasts the step's columns (``columns.step_columns``: offsets + values tensors)
@@ -128,14 +134,19 @@ class DistributedLearner(Learner):
         self._eval_copy: torch.nn.Module | None = None
 
     def _prepare_model(self) -> None:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        layers = getattr(self.policy.causal_lm.get_decoder(), "layers", None)
         if layers is None:
-            raise ValueError(f"{type(self.model).__name__} has no .model.layers to shard one by one")
-        units = [*layers, self.model]
+            raise ValueError(f"{type(self.model).__name__} has no decoder .layers to shard one by one")
+        super()._prepare_model()  # activation checkpointing per layer, before the layers are sharded
+        precision = MixedPrecisionPolicy()
+        if self.config.dtype == "bfloat16":
+            precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # the root is the PolicyLogprobs wrapper: its forward runs the head, so the head is unsharded there
+        units = [*layers, self.policy]
         for unit in units:
-            fully_shard(unit)
+            fully_shard(unit, mp_policy=precision)
         for unit in units:  # each unit reduces its own gradients: every one must sum, not average
             unit.set_gradient_divide_factor(1.0)  # the loss is normalized by the step's tokens over all ranks
             unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)

@@ -8,6 +8,7 @@ reported (``metrics["nonfinite"]``) so that its files are quarantined; it still 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -53,19 +54,57 @@ class Learner:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self.published_names = list(unique_state_dict(self.model))
         """The weights a version or checkpoint holds (tied duplicates left out), under HF names."""
+        self.policy = PolicyLogprobs(self.model, temperature=temperature, chunk_tokens=config.logprob_chunk_tokens)
+        """Token log-probabilities of the policy (``_logprobs``); under FSDP2 it is the root unit, called instead
+        of ``self.model``, whose parameter names (state dicts, the optimizer's) are unchanged."""
         self._prepare_model()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
         )
         self.reference = None
+        self.reference_policy: PolicyLogprobs | None = None
+        """The frozen KL reference's log-probabilities (None when kl_coef is 0); fp32 weights, not sharded."""
         if config.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
             self.reference.requires_grad_(False)
+            self.reference_policy = PolicyLogprobs(self.reference, temperature=temperature,
+                                                   chunk_tokens=config.logprob_chunk_tokens)
         self.extra_files = model_files(model_dir)
         self.version = 0
 
     def _prepare_model(self) -> None:
         """What happens to the model before the optimizer sees its parameters (sharding, in distributed.py)."""
+        if self.config.activation_checkpointing:
+            self._checkpoint_layers()
+
+    def _checkpoint_layers(self) -> None:
+        """Recompute each decoder layer's activations in backward (torch's non-reentrant checkpoint).
+
+        The composable ``checkpoint`` works by forward hooks on the layer, so no wrapper module is inserted
+        and every parameter keeps its name (published weights, checkpoints, optimizer state); it records the
+        autocast state and the RNG state of the forward and replays them in the recomputation.
+        """
+        from torch.distributed._composable import checkpoint
+
+        for layer in self.policy.causal_lm.get_decoder().layers:
+            checkpoint(layer)
+
+    def _logprobs(self, policy: PolicyLogprobs, input_ids: torch.Tensor, targets: torch.Tensor,
+                  position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, W) fp32: log p(targets[b, j] | input_ids[b, :j+1]) under ``policy`` (``self.policy`` or the
+        reference's), in the configured compute dtype."""
+        with self._compute_dtype(policy):
+            return policy(input_ids, targets, position_ids=position_ids, attention_mask=attention_mask)
+
+    def _compute_dtype(self, policy: torch.nn.Module):
+        """bf16 autocast around a forward whose parameters are fp32; a module FSDP2 shards with its
+        MixedPrecisionPolicy already computes in bf16 (distributed.py), so it runs as it is."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if self.config.dtype == "float32" or isinstance(policy, FSDPModule):
+            return contextlib.nullcontext()
+        device = next(policy.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=_DTYPES[self.config.dtype])
 
     # -- training --------------------------------------------------------------------------
     def train_step(self, tables: list[pa.Table]) -> dict:
@@ -135,11 +174,11 @@ class Learner:
     def _micro_batch(self, batch: PackedBatch, n_tokens: int):
         """The loss terms of one pack (``n_tokens``: the step's policy tokens, over every pack and rank)."""
         inputs = dict(input_ids=batch.input_ids, targets=batch.targets, position_ids=batch.position_ids)
-        logprobs = self._policy_logprobs()(**inputs)
+        logprobs = self._logprobs(self.policy, **inputs)
         ref = None
-        if self.reference is not None:
+        if self.reference_policy is not None:
             with torch.no_grad():
-                ref = self._reference_logprobs()(**inputs)
+                ref = self._logprobs(self.reference_policy, **inputs)
         cfg = self.config
         return policy_loss(logprobs, batch.behavior_logprobs, batch.advantages, batch.mask, n_tokens=n_tokens,
                            clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref,

@@ -43,7 +43,9 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> t
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk_tokens):
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        # the output has the targets' shape and is no view (FSDP2 warns of a root unit returning a view)
+        shaped = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
+        out, targets = shaped.view(-1), targets.reshape(-1)
         lse = torch.empty_like(out)
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
@@ -53,11 +55,12 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
-        return out
+        return shaped
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, targets, lse = ctx.saved_tensors
+        grad_out = grad_out.reshape(-1)
         temperature, chunk_tokens = ctx.temperature, ctx.chunk_tokens
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
@@ -101,9 +104,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
     with torch.autocast(device, enabled=False):
-        out = _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
-                                          targets.reshape(-1), float(temperature), int(chunk_tokens))
-    return out.view(targets.shape)
+        return _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
+                                           targets, float(temperature), int(chunk_tokens))
 
 
 def refuse_unsupported_head(lm: torch.nn.Module) -> None:

@@ -1,0 +1,89 @@
+"""One learner step per precision case, in one process or as rank r of a torchrun group (FSDP2 over gloo);
+run by tests/test_precision.py. Rank 0 writes OUT_DIR/{case}.safetensors (the weights after the step),
+OUT_DIR/{case}.pt (loss, grad_norm) and OUT_DIR/before.safetensors (the weights before any step).
+Usage: [torchrun --nproc-per-node N] precision_step.py MODEL_DIR OUT_DIR
+
+Cases: fp32 (plain), fp32-ac (activation checkpointing), bf16-ac (train.dtype bfloat16 + checkpointing:
+one process autocasts, FSDP2 computes with bf16 parameters through its MixedPrecisionPolicy)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import make_rollouts  # noqa: E402
+
+from echo2.config import TrainConfig  # noqa: E402
+from echo2.data.rollouts import encode_rollouts  # noqa: E402
+from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
+
+CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
+         "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True}}
+BF16_TOLERANCE = {"loss": 0.02, "grad_norm": 0.05, "update": 0.25}
+"""A bf16 step against an fp32 one (or FSDP2's bf16 against one process's autocast) on the tiny model, relative:
+loss and gradient norm, and ``updates_differ`` of the AdamW update (|d_a - d_b| / |d_b|, over all weights)."""
+
+
+def relative(a, b) -> float:
+    """|a - b| / |b| for numbers, or the largest element's over the tensor's largest magnitude for tensors."""
+    if isinstance(a, torch.Tensor):
+        return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp(min=1e-12))
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def updates_differ(after_a: dict, after_b: dict, before: dict) -> float:
+    """|(a - before) - (b - before)| / |b - before| over every weight (one norm over all of them)."""
+    diff = sum(float(((after_a[k] - before[k]).double() - (after_b[k] - before[k]).double()).square().sum())
+               for k in before)
+    size = sum(float((after_b[k] - before[k]).double().square().sum()) for k in before)
+    return (diff / size) ** 0.5
+
+
+def step_tables() -> list[pa.Table]:
+    """Two files of varied rewards and lengths (several micro-batches, dealt unevenly over 2 ranks)."""
+    out = []
+    for f in range(2):
+        rows = make_rollouts(n_groups=3, group_size=4, vocab=300, salt=f"-{f}",
+                             reward=lambda g, s: float((g + s + f) % 3 == 0), logprob=-1.2)
+        for i, r in enumerate(rows):
+            r.completion_token_ids = [4 + (i * 7 + k) % 200 for k in range(3 + (i * 5) % 11)]
+            # near the random model's own (log 1/300 = -5.7): ratios near 1, so the loss depends on the policy
+            r.behavior_logprobs = [-5.6 - 0.05 * (k % 5) for k in range(len(r.completion_token_ids))]
+        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
+        out.append(pa.ipc.open_file(pa.BufferReader(data)).read_all())
+    return out
+
+
+def main(model_dir: Path, out: Path) -> None:
+    nproc = int(os.environ.get("WORLD_SIZE", "1"))
+    out.mkdir(parents=True, exist_ok=True)
+    for case, options in CASES.items():
+        # a small token budget: several micro-batches, so that both ranks run some
+        config = TrainConfig(micro_batch_tokens=40, lr=1e-3, nproc=nproc, **options)
+        if nproc > 1:
+            init_process_group(config)
+        torch.manual_seed(0)
+        learner = make_learner(model_dir, config, temperature=1.0)
+        if case == "fp32" and world()[0] == 0 and nproc == 1:
+            save_file({k: v.contiguous() for k, v in learner.full_tensors().items()}, str(out / "before.safetensors"))
+        if world()[0] != 0:
+            learner.follow()
+            continue
+        metrics = learner.train_step(step_tables())
+        weights = learner.full_tensors()
+        if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
+            torch.distributed.broadcast_object_list(["stop", None], src=0)
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(out / f"{case}.safetensors"))
+        torch.save({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}, out / f"{case}.pt")
+        print(case, {"world": nproc, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]})
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))

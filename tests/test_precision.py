@@ -1,0 +1,118 @@
+"""train.dtype and train.activation_checkpointing through one Learner step (one process; the 2-rank
+FSDP2 versions are in tests/precision_step.py, run by test_fsdp_precision_equals_one_process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from precision_step import BF16_TOLERANCE, relative, step_tables, updates_differ  # noqa: E402
+
+from echo2.config import TrainConfig  # noqa: E402
+from echo2.learner.learner import Learner  # noqa: E402
+
+
+def one_step(model_dir, tables: list[pa.Table], **train) -> tuple[Learner, dict, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    learner = Learner(model_dir, TrainConfig(lr=1e-3, **train), temperature=1.0)
+    metrics = learner.train_step(tables)
+    return learner, metrics, learner.full_tensors()
+
+
+@pytest.mark.parametrize("extra", [{}, {"kl_coef": 0.1}, {"lora_rank": 4}], ids=["full", "kl", "lora"])
+def test_activation_checkpointing_changes_nothing_but_memory(tiny_model, extra):
+    tables = step_tables()
+    before = Learner(tiny_model, TrainConfig(**extra), temperature=1.0).full_tensors()
+    plain, m0, w0 = one_step(tiny_model, tables, **extra)
+    checkpointed, m1, w1 = one_step(tiny_model, tables, activation_checkpointing=True, **extra)
+    # the names a version, a checkpoint and the optimizer state are keyed by stay as they were
+    assert checkpointed.published_names == plain.published_names
+    assert list(checkpointed.model.state_dict()) == list(plain.model.state_dict())
+    assert [n for n, _ in checkpointed.model.named_parameters()] == [n for n, _ in plain.model.named_parameters()]
+    assert m0["loss"] != 0 and m0["grad_norm"] > 0
+    assert relative(m1["loss"], m0["loss"]) < 1e-5 and relative(m1["grad_norm"], m0["grad_norm"]) < 1e-5
+    assert w1.keys() == w0.keys()
+    moved = [k for k in w0 if not torch.equal(w0[k], before[k])]
+    assert moved  # the step did change weights, and equally with and without checkpointing
+    for k in w0:
+        assert relative(w1[k], w0[k]) < 1e-5, k
+
+
+def test_activation_checkpointing_recomputes_the_layers():
+    """It is on: each layer runs twice per step (again in backward, up to its last saved tensor), only with it on."""
+    from echo2.learner.logprobs import PolicyLogprobs
+
+    from test_logprobs import tiny_llama
+
+    runs = {}
+    for on in (False, True):
+        model = tiny_llama()
+        calls = []
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        if on:
+            from torch.distributed._composable import checkpoint
+
+            for layer in model.model.layers:
+                checkpoint(layer)
+        ids = torch.randint(0, 97, (2, 8))
+        PolicyLogprobs(model, temperature=1.0, chunk_tokens=4)(ids, ids).sum().backward()
+        runs[on] = len(calls)
+    assert runs == {False: 1, True: 2}
+
+
+def test_bf16_step_within_tolerance_of_fp32(tiny_model):
+    """bf16 compute (autocast) with fp32 master weights and AdamW state; tolerances in BF16_TOLERANCE."""
+    tables = step_tables()
+    before = Learner(tiny_model, TrainConfig(), temperature=1.0).full_tensors()
+    _, m32, w32 = one_step(tiny_model, tables)
+    learner, m16, w16 = one_step(tiny_model, tables, dtype="bfloat16", activation_checkpointing=True, kl_coef=0.1)
+    _, m32kl, w32kl = one_step(tiny_model, tables, kl_coef=0.1)
+    assert all(v.dtype == torch.float32 for v in w16.values())  # master weights stay fp32
+    assert all(s["exp_avg"].dtype == torch.float32 for s in learner.optimizer.state.values())
+    assert relative(m16["loss"], m32kl["loss"]) < BF16_TOLERANCE["loss"]
+    assert relative(m16["grad_norm"], m32kl["grad_norm"]) < BF16_TOLERANCE["grad_norm"]
+    assert updates_differ(w16, w32kl, before) < BF16_TOLERANCE["update"]
+    # and bf16 did compute in bf16: not bit-equal to fp32
+    assert m16["loss"] != m32kl["loss"]
+    tensors, _ = learner.policy_version_tensors()  # publish_dtype, not the compute dtype, decides
+    assert all(v.dtype == torch.float32 for v in tensors.values())
+
+
+def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
+    """2 FSDP2 ranks (gloo) with bf16 + activation checkpointing = one process with the same, within
+    BF16_TOLERANCE; fp32 with checkpointing on 2 ranks = fp32 without in one process within 1e-5."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).resolve().parent / "precision_step.py"
+    for world in (1, 2):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"] \
+            if world > 1 else [sys.executable]
+        proc = subprocess.run([*launcher, str(script), str(tiny_model), str(tmp_path / f"w{world}")], env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    before = {k: v for k, v in load_file(str(tmp_path / "w1" / "before.safetensors")).items()}
+    for case in ("fp32", "fp32-ac", "bf16-ac"):
+        one = load_file(str(tmp_path / "w1" / f"{case}.safetensors"))
+        two = load_file(str(tmp_path / "w2" / f"{case}.safetensors"))
+        metrics_one, metrics_two = (torch.load(tmp_path / f"w{w}" / f"{case}.pt") for w in (1, 2))
+        if case == "bf16-ac":
+            assert relative(metrics_two["loss"], metrics_one["loss"]) < BF16_TOLERANCE["loss"]
+            assert relative(metrics_two["grad_norm"], metrics_one["grad_norm"]) < BF16_TOLERANCE["grad_norm"]
+            assert updates_differ(two, one, before) < BF16_TOLERANCE["update"]
+        else:
+            reference = load_file(str(tmp_path / "w1" / "fp32.safetensors"))
+            ref_metrics = torch.load(tmp_path / "w1" / "fp32.pt")
+            assert relative(metrics_two["loss"], ref_metrics["loss"]) < 1e-5
+            assert relative(metrics_two["grad_norm"], ref_metrics["grad_norm"]) < 1e-5
+            for k in reference:
+                assert relative(two[k], reference[k]) < 1e-5, (case, k)
+            for k in reference:
+                assert relative(one[k], reference[k]) < 1e-5, (case, k)
