@@ -173,7 +173,9 @@ class TrainConfig(_Section):
     outgrow one full version. An actor that joins late downloads the newest keyframe and the deltas
     after it; garbage collection keeps every version such a chain needs."""
     shard_mb: int = Field(256, ge=1)
-    """Largest safetensors shard of a published version (delta shards too)."""
+    """Largest safetensors shard of a published version (delta shards too), and largest file of a rank's
+    checkpoint shard (``learner/sharded.py``: a file is built in memory before its upload, so a checkpoint
+    adds about this much to a rank's host memory; one tensor shard larger than it gets a file of its own)."""
     max_rollout_file_mb: float = Field(64.0, gt=0)
     """A rollout file larger than this is quarantined before it is downloaded or decoded."""
     max_invalid_files_per_actor: int = Field(3, ge=1)
