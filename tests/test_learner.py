@@ -65,10 +65,8 @@ def test_dropout_is_off_in_the_learners_forward(tmp_path):
     learner = Learner(path, TrainConfig(), temperature=1.0)
     columns = step_columns([decode_rollouts(rollout_bytes(0))])
     batch = assemble_packed(columns, range(columns.num_rows), torch.zeros(columns.num_rows))
-    policy = learner._policy_logprobs()
-
     def logprobs():
-        return policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
+        return learner.policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
 
     first = logprobs()
     assert torch.equal(first, logprobs())
@@ -100,7 +98,7 @@ def test_recomputed_logprobs_on_a_packed_batch_equal_the_engines(tiny_model):
         policy_version=torch.zeros(n, dtype=torch.int64))
     batch = assemble_packed(columns, range(n), torch.zeros(n))  # every completion in one packed row
     with torch.no_grad():
-        logprobs = learner._policy_logprobs()(batch.input_ids, batch.targets, position_ids=batch.position_ids)
+        logprobs = learner.policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
     m = batch.mask.bool()
     assert torch.allclose(logprobs[m], batch.behavior_logprobs[m], atol=1e-4)
 

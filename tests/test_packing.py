@@ -51,6 +51,20 @@ def test_first_fit_decreasing_packs_every_index_once_within_the_budget():
         pack_by_tokens([1], 0)
 
 
+def test_packs_are_dealt_to_ranks_by_tokens():
+    from echo2.learner.distributed import deal_by_tokens
+
+    rng = random.Random(2)
+    for _ in range(100):
+        tokens = [rng.randint(1, 500) for _ in range(rng.randint(1, 30))]
+        ranks = rng.randint(1, 4)
+        dealt = deal_by_tokens(tokens, ranks)
+        assert len(dealt) == ranks and sorted(j for d in dealt for j in d) == list(range(len(tokens)))
+        loads = [sum(tokens[j] for j in d) for d in dealt]
+        assert max(loads) - min(loads) <= max(tokens)  # longest-first greedy: within one pack of even
+    assert deal_by_tokens([100, 10, 10, 10, 10], 2) == [[0], [1, 2, 3, 4]]  # one rank runs 3 fillers
+
+
 def test_an_assembled_pack_lays_sequences_end_to_end():
     cols = random_columns([(3, 2), (1, 4)])
     batch = assemble_packed(cols, [1, 0], torch.tensor([0.5, -2.0]))
@@ -175,6 +189,21 @@ def uneven_tables(seed: int = 0, files: int = 2):
     return tables
 
 
+def saved_for_backward(learner) -> int:
+    """How many tensors autograd keeps from one forward of the learner's policy."""
+    count = 0
+
+    def keep(t):
+        nonlocal count
+        count += 1
+        return t
+
+    ids = torch.arange(3, 43)[None]
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        learner.policy(ids, ids, position_ids=torch.arange(40)[None])
+    return count
+
+
 def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
@@ -192,6 +221,8 @@ def test_a_packed_chunked_checkpointed_step_equals_the_padded_full_logits_step(t
     tables = uneven_tables()
     cfg = TrainConfig(lr=1e-3, micro_batch_tokens=300, logprob_chunk_tokens=37, activation_checkpointing=True)
     learner = Learner(tiny_model, cfg, temperature=0.9)
+    plain = Learner(tiny_model, TrainConfig(), temperature=0.9)
+    assert saved_for_backward(learner) < saved_for_backward(plain) / 2  # activation checkpointing is on
     metrics = learner.train_step(tables)
     reference, model = padded_full_logits_step(tiny_model, tables, cfg, 0.9, micro_batch_size=4,
                                                pad_token_id=learner.tokenizer.pad_token_id)

@@ -184,20 +184,6 @@ class Learner:
                            clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref,
                            kl_coef=cfg.kl_coef)
 
-    def _policy_logprobs(self) -> torch.nn.Module:
-        # TEMPORARY until the LOGPROBS helper's Learner.__init__ holds self.policy
-        if getattr(self, "policy", None) is None:
-            self.policy = PolicyLogprobs(self.model, temperature=self.temperature,
-                                         chunk_tokens=getattr(self.config, "logprob_chunk_tokens", 1024))
-        return self.policy
-
-    def _reference_logprobs(self) -> torch.nn.Module:
-        # TEMPORARY until the LOGPROBS helper's Learner.__init__ wraps the reference
-        if getattr(self, "reference_policy", None) is None:
-            self.reference_policy = PolicyLogprobs(self.reference, temperature=self.temperature,
-                                                   chunk_tokens=getattr(self.config, "logprob_chunk_tokens", 1024))
-        return self.reference_policy
-
     # -- state -----------------------------------------------------------------------------
     def sharded_state(self) -> dict:
         """What a checkpoint keeps of this process's training state, for DCP (``sharded.py``): the trainable
@@ -223,8 +209,14 @@ class Learner:
 
         from echo2.learner.sharded import load_sharded
 
-        state = self.sharded_state()
-        load_sharded(store, prefix, entries, state)  # in place, into this rank's shards
+        fresh = not self.optimizer.state
+        state = self.sharded_state()  # (a fresh optimizer gets zero moments to load into: one step at lr 0)
+        try:
+            load_sharded(store, prefix, entries, state)  # in place, into this rank's shards
+        except Exception:
+            if fresh:  # refused: leave the optimizer as fresh as it was, should resume start over
+                self.optimizer.state.clear()
+            raise
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
 
