@@ -1,4 +1,4 @@
-"""The transformers engine's behavior logprobs agree with the learner's recomputation."""
+"""The transformers engine's behavior logprobs agree with the learner's recomputation (``PolicyLogprobs``)."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from echo2.learner.loss import token_logprobs
+from echo2.learner.logprobs import PolicyLogprobs
 from echo2.rollout.engine import SamplingParams
 from echo2.rollout.transformers_engine import TransformersEngine
 from echo2.data.weights import unique_state_dict
@@ -28,9 +28,10 @@ def test_behavior_logprobs_match_teacher_forced_fp32(tiny_model):
             if c.finish_reason == "stop":
                 assert c.token_ids[-1] == tok.eos_token_id
             ids = torch.tensor([prompt + c.token_ids])
+            targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))  # the last position predicts nothing here
             with torch.no_grad():
-                logits = model(input_ids=ids).logits[:, :-1]
-            lp = token_logprobs(logits, ids[:, 1:], temperature)[0, len(prompt) - 1 :]
+                lp = PolicyLogprobs(model, temperature=temperature, chunk_tokens=4)(ids, targets)
+            lp = lp[0, len(prompt) - 1 : -1]
             assert torch.allclose(lp, torch.tensor(c.logprobs), atol=1e-4), (lp, c.logprobs)
 
 

@@ -1,6 +1,6 @@
 """The vLLM engine (``make test-vllm``: a venv of its own with vLLM and without Prefect; skipped elsewhere).
 
-Checked against the learner's recomputation (``echo2.learner.loss.token_logprobs``, teacher-forced in
+Checked against the learner's recomputation (``echo2.learner.logprobs.PolicyLogprobs``, teacher-forced in
 fp32 with transformers): generation, behavior logprobs after temperature, weight swaps in the running
 engine, LoRA versions as vLLM LoRA requests, and a real actor (``echo2 actor``, Prefect unimportable)
 that swaps versions as the learner publishes them.
@@ -28,7 +28,7 @@ from echo2.config import VllmEngineConfig  # noqa: E402
 from echo2.data.lora import merge_lora  # noqa: E402
 from echo2.data.rollouts import decode_rollouts  # noqa: E402
 from echo2.data.weights import unique_state_dict  # noqa: E402
-from echo2.learner.loss import token_logprobs  # noqa: E402
+from echo2.learner.logprobs import PolicyLogprobs  # noqa: E402
 from echo2.rollout.engine import SamplingParams  # noqa: E402
 
 ATOL = float(os.environ.get("ECHO2_VLLM_LOGPROB_ATOL", "1e-4"))
@@ -100,9 +100,9 @@ def _adapter(tensors: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Ten
 
 def _recomputed(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
     ids = torch.tensor([prompt + completion])
+    targets = torch.nn.functional.pad(ids[:, 1:], (0, 1))  # the last position predicts nothing here
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[:, :-1]
-    return token_logprobs(logits, ids[:, 1:], temperature)[0, len(prompt) - 1:]
+        return PolicyLogprobs(model, temperature=temperature, chunk_tokens=16)(ids, targets)[0, len(prompt) - 1:-1]
 
 
 def _max_logprob_error(groups, prompts, model, temperature) -> float:

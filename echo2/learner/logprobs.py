@@ -16,10 +16,10 @@ chunk's C x V: peak memory has no rows x tokens x vocabulary term. Tokens whose 
 (prompt tokens, padding: the loss masks them) are skipped in the backward.
 
 Precision: the matmul runs in the inputs' dtype (under autocast: the autocast dtype, bf16, as the HF head
-would), its output is taken to fp32 before the temperature, and log-softmax, softmax and the gradient of
-the logits are fp32; on CUDA a bf16 matmul writes fp32 directly (``out_dtype``), on the CPU it rounds to
-bf16 first, as HF's own head does under autocast. Only torch is imported: the GPU benchmark uses this file
-with nothing but torch and transformers installed.
+does), its output is taken to fp32 before the temperature, and log-softmax, softmax and the gradient of
+the logits are fp32 (the gradient is rounded to the inputs' dtype only for its two matmuls; the head
+weight's gradient accumulates over the chunks in fp32). Only torch is imported: the GPU benchmark uses this
+file with nothing but torch and transformers installed.
 """
 
 from __future__ import annotations
@@ -32,12 +32,8 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """fp32 (C, V) = hidden (C, H) @ weight (V, H).T / temperature."""
-    if hidden.is_cuda and hidden.dtype != torch.float32:
-        logits = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-    else:
-        logits = torch.mm(hidden, weight.t()).float()
-    return logits.div_(temperature)
+    """fp32 (C, V) = hidden (C, H) @ weight (V, H).T / temperature (the matmul in the inputs' dtype)."""
+    return torch.mm(hidden, weight.t()).float().div_(temperature)
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):

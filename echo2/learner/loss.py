@@ -101,9 +101,3 @@ def policy_loss(
         ratio_mean = (ratio * mask).sum() / denom
         kl_behavior = (-log_ratio * mask).sum() / denom
     return LossTerms(loss, clip_fraction, ratio_mean, kl_behavior)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / T) at ``targets``, in fp32. ``logits``: (B, T, V); ``targets``: (B, T)."""
-    logits = logits.float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
