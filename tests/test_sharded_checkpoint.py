@@ -192,6 +192,7 @@ def test_a_missing_altered_or_added_shard_is_refused_and_resume_uses_the_checkpo
         load_checkpoint(store, 2, key.public_key(), _restore(store, fresh))
     assert "\n" not in str(err.value) and "step-000002" in str(err.value)
     _assert_same(_weights(fresh), initial)
+    assert not fresh.optimizer.state  # as fresh as it was: a resume that found nothing would start over cleanly
     with caplog.at_level(logging.ERROR, logger="echo2.learner"):
         ckpt = newest_checkpoint(store, key.public_key(), _restore(store, fresh))
     assert ckpt.step == 1 and any("checkpoint step 2 is not loaded" in r.getMessage() for r in caplog.records)
