@@ -23,6 +23,8 @@ BENCHMARKS := broadcast
 BENCHMARKS += broadcast-delta
 BENCHMARKS += overlap
 BENCHMARKS += cost
+# echo2's training step vs the old padded full-logits one at Qwen3's vocabulary (tens of minutes on 2 cores)
+BENCHMARKS += learner
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
 .PHONY: setup lock run test test-vllm chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser

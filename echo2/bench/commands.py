@@ -143,3 +143,62 @@ def bench_cost(
         raise typer.Exit(1)
 
 
+
+
+@bench_app.command("learner")
+def bench_learner(
+    device: str = typer.Option("cpu", "--device", help="cpu, or cuda (bf16 autocast, checkpointed layers, MFU)."),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="With --device cuda: a real shape at "
+                                               "random weights: qwen3-1.7b, qwen3-8b, qwen3-30b-a3b."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="With --model-config: keep only this many layers."),
+    vocab: int = typer.Option(151_936, "--vocab", help="The CPU model's vocabulary (Qwen3's by default)."),
+    hidden: int = typer.Option(128, "--hidden", help="The CPU model's hidden size."),
+    completion_tokens: Optional[List[int]] = typer.Option(None, "--completion-tokens", help="Fixed-length cases "
+                                                          "(repeatable; default 512 2048 8192)."),
+    mixed: str = typer.Option("64..4096", "--mixed", help="LOW..HIGH completion tokens of the mixed case, or none."),
+    cases: Optional[List[str]] = typer.Option(None, "--cases", help="Run only these cases (repeatable)."),
+    prompt_tokens: int = typer.Option(256, "--prompt-tokens"),
+    groups: int = typer.Option(2, "--groups"),
+    group_size: int = typer.Option(8, "--group-size"),
+    micro_batch_tokens: Optional[int] = typer.Option(None, "--micro-batch-tokens", help="echo2's token budget "
+                                                     "(default 4096 on CPU, 8192 on GPU)."),
+    chunk_tokens: Optional[int] = typer.Option(None, "--chunk-tokens", help="echo2's log-prob chunk (default 128 "
+                                               "on CPU, 1024 on GPU)."),
+    baseline_micro_batch: Optional[int] = typer.Option(None, "--baseline-micro-batch", help="Baseline rows per "
+                                                       "micro-batch (default: the largest that fits the budget)."),
+    memory_budget_mb: Optional[float] = typer.Option(None, "--memory-budget-mb", help="The baseline's memory "
+                                                     "(default 60% of available RAM; 85% of the GPU's free memory)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Measured steps per variant (default 1; 3 on GPU)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured steps first (default 0; 1 on GPU)."),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per case."),
+) -> None:
+    """echo2's training step (packed, chunked log-probs) vs the old padded full-logits step: memory, tokens/s."""
+    from echo2.bench.learner import build, run_and_report, table_rows
+
+    _quiet_transformers()
+    try:
+        chosen, opts = build(device=device, model_config=model_config, layers=layers, vocab=vocab, hidden=hidden,
+                             completion_tokens=completion_tokens or [512, 2048, 8192], mixed=mixed, cases=cases,
+                             prompt_tokens=prompt_tokens, groups=groups, group_size=group_size,
+                             micro_batch_tokens=micro_batch_tokens, chunk_tokens=chunk_tokens,
+                             baseline_micro_batch=baseline_micro_batch, memory_budget_mb=memory_budget_mb,
+                             steps=steps, warmup=warmup, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+
+    def rich_table(results: list[dict]) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        headers, rows = table_rows(results)
+        table = Table(title="echo2 bench learner (MB above model + grads + AdamW)")
+        for header in headers:
+            table.add_column(header, justify="right")
+        for row in rows:
+            table.add_row(*row)
+        Console(width=200).print(table)
+
+    code = run_and_report(chosen, opts, as_json=as_json, model_config=model_config, table=rich_table)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,475 @@
+"""``echo2 bench learner``: echo2's training step against the learner's old padded full-logits step.
+
+Cases: a step of ``groups`` x ``group_size`` rows (2 x 8), each a ``prompt_tokens`` (256) prompt shared by its
+group and a completion of 512, 2,048 or 8,192 tokens, and a mixed step whose completion lengths are uniform in
+64..4,096 (seeded). Per case, side by side in one run: echo2's step and the baseline (``learner_steps.py``
+says what each is), each with its peak memory above the model and optimizer, tokens per second (prompt and
+completion tokens of the step over the step's wall time) and padding share (positions run on that held no
+token).
+
+Model. On the CPU: a random-weight Qwen3 (transformers' ``Qwen3Config``) with Qwen3's vocabulary, 151,936,
+and a small body (2 layers, hidden size 128), so that the vocabulary term dominates memory and time as it
+does at scale. With ``--device cuda --model-config NAME``: a real architecture at random weights from
+``learner_configs/NAME.json``, in bf16 autocast over fp32 master weights, every decoder layer checkpointed
+(the learner's ``dtype: bfloat16`` and ``activation_checkpointing``). The configs are the published
+``config.json`` numbers of Qwen/Qwen3-1.7B, Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (as their model cards list
+them: 1.7B = 28 layers, 16 query / 8 KV heads, tied embeddings; 8B = 36 layers, 32 / 8, untied; 30B-A3B = 48
+layers, 32 / 4, 128 experts of 768, 8 active); tests/test_bench_learner.py checks that each builds a model of
+the published parameter count (1.7B, 8.2B, 30.5B total with 3.3B active).
+
+Memory. On the CPU each variant of each case runs in a fresh child process (``python -m echo2.bench.learner
+--child``): it builds the model, allocates the gradients and AdamW's state (``make_optimizer``), reads its
+resident set size, resets the kernel's high-water mark (``/proc/self/clear_refs``, 5), runs the step(s) and
+reports the high-water mark minus that resident size: what the step added on top of the model, gradients
+and optimizer (where the reset is refused, ``ru_maxrss`` stands in and also counts the set-up's own
+transients). ``total_peak_mb`` is the whole process's high-water mark. On a GPU one process runs
+everything, and the same two numbers come from ``torch.cuda.max_memory_allocated`` (reset before each
+variant) and ``gpu_peak_mb``. MB here is 2**20 bytes.
+
+The baseline's micro-batch. The old learner took ``micro_batch_size`` rows at a time (16 by default, the
+whole step, which no case here fits). The bench takes the largest power of two rows whose estimated need
+fits ``--memory-budget-mb`` (default: 60% of the memory available at start, or of the GPU's free memory),
+unless ``--baseline-micro-batch`` fixes it, and says which. Estimate of one micro-batch: rows x width x
+(vocabulary x 16 bytes, four fp32 copies of the logits: logits, log-softmax, and their two gradients;
+measured 1,836 MB for one 768-token row here against 1,867 estimated) + activations. A case whose baseline
+does not fit even one row at a time (or the size asked for) is not run: ``baseline_need_mb`` says what it
+would need.
+
+MFU (``--device cuda``): 6 x active parameters (``learner_steps.active_parameters``) x tokens / seconds /
+the GPU's dense bf16 peak (``PEAK_BF16_TFLOPS``); attention's own FLOPs are not counted. The GPU path imports
+torch, transformers, the standard library and echo2's torch-only learner modules, nothing else
+(tests/test_bench_learner.py runs it with the others blocked): run it where only those exist as
+``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent / "learner_configs"
+MODEL_CONFIGS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
+QWEN3_VOCAB = 151_936
+TARGETS = {"memory_ratio_2048": 1 / 8, "total_8192_mb": 8192, "speed_512": 0.9, "speed_mixed": 1.5, "mfu_1_7b": 0.40}
+
+
+@dataclass
+class Case:
+    name: str
+    prompt_tokens: int
+    completion_lengths: list[int]
+    group_size: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens * len(self.completion_lengths) + sum(self.completion_lengths)
+
+
+@dataclass
+class Options:
+    model_config: dict
+    """A transformers config as a dict (``model_type`` and its fields)."""
+    device: str = "cpu"
+    micro_batch_tokens: int = 4096
+    chunk_tokens: int = 128
+    baseline_micro_batch: int | None = None
+    memory_budget_mb: float | None = None
+    steps: int = 1
+    warmup: int = 0
+    seed: int = 0
+    bf16_checkpointed: bool = False
+    """bf16 autocast over fp32 weights and per-layer activation checkpointing (the GPU path's settings)."""
+
+
+def make_cases(*, completion_tokens: list[int], mixed: tuple[int, int] | None, prompt_tokens: int = 256,
+               groups: int = 2, group_size: int = 8, seed: int = 0) -> list[Case]:
+    rows = groups * group_size
+    cases = [Case(str(n), prompt_tokens, [n] * rows, group_size) for n in completion_tokens]
+    if mixed is not None:
+        rng = random.Random(seed)
+        cases.append(Case("mixed", prompt_tokens, [rng.randint(*mixed) for _ in range(rows)], group_size))
+    # smallest first: a run cut short (an interrupt prints what is done) has the cheap cases
+    return sorted(cases, key=lambda case: case.tokens)
+
+
+def cpu_model_config(*, vocab: int = QWEN3_VOCAB, hidden: int = 128, layers: int = 2) -> dict:
+    head_dim = min(32, hidden)
+    heads = max(1, hidden // head_dim)
+    return {"model_type": "qwen3", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 3 * hidden,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2),
+            "head_dim": head_dim, "tie_word_embeddings": False, "max_position_embeddings": 40960}
+
+
+def load_model_config(name: str, *, layers: int | None = None) -> dict:
+    path = CONFIG_DIR / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"no model config {name!r}: one of {', '.join(MODEL_CONFIGS)}")
+    config = json.loads(path.read_text())
+    if layers is not None:  # a truncated model of the same shape, for a GPU that does not hold the whole one
+        config.update(num_hidden_layers=layers, layer_types=None, max_window_layers=layers)
+    return config
+
+
+def to_transformers(config: dict):
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    return AutoConfig.for_model(config["model_type"], **fields)
+
+
+# -- the baseline's memory -----------------------------------------------------------------------------
+def baseline_need_mb(case: Case, rows: int, config: dict, *, checkpointed: bool) -> float:
+    """Estimated peak above the model of the baseline at ``rows`` rows per micro-batch (module docstring)."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    inner = config.get("moe_intermediate_size", 0) * config.get("num_experts_per_tok", 0) or config["intermediate_size"]
+    per_layer = 16 * hidden + 4 * inner  # fp32 bytes / 4 kept per token by one layer for backward, roughly
+    act = 4 * (layers * hidden + per_layer) if checkpointed else 4 * layers * per_layer
+    widths = sorted(case.prompt_tokens + n for n in case.completion_lengths)
+    worst = max(len(widths[s : s + rows]) * widths[s : s + rows][-1] for s in range(0, len(widths), rows))
+    return worst * (config["vocab_size"] * 16 + act) / 2**20
+
+
+def baseline_plan(case: Case, config: dict, budget_mb: float, forced: int | None, *,
+                  checkpointed: bool) -> tuple[int | None, float]:
+    """(rows per micro-batch or None when it does not fit, the estimated need at that size or at 1 row)."""
+    sizes = [forced] if forced else [2**k for k in range(int(math.log2(len(case.completion_lengths))), -1, -1)]
+    for rows in sizes:
+        need = baseline_need_mb(case, rows, config, checkpointed=checkpointed)
+        if need <= budget_mb:
+            return rows, need
+    return None, need
+
+
+# -- measuring one variant -----------------------------------------------------------------------------
+def _status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        return int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
+
+
+def measure(variant: str, case: Case, opts: Options, model, policy, optimizer, rows: int | None) -> dict:
+    """Run ``opts.warmup`` then ``opts.steps`` steps of ``variant``; seconds per step and peak memory."""
+    import torch
+
+    from echo2.bench.learner_steps import baseline_step, echo2_step, make_columns
+
+    device = torch.device(opts.device)
+    dtype = torch.bfloat16 if opts.bf16_checkpointed else torch.float32
+    columns = make_columns(case.prompt_tokens, case.completion_lengths, case.group_size,
+                           opts.model_config["vocab_size"], opts.seed)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        setup_mb = torch.cuda.memory_allocated() / 2**20
+    else:
+        setup_mb, exact = _status_mb("VmRSS"), _reset_peak_rss()
+    seconds = []
+    for i in range(opts.warmup + opts.steps):
+        start = time.perf_counter()
+        if variant == "echo2":
+            stats = echo2_step(policy, model, optimizer, columns, micro_batch_tokens=opts.micro_batch_tokens,
+                               dtype=dtype)
+        else:
+            stats = baseline_step(model, optimizer, columns, micro_batch_rows=rows, dtype=dtype)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= opts.warmup:
+            seconds.append(time.perf_counter() - start)
+    if cuda:
+        total = torch.cuda.max_memory_allocated() / 2**20
+        method = "torch.cuda.max_memory_allocated"
+    else:
+        total = _status_mb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        method = "VmHWM after clear_refs" if exact else "ru_maxrss (no reset: includes set-up)"
+    step_s = sum(seconds) / len(seconds)
+    return {"seconds": step_s, "tokens_per_s": case.tokens / step_s, "peak_mb": total - setup_mb,
+            "total_peak_mb": total, "padding_fraction": stats.padding_fraction, "micro_batches": stats.micro_batches,
+            "loss": stats.loss, "memory_method": method}
+
+
+def setup(opts: Options):
+    """The model (fp32 master weights), its gradients and AdamW state, and echo2's ``PolicyLogprobs``."""
+    import torch
+
+    from echo2.bench.learner_steps import TEMPERATURE, build_model, make_optimizer
+    from echo2.learner.logprobs import PolicyLogprobs
+
+    model = build_model(to_transformers(opts.model_config), device=torch.device(opts.device),
+                        activation_checkpointing=opts.bf16_checkpointed, seed=opts.seed)
+    optimizer = make_optimizer(model)
+    policy = PolicyLogprobs(model, temperature=TEMPERATURE, chunk_tokens=opts.chunk_tokens)
+    return model, policy, optimizer
+
+
+def child_main(spec: dict) -> None:
+    """One variant of one case in this fresh process: prints its measurement as one JSON line."""
+    opts, case = Options(**spec["options"]), Case(**spec["case"])
+    model, policy, optimizer = setup(opts)
+    print(json.dumps(measure(spec["variant"], case, opts, model, policy, optimizer, spec["rows"])), flush=True)
+
+
+def _in_child(variant: str, case: Case, opts: Options, rows: int | None) -> dict:
+    spec = json.dumps({"variant": variant, "case": asdict(case), "options": asdict(opts), "rows": rows})
+    proc = subprocess.run([sys.executable, "-m", "echo2.bench.learner", "--child", spec], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {variant} step of case {case.name} failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- the run -------------------------------------------------------------------------------------------
+def run_learner_bench(cases: list[Case], opts: Options, progress=lambda line: None,
+                      results: list[dict] | None = None) -> list[dict]:
+    """Every case, echo2's step then the baseline's (or its estimated need); one dict per case, appended to
+    ``results`` as each case ends (a caller interrupted midway keeps the cases done)."""
+    cuda = opts.device == "cuda"
+    state = None
+    if cuda:
+        import torch
+
+        from echo2.bench.learner_steps import active_parameters, peak_tflops
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: torch sees no CUDA device here")
+        state = setup(opts)
+        active = active_parameters(state[0])
+        name = torch.cuda.get_device_name()
+        peak = peak_tflops(name)
+        budget = opts.memory_budget_mb or 0.85 * torch.cuda.mem_get_info()[0] / 2**20
+        progress(f"{name}: {active / 1e9:.2f}B active parameters, bf16 peak "
+                 f"{f'{peak:g} TFLOP/s' if peak else 'unknown (no MFU)'}")
+    else:
+        budget = opts.memory_budget_mb or 0.6 * _available_mb()
+    progress(f"baseline memory budget {budget:.0f} MB; echo2: micro_batch_tokens {opts.micro_batch_tokens}, "
+             f"logprob chunk {opts.chunk_tokens} tokens")
+    results = [] if results is None else results
+    for case in cases:
+        rows, need = baseline_plan(case, opts.model_config, budget, opts.baseline_micro_batch,
+                                   checkpointed=opts.bf16_checkpointed)
+        mine = measure("echo2", case, opts, *state, None) if cuda else _in_child("echo2", case, opts, None)
+        progress(f"case {case.name}: echo2 {mine['seconds']:.1f} s, {mine['tokens_per_s']:.0f} tokens/s, "
+                 f"peak +{mine['peak_mb']:.0f} MB")
+        r = {"case": case.name, "tokens": case.tokens, **{k: mine[k] for k in (
+            "peak_mb", "total_peak_mb", "tokens_per_s", "padding_fraction", "micro_batches", "memory_method")},
+             "baseline_micro_batch": rows, "baseline_estimate_mb": need}
+        if cuda:
+            r["gpu_peak_mb"] = mine["total_peak_mb"]
+            r["mfu"] = 6 * active * mine["tokens_per_s"] / (peak * 1e12) if peak else None
+        if rows is None:
+            progress(f"case {case.name}: baseline not run: needs ~{need:.0f} MB, budget {budget:.0f} MB")
+            r.update(baseline_need_mb=need, baseline_tokens_per_s=None)
+        else:
+            base = measure("baseline", case, opts, *state, rows) if cuda else _in_child("baseline", case, opts, rows)
+            progress(f"case {case.name}: baseline ({rows} rows per micro-batch) {base['seconds']:.1f} s, "
+                     f"{base['tokens_per_s']:.0f} tokens/s, peak +{base['peak_mb']:.0f} MB")
+            r.update(baseline_peak_mb=base["peak_mb"], baseline_tokens_per_s=base["tokens_per_s"],
+                     baseline_padding_fraction=base["padding_fraction"])
+        results.append(r)
+    return results
+
+
+JSON_KEYS = ("case", "tokens", "peak_mb", "baseline_peak_mb", "baseline_need_mb", "tokens_per_s",
+             "baseline_tokens_per_s", "padding_fraction", "mfu", "gpu_peak_mb")
+
+
+def json_object(result: dict) -> dict:
+    """The interface other tools read: exactly these keys (``baseline_need_mb`` where the baseline was not
+    run, ``mfu`` and ``gpu_peak_mb`` only on a GPU)."""
+    return {k: result[k] for k in JSON_KEYS if k in result}
+
+
+def target_lines(results: list[dict], *, cuda: bool, model_config: str | None) -> list[str]:
+    """The issue's targets, each PASS, FAIL or n/a with the numbers it compared."""
+    by = {r["case"]: r for r in results}
+    lines = []
+
+    def line(ok, text):
+        lines.append(f"{'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {text}")
+
+    r = by.get("2048")
+    if r and "baseline_peak_mb" in r:
+        ok = r["peak_mb"] <= r["baseline_peak_mb"] * TARGETS["memory_ratio_2048"]
+        line(ok, f"2048: peak above the model {r['peak_mb']:.0f} MB <= 1/8 of the baseline's "
+                 f"{r['baseline_peak_mb']:.0f} MB ({r['baseline_peak_mb'] / r['peak_mb']:.1f}x less)")
+    else:
+        line(None, "2048: peak memory <= 1/8 of the baseline's (case or baseline not run)")
+    r = by.get("8192")
+    key = "gpu_peak_mb" if cuda else "total_peak_mb"
+    if r:
+        line(r[key] <= TARGETS["total_8192_mb"], f"8192: {r[key]:.0f} MB in all <= 8192 MB")
+    else:
+        line(None, "8192: within 8 GB in all (case not run)")
+    for name, target in (("512", "speed_512"), ("mixed", "speed_mixed")):
+        r = by.get(name)
+        if r and r.get("baseline_tokens_per_s"):
+            ratio = r["tokens_per_s"] / r["baseline_tokens_per_s"]
+            line(ratio >= TARGETS[target], f"{name}: tokens/s {ratio:.2f}x the baseline's >= {TARGETS[target]}x")
+        else:
+            line(None, f"{name}: tokens/s >= {TARGETS[target]}x the baseline's (case or baseline not run)")
+    if cuda:
+        r = by.get("8192")
+        if model_config == "qwen3-1.7b" and r and r.get("mfu") is not None:
+            line(r["mfu"] >= TARGETS["mfu_1_7b"], f"qwen3-1.7b at 8192: MFU {r['mfu']:.1%} >= 40%")
+        else:
+            line(None, "MFU >= 40% for qwen3-1.7b at 8192 tokens (not this run)")
+    return lines
+
+
+def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
+    cuda = any("mfu" in r for r in results)
+    headers = ["case", "tokens", "echo2 MB", "baseline MB", "ratio", "echo2 tok/s", "baseline tok/s", "speed-up",
+               "padding echo2/baseline", "baseline rows/mb", "echo2 total MB"] + (["MFU", "GPU peak MB"] if cuda else [])
+    rows = []
+    for r in results:
+        ran = "baseline_peak_mb" in r
+        base_mb = f"{r['baseline_peak_mb']:.0f}" if ran else f"needs ~{r['baseline_need_mb']:.0f}"
+        ratio = r.get("baseline_peak_mb", r.get("baseline_need_mb")) / max(r["peak_mb"], 1e-9)
+        speed = f"{r['tokens_per_s'] / r['baseline_tokens_per_s']:.2f}x" if ran else "-"
+        rows.append([r["case"], str(r["tokens"]), f"{r['peak_mb']:.0f}", base_mb, f"{ratio:.1f}x{'' if ran else ' est.'}",
+                     f"{r['tokens_per_s']:.0f}", f"{r['baseline_tokens_per_s']:.0f}" if ran else "-", speed,
+                     f"{r['padding_fraction']:.0%} / " + (f"{r['baseline_padding_fraction']:.0%}" if ran else "-"),
+                     str(r["baseline_micro_batch"] or "-"), f"{r['total_peak_mb']:.0f}"]
+                    + ([f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['gpu_peak_mb']:.0f}"] if cuda else []))
+    return headers, rows
+
+
+def plain_table(results: list[dict]) -> str:
+    headers, rows = table_rows(results)
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [headers, *rows])
+
+
+# -- command line (the CLI's `echo2 bench learner` calls the same functions) ------------------------------
+def parse_range(text: str) -> tuple[int, int] | None:
+    if text == "none":
+        return None
+    low, _, high = text.partition("..")
+    if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)):
+        raise ValueError(f"--mixed takes LOW..HIGH completion tokens (or none), not {text!r}")
+    return int(low), int(high)
+
+
+def build(*, device: str, model_config: str | None, layers: int | None, vocab: int, hidden: int,
+          completion_tokens: list[int], mixed: str, cases: list[str] | None, prompt_tokens: int, groups: int,
+          group_size: int, micro_batch_tokens: int | None, chunk_tokens: int | None, baseline_micro_batch: int | None,
+          memory_budget_mb: float | None, steps: int | None, warmup: int | None, seed: int) -> tuple[list[Case], Options]:
+    """Cases and options from the command line's values (shared by ``main`` and ``echo2 bench learner``)."""
+    cuda = device == "cuda"
+    if model_config is not None and not cuda:
+        raise ValueError("--model-config runs a real architecture: only with --device cuda")
+    config = load_model_config(model_config, layers=layers) if model_config else cpu_model_config(vocab=vocab, hidden=hidden)
+    all_cases = make_cases(completion_tokens=completion_tokens, mixed=parse_range(mixed), prompt_tokens=prompt_tokens,
+                           groups=groups, group_size=group_size, seed=seed)
+    chosen = [c for c in all_cases if not cases or c.name in cases]
+    if not chosen:
+        raise ValueError(f"no case named {', '.join(cases)}: the cases are {', '.join(c.name for c in all_cases)}")
+    # CPU defaults: packs of 4,096 tokens (sdpa's block-diagonal mask of a pack is N x N) and chunks of 128
+    # tokens (less memory than the learner's 1,024, and no slower here); GPU: the learner's defaults
+    opts = Options(model_config=config, device=device, micro_batch_tokens=micro_batch_tokens or (8192 if cuda else 4096),
+                   chunk_tokens=chunk_tokens or (1024 if cuda else 128), baseline_micro_batch=baseline_micro_batch,
+                   memory_budget_mb=memory_budget_mb, steps=steps or (3 if cuda else 1),
+                   warmup=warmup if warmup is not None else (1 if cuda else 0), seed=seed, bf16_checkpointed=cuda)
+    return chosen, opts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m echo2.bench.learner", description=__doc__.split("\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--model-config", choices=MODEL_CONFIGS)
+    parser.add_argument("--layers", type=int, help="with --model-config: keep only this many decoder layers")
+    parser.add_argument("--vocab", type=int, default=QWEN3_VOCAB, help="CPU model's vocabulary")
+    parser.add_argument("--hidden", type=int, default=128, help="CPU model's hidden size")
+    parser.add_argument("--completion-tokens", type=int, action="append", help="fixed-length cases (default 512 2048 8192)")
+    parser.add_argument("--mixed", default="64..4096", help="LOW..HIGH completion tokens of the mixed case, or none")
+    parser.add_argument("--cases", action="append", help="run only these cases (names as printed)")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--micro-batch-tokens", type=int, help="echo2's token budget (default 4096 on CPU, 8192 on GPU)")
+    parser.add_argument("--chunk-tokens", type=int, help="echo2's logprob chunk (default 128 on CPU, 1024 on GPU)")
+    parser.add_argument("--baseline-micro-batch", type=int, help="baseline rows per micro-batch (default: largest that fits)")
+    parser.add_argument("--memory-budget-mb", type=float)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="one JSON object per case")
+    args = parser.parse_args(argv)
+    if args.child:
+        child_main(json.loads(args.child))
+        return
+    try:
+        cases, opts = build(device=args.device, model_config=args.model_config, layers=args.layers, vocab=args.vocab,
+                            hidden=args.hidden, completion_tokens=args.completion_tokens or [512, 2048, 8192],
+                            mixed=args.mixed, cases=args.cases, prompt_tokens=args.prompt_tokens, groups=args.groups,
+                            group_size=args.group_size, micro_batch_tokens=args.micro_batch_tokens,
+                            chunk_tokens=args.chunk_tokens, baseline_micro_batch=args.baseline_micro_batch,
+                            memory_budget_mb=args.memory_budget_mb, steps=args.steps, warmup=args.warmup, seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(run_and_report(cases, opts, as_json=args.json, model_config=args.model_config,
+                                    table=lambda results: print(plain_table(results))))
+
+
+def run_and_report(cases: list[Case], opts: Options, *, as_json: bool, model_config: str | None, table) -> int:
+    """Run, then JSON lines or ``table(results)`` on stdout and the targets (on stderr under --json); the exit
+    code. An interrupt or a failed step still reports the cases done."""
+    results, code = [], 0
+    try:
+        run_learner_bench(cases, opts, progress=lambda line: print(line, file=sys.stderr, flush=True), results=results)
+    except KeyboardInterrupt:
+        print(f"interrupted: cases not run: {', '.join(c.name for c in cases[len(results):])}", file=sys.stderr)
+        code = 130
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    for r in results:
+        if as_json:
+            print(json.dumps(json_object(r)), flush=True)
+    if not as_json:
+        print(describe(opts))
+        table(results)
+    for line in target_lines(results, cuda=opts.device == "cuda", model_config=model_config):
+        print(line, file=sys.stderr if as_json else sys.stdout)
+    return code
+
+
+def describe(opts: Options) -> str:
+    """One line: the model and the settings the numbers were taken with."""
+    c = opts.model_config
+    return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, vocabulary {c['vocab_size']}, "
+            f"on {opts.device}{' (bf16 autocast, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
+            f"echo2: micro_batch_tokens {opts.micro_batch_tokens}, logprob chunk {opts.chunk_tokens}; "
+            f"{opts.steps} measured step(s) after {opts.warmup} warm-up; memory = peak above model + grads + AdamW")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
