@@ -83,45 +83,6 @@ def test_a_step_over_two_nodes_updates_the_weights_as_one_process_does(tiny_mode
     assert moved > 1e-4 and worst < ATOL, (moved, worst)
 
 
-def test_echo2_learner_on_two_nodes_runs_node_0s_run_and_node_1_follows_it(tiny_model, tmp_path):
-    """Node 1's launcher is given a store it could not reach and a run id of its own: it never opens the store
-    nor resolves a run, takes node 0's config from rank 0, does its share of every step and exits 0 when node
-    0's run ends."""
-    from test_e2e import QUICKSTART, TINY, sets
-
-    from echo2.data.store import open_store
-    from helpers import ledger_audit, reap_tagged
-
-    endpoint = f"127.0.0.1:{free_port()}"
-    nodes = ["--nnodes", "2", "--nproc", "1", "--rdzv-endpoint", endpoint, "--rdzv-timeout", "300"]
-    node0 = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=nodes", *TINY, "train.max_steps=2",
-                 "eval.before=false", "eval.after=false")
-    node1 = sets(f"model.name={tiny_model}", "store.url=s3://no-such-bucket/echo2", "run.id=not-this-one",
-                 "store.options={endpoint_url: 'http://127.0.0.1:9'}")
-    env = {**os.environ, "ECHO2_TEST_TAG": str(tmp_path)}
-    procs = []
-    try:
-        for rank, args in ((1, node1), (0, node0)):  # node 1 first: it waits for node 0's rendezvous
-            with open(tmp_path / f"node{rank}.log", "w") as log:
-                procs.append(subprocess.Popen([sys.executable, "-m", "echo2.cli", "learner", QUICKSTART, *nodes,
-                                               "--node-rank", str(rank), *args], cwd=REPO, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True, env=env))
-        codes = wait_all(procs, timeout=600)
-    finally:
-        reap_tagged(str(tmp_path))
-    logs = [(tmp_path / f"node{rank}.log").read_text() for rank in (1, 0)]
-    assert codes == [0, 0], (codes, logs[0][-3000:], logs[1][-3000:])
-    run = tmp_path / "runs" / "nodes"
-    summary = json.loads((run / "reports" / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["run_id"] == "nodes", summary
-    record = json.loads((run / "run.json").read_text())
-    assert record["config"]["train"]["nnodes"] == 2 and record["config"]["train"]["nproc"] == 1
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["nodes"]  # node 1 made no run of its own
-    problems, counts = ledger_audit(open_store(str(run)))
-    assert not problems and counts["used"] >= 2, (problems, counts)
-    assert "Traceback" not in logs[0], logs[0][-3000:]
-
-
 def test_a_node_whose_peers_never_come_fails_in_one_line_within_its_rendezvous_timeout(tiny_model, tmp_path):
     from test_e2e import QUICKSTART, echo2, sets
 
@@ -182,3 +143,60 @@ def test_the_learner_task_starts_echo2_learner_on_every_node_with_node_0_as_the_
         assert proc.stdout.split("\n")[:-1] == [
             "learner", task.envs["ECHO2_CONFIG"], "--nproc", "8", "--nnodes", "2", "--node-rank", str(rank),
             "--rdzv-endpoint", "10.0.0.4:29500", "--set", "train.dist_backend=nccl"], proc.stdout
+
+
+def test_echo2_learner_on_two_nodes_node_1_follows_node_0s_run_through_sigterm_and_resume(tiny_model, tmp_path):
+    """`echo2 learner --nnodes 2` end to end. Node 1's launcher is given a store it could not reach and a run id
+    of its own: it never opens the store nor resolves a run; its process takes node 0's config from rank 0 and
+    does its share of every step. SIGTERM to node 0's launcher ends the run on both nodes, as with several
+    processes on one node (torchrun stops rank 0, the followers' collectives then fail); `--resume` on node 0,
+    node 1 started as before, continues from the last checkpoint with the resumed run's config and finishes
+    it, and node 1 exits 0 when the run ends."""
+    import signal
+
+    from test_e2e import QUICKSTART, TINY, sets
+
+    from echo2.data.store import open_store
+    from helpers import ledger_audit, reap_tagged, wait_until
+
+    run = tmp_path / "runs" / "stop"
+    node1 = sets(f"model.name={tiny_model}", "store.url=s3://no-such-bucket/echo2", "run.id=not-this-one",
+                 "store.options={endpoint_url: 'http://127.0.0.1:9'}")
+
+    def start_nodes(node0: list[str], tag: str) -> list[subprocess.Popen]:
+        endpoint = f"127.0.0.1:{free_port()}"
+        procs = []
+        for rank, args in ((0, node0), (1, node1)):
+            with open(tmp_path / f"{tag}-node{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "echo2.cli", "learner", QUICKSTART, "--nnodes", "2", "--nproc", "1",
+                     "--rdzv-endpoint", endpoint, "--rdzv-timeout", "300", "--node-rank", str(rank), *args],
+                    cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "ECHO2_TEST_TAG": str(tmp_path)}))
+        return procs
+
+    def logs(tag: str) -> str:
+        return "\n".join((tmp_path / f"{tag}-node{rank}.log").read_text()[-2500:] for rank in (0, 1))
+
+    try:
+        procs = start_nodes(sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop", *TINY,
+                                 "train.max_steps=500", "eval.before=false"), "first")
+        wait_until(lambda: (run / "checkpoints" / "step-000002" / "manifest.json").exists()
+                   or any(p.poll() is not None for p in procs), 300, "the first checkpoint")
+        procs[0].send_signal(signal.SIGTERM)
+        codes = wait_all(procs, timeout=120)  # both nodes end; none waits on for its collective timeout
+        assert codes[0] != 0 and (run / "checkpoints" / "step-000002" / "manifest.json").exists(), logs("first")
+        procs = start_nodes(["--resume", *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop",
+                                                "train.max_steps=4", "eval.after=false")], "resumed")
+        codes = wait_all(procs, timeout=600)
+    finally:
+        reap_tagged(str(tmp_path))
+    assert codes == [0, 0], (codes, logs("resumed"))
+    summary = json.loads((run / "reports" / "summary.json").read_text())
+    assert summary["steps"] == 4, summary
+    problems, counts = ledger_audit(open_store(str(run)))
+    assert not problems and counts["used"] >= 4, (problems, counts)
+    record = json.loads((run / "run.json").read_text())
+    assert record["config"]["train"]["nnodes"] == 2 and record["config"]["train"]["nproc"] == 1
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["stop"]  # node 1 made no run of its own
+    assert "Traceback" not in (tmp_path / "resumed-node1.log").read_text(), logs("resumed")
