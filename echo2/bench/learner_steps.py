@@ -212,11 +212,12 @@ def active_parameters(model: torch.nn.Module) -> int:
     return total
 
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "GH200": 989.0, "H20": 148.0,
-                    "B200": 2250.0, "A100": 312.0, "A10G": 70.0, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
+PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "H20": 148.0,
+                    "B200": 2250.0, "A100": 312.0, "A10G": None, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
                     "L4": 121.0}
-"""Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from NVIDIA's datasheets; matched against the device
-name in this order, so the more specific names come first (H100 PCIe before H100, L40S before L40 before L4)."""
+"""Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from NVIDIA's datasheets (SXM parts; the H100 PCIe
+apart); matched as substrings of the device name in this order, the more specific names first (H200 before
+H20, H100 PCIe before H100, A10G before A10, L40S before L40 before L4). None: no figure here (no MFU)."""
 
 
 def peak_tflops(device_name: str) -> float | None:
