@@ -21,7 +21,10 @@ which DCP runs on every rank before any rank reads a byte (a failure on one rank
 them), each file this rank's plan reads is downloaded into the folder in ranged reads, hashed on the way,
 and refused (``CorruptWeights``) if the manifest does not name it or its size or sha256 differs. Only then
 does ``read_data`` read the verified copies, so a refused checkpoint has changed no weight. A rank reads what
-its own shards need: on another rank count DCP reshards, and a rank may read parts of several files.
+its own shards need: on another rank count DCP reshards, and a rank may read parts of several files. The
+cost: the files a rank's plan touches are on its local disk during the load (on more ranks than wrote the
+checkpoint, each rank may touch most of them), and DCP holds one stored piece of a tensor at a time in
+memory (a whole tensor, where one process wrote the checkpoint).
 Non-tensor values (the optimizer's hyper-parameters) are read with ``torch.load(weights_only=True)``, not
 DCP's default ``weights_only=False``: a file of the run's own signed checkpoint still never runs code.
 """
