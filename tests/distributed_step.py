@@ -45,6 +45,13 @@ def tables() -> list[pa.Table]:
     return out
 
 
+def report(line: dict) -> None:
+    """One line in one write: the ranks share stdout, and print() writes the newline separately, so two
+    ranks' lines could interleave into one."""
+    sys.stdout.write(f"{line!r}\n")
+    sys.stdout.flush()
+
+
 def count_passes(learner, case: str) -> None:
     """Print, on every rank, the packs it trained and the zero-weight filler passes it ran in each step."""
     calls = {"backward": 0, "micro_batch": 0}
@@ -59,8 +66,8 @@ def count_passes(learner, case: str) -> None:
     def accumulate_and_report(*args, **kwargs):
         calls.update(backward=0, micro_batch=0)
         totals = accumulate(*args, **kwargs)
-        print({"case": case, "rank": world()[0], "packs": calls["backward"],
-               "fillers": calls["micro_batch"] - calls["backward"]}, flush=True)
+        report({"case": case, "rank": world()[0], "packs": calls["backward"],
+                "fillers": calls["micro_batch"] - calls["backward"]})
         return totals
 
     learner._backward = counted("backward", backward)
@@ -91,8 +98,8 @@ def main(model_dir: Path, out: Path, cases: list[str]) -> None:
         if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
             torch.distributed.broadcast_object_list(["stop", None], src=0)
         save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_file(out, case)))
-        print({"case": case, "world": size, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-               "rollouts": metrics["rollouts"], "groups_with_signal": metrics["groups_with_signal"]}, flush=True)
+        report({"case": case, "world": size, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
+                "rollouts": metrics["rollouts"], "groups_with_signal": metrics["groups_with_signal"]})
 
 
 if __name__ == "__main__":
