@@ -109,6 +109,14 @@ def test_the_vllm_engine_writes_a_version_in_the_hub_layout_its_loader_reads(moe
     assert same.keys() == dense.keys() and all(same[k] is dense[k] for k in dense)
 
 
+def test_the_learner_recomputes_the_engines_behavior_logprobs_on_the_moe(moe_model):
+    """The actor's engine (left-padded batches, a KV cache) and the learner (one packed row) route every token
+    alike, so the learner's fp32 log-probabilities are the engine's (tests/test_learner.py's check, on the MoE)."""
+    import test_learner
+
+    test_learner.test_recomputed_logprobs_on_a_packed_batch_equal_the_engines(moe_model)
+
+
 def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_model, tmp_path, monkeypatch):
     records = tmp_path / "records"
     records.mkdir()
