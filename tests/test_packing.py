@@ -160,11 +160,9 @@ def padded_full_logits_step(model_dir, tables, cfg, temperature: float, micro_ba
     return {"loss": loss_total, "grad_norm": grad_norm, "train_tokens": n_tokens}, model
 
 
-def uneven_tables(seed: int = 0, files: int = 2):
+def uneven_tables(seed: int = 0, files: int = 2, versions: tuple[int, ...] = (0, 0, 0, 0)):
     """Files of groups of 4 whose completions run from 1 to 200 tokens (every 5th an environment token),
     rewards mixed except in one group per file (no signal: left out of the step)."""
-    import pyarrow as pa
-
     from echo2.data.rollouts import Rollout, decode_rollouts, encode_rollouts
 
     rng = random.Random(seed)
@@ -183,9 +181,8 @@ def uneven_tables(seed: int = 0, files: int = 2):
                     reward=1.0 if g == 2 else float(rng.random() < 0.5 or s == 0), finish_reason="stop"))
             if g < 2:
                 rows[-1].reward = 0.0  # a group with signal
-        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
+        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=versions[f], task="arithmetic")
         tables.append(decode_rollouts(data))
-    assert all(isinstance(t, pa.Table) for t in tables)
     return tables
 
 
@@ -275,6 +272,33 @@ def test_columns_of_sliced_and_multi_chunk_tables_equal_the_python_reading():
         assert columns.prompt.offsets[0] == 0 and columns.prompt.values.dtype == torch.int32
     # two files' "g0" stay two groups; a file's groups are numbered by first appearance
     assert step_columns([a, a]).group_index.tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4 + [5] * 4
+
+
+def test_a_steps_metrics_are_those_of_the_python_reading(tiny_model):
+    """rollouts, groups, rewards, lags and token counts as rows_of and step_on_rows computed them."""
+    from echo2.config import TrainConfig
+    from echo2.learner.learner import Learner
+
+    tables = uneven_tables(seed=5, files=3, versions=(0, 2, 1))
+    py = python_reading(tables)
+    learner = Learner(tiny_model, TrainConfig(lr=1e-3, micro_batch_tokens=256), temperature=1.0)
+    learner.version = 3
+    metrics = learner.train_step(tables)
+    lags = [3 - v for v in py["version"]]
+    by_group = {}
+    for g, r in zip(py["group"], py["reward"]):
+        by_group.setdefault(g, set()).add(r)
+    signal = {g for g, rewards in by_group.items() if len(rewards) > 1}
+    masks, start = [], 0
+    for c in py["completion"]:
+        masks.append(py["mask"][start : start + len(c)])
+        start += len(c)
+    assert metrics["step"] == 4 and metrics["rollouts"] == len(py["reward"]) == 36
+    assert metrics["groups"] == len(by_group) == 9 and metrics["groups_with_signal"] == len(signal) == 6
+    assert metrics["lag_mean"] == pytest.approx(sum(lags) / len(lags)) and metrics["lag_max"] == max(lags) == 3
+    assert metrics["reward"] == pytest.approx(sum(py["reward"]) / len(py["reward"]))
+    assert metrics["completion_tokens"] == sum(len(c) for c in py["completion"])
+    assert metrics["train_tokens"] == sum(sum(m) for m, g in zip(masks, py["group"]) if g in signal)
 
 
 def test_an_old_config_naming_micro_batch_size_is_refused_in_one_line(tmp_path):
