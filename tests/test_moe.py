@@ -192,6 +192,25 @@ def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_m
     assert fresh.optimizer.state  # the AdamW moments came back too
 
 
+def test_the_routers_load_balancing_loss_is_not_part_of_the_loss(moe_model, tmp_path):
+    """A documented deviation: transformers adds the router's auxiliary loss in the causal LM's forward (with
+    ``output_router_logits`` on and labels given); echo2 runs the decoder and its own head, so even a config
+    asking for it with a large coefficient takes exactly the step of one that does not."""
+    import shutil
+
+    asking = tmp_path / "asking"
+    shutil.copytree(moe_model, asking)
+    config = json.loads((asking / "config.json").read_text())
+    config.update(output_router_logits=True, router_aux_loss_coef=1.0)
+    (asking / "config.json").write_text(json.dumps(config))
+    steps = []
+    for model_dir in (moe_model, asking):
+        torch.manual_seed(0)
+        steps.append(Learner(model_dir, TrainConfig(lr=1e-3), temperature=1.0).train_step(tables()))
+    assert steps[0]["groups_with_signal"] > 0
+    assert (steps[0]["loss"], steps[0]["grad_norm"]) == (steps[1]["loss"], steps[1]["grad_norm"])
+
+
 def test_lora_on_moe_adapts_named_modules_and_refuses_the_fused_experts(moe_model):
     """peft's ``all-linear`` on this model also adapts the fused experts and the router (parameters, which
     echo2's merge cannot fold in): refused before any step, in one line naming what to set. Named attention
