@@ -83,11 +83,14 @@ def _close(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_on_2_ranks(tiny_model, tmp_path):
+def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_on_2_ranks(
+        tiny_model, tmp_path, s3_store, monkeypatch):
+    """The 2 ranks write to moto's S3 (each rank its own files), the others to local stores."""
     key = Ed25519PrivateKey.generate()
-    s1, s2, s3 = (open_store(str(tmp_path / name)) for name in ("s1", "s2", "s3"))
+    s1 = s3_store
+    s2, s3 = (open_store(str(tmp_path / name)) for name in ("s2", "s3"))
     create_run(s1, "r1", {}, key=key, echo2_version="test")  # run.json: export checks weights with its key
-    spec = {"model": str(tiny_model), "key": _hex(key), "options": {}}
+    spec = {"model": str(tiny_model), "key": _hex(key), "options": s1.options}
 
     # 2 ranks train 2 steps, checkpoint, take step 3
     two = _launch({**spec, "store": s1.url, "save_at": 2}, tmp_path / "two", 2)
@@ -122,7 +125,7 @@ def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_o
     data[len(data) // 2] ^= 1
     s2.put(shard, bytes(data), if_absent=False)
     # 2 ranks resume the one-process checkpoint (step 4 refused), write theirs again, take step 3
-    again = _launch({**spec, "store": s2.url, "resume": True, "resave": s3.url}, tmp_path / "again", 2)
+    again = _launch({**spec, "store": s2.url, "options": {}, "resume": True, "resave": s3.url}, tmp_path / "again", 2)
 
     assert (two["world"], one["world"], again["world"]) == (2, 1, 2)
     assert one["resumed_from"] == again["resumed_from"] == 2
@@ -142,6 +145,7 @@ def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_o
     # echo2 export puts the 2 ranks' shards together: the weights at the checkpoint, loadable by transformers
     from transformers import AutoModelForCausalLM
 
+    monkeypatch.setenv("ECHO2_STORE_OPTIONS", json.dumps(s1.options))
     result = CliRunner().invoke(app, ["export", s1.url, str(tmp_path / "export"), "--step", "2"])
     assert result.exit_code == 0, result.output
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export").state_dict()
