@@ -223,7 +223,7 @@ def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool,
 
 @app.command()
 def learner(
-    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`); the same file on every node."),
+    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`), the same on every node."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint (node 0)."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (train.nproc)."),

@@ -65,7 +65,7 @@ def test_a_step_over_two_nodes_updates_the_weights_as_one_process_does(tiny_mode
     codes = wait_all(procs, timeout=300)
     for out, err in logs:
         out.close(), err.close()
-    assert codes == [0, 0], (codes, (tmp_path / "node0.err").read_text()[-3000:], (tmp_path / "node1.err").read_text()[-3000:])
+    assert codes == [0, 0], (codes, *((tmp_path / f"node{n}.err").read_text()[-3000:] for n in (0, 1)))
     # global rank 0 is node 0's first process; node 1's process is rank 1 of a world of 2
     ranks = {p.name: json.loads(p.read_text()) for p in layout.iterdir()}
     assert ranks == {"rank-0.json": {"RANK": 0, "GROUP_RANK": 0, "LOCAL_RANK": 0, "WORLD_SIZE": 2},

@@ -1,4 +1,4 @@
-"""The learner over N processes (``torchrun``), on one node or several: FSDP2 sharding, rank 0 drives, the others follow.
+"""The learner over N processes (``torchrun``) on one node or several: FSDP2 sharding, rank 0 drives, others follow.
 
 Process layout. Rank 0 is the learner everything else talks to: it runs the ``echo2-train`` Prefect
 flow, reads and validates rollouts, publishes versions, writes checkpoints and runs the fleet, exactly
