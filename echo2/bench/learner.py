@@ -401,6 +401,9 @@ def build(*, device: str, model_config: str | None, layers: int | None, vocab: i
           memory_budget_mb: float | None, steps: int | None, warmup: int | None, seed: int) -> tuple[list[Case], Options]:
     """Cases and options from the command line's values (shared by ``main`` and ``echo2 bench learner``)."""
     cuda = device == "cuda"
+    if group_size < 2:
+        raise ValueError("--group-size must be at least 2: a group of one has no signal (advantage 0), so the "
+                         "learner would leave its rows out and train on nothing")
     if model_config is not None and not cuda:
         raise ValueError("--model-config runs a real architecture: only with --device cuda")
     config = load_model_config(model_config, layers=layers) if model_config else cpu_model_config(vocab=vocab, hidden=hidden)
