@@ -28,12 +28,16 @@ variant) and ``gpu_peak_mb``. MB here is 2**20 bytes.
 
 The baseline's micro-batch. The old learner took ``micro_batch_size`` rows at a time (16 by default, the
 whole step, which no case here fits). The bench takes the largest power of two rows whose estimated need
-fits ``--memory-budget-mb`` (default: 60% of the memory available at start, or of the GPU's free memory),
+fits ``--memory-budget-mb`` (default: 60% of the memory available at start, 85% of the GPU's free memory),
 unless ``--baseline-micro-batch`` fixes it, and says which. Estimate of one micro-batch: rows x width x
-(vocabulary x 16 bytes, four fp32 copies of the logits: logits, log-softmax, and their two gradients;
-measured 1,836 MB for one 768-token row here against 1,867 estimated) + activations. A case whose baseline
-does not fit even one row at a time (or the size asked for) is not run: ``baseline_need_mb`` says what it
-would need.
+(vocabulary x 16 bytes: four fp32 copies of the logits, the logits, their log-softmax and the two gradients,
+an upper bound since they are not all alive at once) + activations. A case whose baseline does not fit even
+one row at a time (or the size asked for) is not run: ``baseline_need_mb`` says what it would need.
+
+echo2's settings. On the CPU: packs of at most 4,096 tokens and log-probability chunks of 128 tokens (the
+learner's defaults are 8,192 and 1,024): sdpa's block-diagonal mask over a pack is N x N, and a chunk's
+logits are chunk x vocabulary x 4 bytes, so both set memory here. On a GPU: the learner's defaults.
+``--micro-batch-tokens`` and ``--chunk-tokens`` change them; the output names those used.
 
 MFU (``--device cuda``): 6 x active parameters (``learner_steps.active_parameters``) x tokens / seconds /
 the GPU's dense bf16 peak (``PEAK_BF16_TFLOPS``); attention's own FLOPs are not counted. The GPU path imports
