@@ -65,6 +65,21 @@ def test_packs_are_dealt_to_ranks_by_tokens():
     assert deal_by_tokens([100, 10, 10, 10, 10], 2) == [[0], [1, 2, 3, 4]]  # one rank runs 3 fillers
 
 
+def test_a_small_step_gives_every_rank_a_pack():
+    """With one pack of micro_batch_tokens, ranks 1..N-1 would run only zero-weight fillers."""
+    from types import SimpleNamespace
+
+    from echo2.config import TrainConfig
+    from echo2.learner.distributed import DistributedLearner, deal_by_tokens
+
+    four_ranks = SimpleNamespace(config=TrainConfig(micro_batch_tokens=8192), world_size=4)
+    lengths = [30 + i % 7 for i in range(16)]
+    packs = pack_by_tokens(lengths, DistributedLearner._pack_budget(four_ranks, sum(lengths)))
+    dealt = deal_by_tokens([sum(lengths[i] for i in p) for p in packs], 4)
+    assert all(dealt) and len(packs) <= 8
+    assert DistributedLearner._pack_budget(four_ranks, 10**6) == 8192
+
+
 def test_an_assembled_pack_lays_sequences_end_to_end():
     cols = random_columns([(3, 2), (1, 4)])
     batch = assemble_packed(cols, [1, 0], torch.tensor([0.5, -2.0]))

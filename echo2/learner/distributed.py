@@ -28,7 +28,8 @@ it is sharded (composable: hooks, no wrapper, so no name changes).
 
 A step is learner.py's GRPO step over the same rows, with the packed micro-batches dealt out:
     rank 0 broadcasts the step's columns (``columns.step_columns``: offsets + values tensors)
-    every rank computes the same advantages, signal filter and packs (deterministic)
+    every rank computes the same advantages, signal filter and packs (deterministic; a pack holds at
+        most micro_batch_tokens, and at most a rank's even share of the step's tokens)
     the packs are dealt by tokens: longest first, each to the rank with the fewest tokens so far (ties:
         the lowest rank); a rank with fewer packs than the most runs a zero-weight pass of the step's
         smallest pack for each missing one, since FSDP's all-gathers and reduce-scatters need every rank
@@ -234,6 +235,12 @@ class DistributedLearner(Learner):
             if self.rank == 0:
                 raise
             log.info("rank %d: checkpoint %s not loaded: %s", self.rank, payload[1], exc)
+
+    def _pack_budget(self, step_tokens: int) -> int:
+        """``micro_batch_tokens``, or less when the step is small: at most a rank's even share of the step's
+        tokens, so that every rank gets a pack to train (one pack of a small step would leave the others
+        running only zero-weight fillers)."""
+        return max(1, min(self.config.micro_batch_tokens, -(-step_tokens // self.world_size)))
 
     def _accumulate(self, columns, packs, advantages, n_tokens, totals) -> dict:
         """This rank's packs (``deal_by_tokens``), then zero-weight passes up to the most packs any rank runs."""

@@ -138,7 +138,7 @@ class Learner:
         if len(keep):
             keep = keep.tolist()
             lengths = columns.sequence_lengths()[keep].tolist()
-            packs = [[keep[i] for i in pack] for pack in pack_by_tokens(lengths, cfg.micro_batch_tokens)]
+            packs = [[keep[i] for i in pack] for pack in pack_by_tokens(lengths, self._pack_budget(sum(lengths)))]
             totals = self._accumulate(columns, packs, advantages, n_tokens, totals)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm).item()
             if math.isfinite(grad_norm) and math.isfinite(totals["loss"]):
@@ -153,6 +153,10 @@ class Learner:
         self.version += 1
         metrics.update(totals, grad_norm=grad_norm, train_tokens=n_tokens, step_seconds=time.time() - t0)
         return metrics
+
+    def _pack_budget(self, step_tokens: int) -> int:
+        """The most tokens one pack of this step holds."""
+        return self.config.micro_batch_tokens
 
     def _accumulate(self, columns: StepColumns, packs: list[list[int]], advantages: torch.Tensor,
                     n_tokens: int, totals: dict) -> dict:
