@@ -325,8 +325,8 @@ class Config(_Section):
             raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
         if self.train.nproc * self.train.nnodes > 1 and self.train.lora_rank > 0:
-            raise ValueError("train.nproc > 1 or train.nnodes > 1 shards full fine-tuning only: LoRA (train.lora_rank > 0) "
-                             "runs in one process")
+            raise ValueError("train.nproc > 1 or train.nnodes > 1 shards full fine-tuning only: LoRA "
+                             "(train.lora_rank > 0) runs in one process")
         if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
             raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
                              "open to the internet (use auto or on)")
