@@ -201,3 +201,23 @@ def test_refuses_a_lora_wrapped_head():
                            LoraConfig(r=4, target_modules=["q_proj", "lm_head"], lora_dropout=0.0))
     with pytest.raises(ValueError, match="not a plain Linear"):
         PolicyLogprobs(model, temperature=1.0, chunk_tokens=4)
+
+
+def test_where_computes_only_the_chosen_tokens():
+    """``where`` (the loss's mask): the same values and gradients there, 0 elsewhere, and the head sees only them."""
+    hidden, weight, targets, upstream = inputs(rows=2, tokens=12)
+    where = torch.zeros_like(targets, dtype=torch.bool)
+    where[0, 5:9] = where[1, 2:] = True
+    masked = upstream * where
+    expected = values_and_grads(lambda h, w, y: full_logprobs(h, w, y, 0.9), hidden, weight, targets, masked)
+    got = values_and_grads(lambda h, w, y: chunked_token_logprobs(h, w, y, 0.9, 5, where=where), hidden, weight,
+                           targets, masked)
+    torch.testing.assert_close(got[0][where], expected[0][where], rtol=1e-6, atol=1e-6)
+    assert (got[0][~where] == 0).all()
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got[2], expected[2], rtol=1e-6, atol=1e-6)
+    # with one chunk for everything, the largest logits block is the chosen tokens' alone
+    vocab = weight.shape[0]
+    largest = largest_tensor(lambda h, w, y: chunked_token_logprobs(h, w, y, 1.0, 10_000, where=where), 2, 12, 4,
+                             vocab)
+    assert largest == int(where.sum()) * vocab < 2 * 12 * vocab

@@ -260,9 +260,6 @@ class DistributedLearner(Learner):
         dist.all_reduce(summed)  # every rank reports the step's totals, not its share
         return dict(zip(keys, summed.tolist()))
 
-    def _trainable_names(self) -> list[str]:
-        return [n for n, p in self.model.named_parameters() if p.requires_grad]
-
 
 def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
     """Pack indices per rank: longest pack first, each to the rank holding the fewest tokens so far (ties:

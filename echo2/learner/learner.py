@@ -90,11 +90,12 @@ class Learner:
             checkpoint(layer)
 
     def _logprobs(self, policy: PolicyLogprobs, input_ids: torch.Tensor, targets: torch.Tensor,
-                  position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                  position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                  where: torch.Tensor | None = None) -> torch.Tensor:
         """(B, W) fp32: log p(targets[b, j] | input_ids[b, :j+1]) under ``policy`` (``self.policy`` or the
-        reference's), in the configured compute dtype."""
+        reference's), in the configured compute dtype; with ``where`` (bool), only there (0 elsewhere)."""
         with self._compute_dtype(policy):
-            return policy(input_ids, targets, position_ids=position_ids, attention_mask=attention_mask)
+            return policy(input_ids, targets, position_ids=position_ids, attention_mask=attention_mask, where=where)
 
     def _compute_dtype(self, policy: torch.nn.Module):
         """bf16 autocast around a forward whose parameters are fp32; a module FSDP2 shards with its
@@ -240,11 +241,6 @@ class Learner:
             return unique_state_dict(self.model)
         return merge_lora(self.base_tensors, self.adapter_tensors(), rank=self.config.lora_rank,
                           alpha=self.config.lora_alpha)
-
-    def load_adapter(self, tensors: dict[str, torch.Tensor]) -> None:
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(self.model, tensors)
 
     def policy_version_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
         """What version ``self.version`` publishes, in ``publish_dtype``, and its manifest metadata.

@@ -84,10 +84,12 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                           temperature: float, chunk_tokens: int) -> torch.Tensor:
+                           temperature: float, chunk_tokens: int, *, where: torch.Tensor | None = None) -> torch.Tensor:
     """log softmax(hidden @ weight.T / temperature) at ``targets``, fp32, ``chunk_tokens`` tokens at a time.
 
     ``hidden``: (..., H); ``weight``: (V, H); ``targets``: (...) long, each in [0, V). Returns (...) float32.
+    ``where`` (bool, like ``targets``): compute only these tokens; the others are 0 and take no gradient
+    (the loss's mask: a prompt token's log-probability is never used, and its head matmul costs as much).
     Under autocast the matmuls run in the autocast dtype (the inputs are cast once, outside the chunks,
     so autograd carries the cast's gradient back to fp32 parameters).
     """
@@ -100,8 +102,16 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
     with torch.autocast(device, enabled=False):
-        return _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
-                                           targets, float(temperature), int(chunk_tokens))
+        if where is None:
+            return _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
+                                               targets, float(temperature), int(chunk_tokens))
+        if where.shape != targets.shape or where.dtype != torch.bool:
+            raise ValueError(f"where must be a bool tensor shaped like targets {tuple(targets.shape)}")
+        chosen = _ChunkedTokenLogprobs.apply(hidden[where].to(dtype), weight.to(dtype), targets[where],
+                                             float(temperature), int(chunk_tokens))
+        # out of place, and no view: FSDP2 warns of a root unit returning a view
+        return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put(
+            where.nonzero(as_tuple=True), chosen)
 
 
 def refuse_unsupported_head(lm: torch.nn.Module) -> None:
@@ -124,8 +134,8 @@ def refuse_unsupported_head(lm: torch.nn.Module) -> None:
 class PolicyLogprobs(torch.nn.Module):
     """Token log-probabilities of a Hugging Face causal LM (also peft-wrapped) at one temperature.
 
-    ``forward(input_ids (B, W), targets (B, W), position_ids, attention_mask) -> (B, W) float32``: element
-    [b, j] = log p(targets[b, j] | input_ids[b, :j+1]). The decoder runs once and the chunked head runs inside
+    ``forward(input_ids (B, W), targets (B, W), position_ids, attention_mask, where) -> (B, W) float32``:
+    element [b, j] = log p(targets[b, j] | input_ids[b, :j+1]) (0 where ``where`` is given and False). The decoder runs once and the chunked head runs inside
     this module's forward, so when this wrapper is FSDP2's root unit the head's weight is unsharded here.
     """
 
@@ -142,9 +152,10 @@ class PolicyLogprobs(torch.nn.Module):
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None = None, where: torch.Tensor | None = None) -> torch.Tensor:
+        """``where`` (optional, bool like ``targets``): the only positions computed; 0 elsewhere."""
         lm = self.causal_lm
         hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                   use_cache=False).last_hidden_state
         return chunked_token_logprobs(hidden, lm.get_output_embeddings().weight, targets, self.temperature,
-                                      self.chunk_tokens)
+                                      self.chunk_tokens, where=where)
