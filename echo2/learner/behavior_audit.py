@@ -102,7 +102,7 @@ class BehaviorAuditor:
         total, count = 0.0, 0
         for pack in pack_by_tokens(columns.sequence_lengths().tolist(), self.micro_batch_tokens):
             batch = assemble_packed(columns, pack, no_advantages)
-            recomputed = policy(batch.input_ids, batch.targets, position_ids=batch.position_ids)
+            recomputed = policy(batch.input_ids, batch.targets, position_ids=batch.position_ids, where=batch.mask > 0)
             total += ((recomputed - batch.behavior_logprobs).abs() * batch.mask).sum().item()
             count += int(batch.mask.sum().item())
         return total / max(count, 1)

@@ -178,7 +178,9 @@ class Learner:
 
     def _micro_batch(self, batch: PackedBatch, n_tokens: int):
         """The loss terms of one pack (``n_tokens``: the step's policy tokens, over every pack and rank)."""
-        inputs = dict(input_ids=batch.input_ids, targets=batch.targets, position_ids=batch.position_ids)
+        # only the tokens the loss weighs go through the head: prompt positions' logits are never computed
+        inputs = dict(input_ids=batch.input_ids, targets=batch.targets, position_ids=batch.position_ids,
+                      where=batch.mask > 0)
         logprobs = self._logprobs(self.policy, **inputs)
         ref = None
         if self.reference_policy is not None:
