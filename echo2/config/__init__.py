@@ -120,7 +120,9 @@ class TrainConfig(_Section):
     first-fit decreasing into micro-batches of at most this many tokens, several sequences to a row with no
     padding; gradients accumulate over the step (``learner/packing.py``). A sequence longer than this is
     never split: it gets a micro-batch of its own (so peak memory follows the longest sequence, not this).
-    Replaces ``micro_batch_size`` (a count of rows)."""
+    With flash attention (GPU, flash-attn installed) attention runs per sequence; without it (sdpa, CPU) a
+    pack's attention is one dense masked product over all its tokens, so its cost grows with the square of
+    the pack's size. Replaces ``micro_batch_size`` (a count of rows)."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
     clip_high: float = Field(0.28, ge=0)
