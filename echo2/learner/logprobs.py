@@ -46,8 +46,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             logits = _logits(hidden[rows], weight, temperature)
-            lse[rows] = torch.logsumexp(logits, dim=-1)
-            out[rows] = logits.gather(1, targets[rows].unsqueeze(1)).squeeze(1) - lse[rows]
+            picked = logits.gather(1, targets[rows].unsqueeze(1)).squeeze(1)
+            # logsumexp in place (torch.logsumexp would allocate a second C x V buffer for the exponentials)
+            top = logits.amax(dim=1, keepdim=True)
+            lse[rows] = logits.sub_(top).exp_().sum(dim=1).log_().add_(top.squeeze(1))
+            out[rows] = picked - lse[rows]
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
