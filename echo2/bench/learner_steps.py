@@ -8,7 +8,7 @@ echo2's step (``echo2_step``) is the learner's own code: ``Learner.step_on_colum
 the config and so pydantic): group advantages, rows of groups without signal left out, first-fit-decreasing
 packs of at most ``micro_batch_tokens`` tokens (``pack_by_tokens``), each pack laid out padding-free
 (``assemble_packed``), ``PolicyLogprobs`` (the decoder once, then the head in chunks of ``chunk_tokens``
-tokens) under bf16 autocast when the dtype is bfloat16 (columns and packs are built on the CPU, as the
+tokens, over the loss's tokens only: ``where=mask``) under bf16 autocast when the dtype is bfloat16 (columns and packs are built on the CPU, as the
 learner builds them; on a GPU each pack's tensors are then moved to it), ``policy_loss`` with per-token advantages, backward
 per pack, gradient clipping and AdamW. tests/test_bench_learner.py checks that it leaves the same weights as
 ``Learner.step_on_columns``. Activation checkpointing is the Learner's too: torch's composable ``checkpoint``
@@ -110,8 +110,8 @@ def echo2_step(policy: PolicyLogprobs, model: torch.nn.Module, optimizer: torch.
         ids, targets, positions, behavior, pack_advantages, mask = (
             t.to(device, non_blocking=True) for t in (batch.input_ids, batch.targets, batch.position_ids,
                                                       batch.behavior_logprobs, batch.advantages, batch.mask))
-        with _autocast(device, dtype):
-            logprobs = policy(ids, targets, position_ids=positions)
+        with _autocast(device, dtype):  # only the tokens the loss weighs go through the head, as in _micro_batch
+            logprobs = policy(ids, targets, position_ids=positions, where=mask > 0)
         terms = policy_loss(logprobs, behavior, pack_advantages, mask, n_tokens=n_tokens, **LOSS)
         terms.loss.backward()
         loss += terms.loss.item()
