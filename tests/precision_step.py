@@ -1,10 +1,11 @@
-"""One learner step per precision case, in one process or as rank r of a torchrun group (FSDP2 over gloo);
+"""Two learner steps per precision case, in one process or as rank r of a torchrun group (FSDP2 over gloo);
 run by tests/test_precision.py. Rank 0 writes OUT_DIR/{case}.safetensors (the weights after the step),
-OUT_DIR/{case}.pt (loss, grad_norm) and OUT_DIR/before.safetensors (the weights before any step).
+OUT_DIR/{case}.pt (the second step's loss, grad_norm) and OUT_DIR/before.safetensors (the weights before any step).
 Usage: [torchrun --nproc-per-node N] precision_step.py MODEL_DIR OUT_DIR
 
 Cases: fp32 (plain), fp32-ac (activation checkpointing), bf16-ac (train.dtype bfloat16 + checkpointing:
-one process autocasts, FSDP2 computes with bf16 parameters through its MixedPrecisionPolicy)."""
+one process autocasts, FSDP2 computes with bf16 parameters through its MixedPrecisionPolicy), and both with
+the KL penalty on (its frozen reference is sharded too on 2 ranks)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from echo2.data.rollouts import encode_rollouts  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 
 CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
-         "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True}}
+         "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True},
+         "fp32-kl": {"kl_coef": 0.5}, "bf16-ac-kl": {"dtype": "bfloat16", "activation_checkpointing": True, "kl_coef": 0.5}}
 BF16_TOLERANCE = {"loss": 0.01, "grad_norm": 0.01, "update": 0.2}
 """A bf16 step against an fp32 one (or FSDP2's bf16 against one process's autocast) on the tiny model, relative:
 loss and gradient norm, and ``updates_differ`` of the AdamW update (|d_a - d_b| / |d_b|, over all weights)."""
@@ -71,12 +73,16 @@ def main(model_dir: Path, out: Path) -> None:
             init_process_group(config)
         torch.manual_seed(0)
         learner = make_learner(model_dir, config, temperature=1.0)
+        if nproc > 1 and config.kl_coef > 0:  # no rank holds a full copy of the reference either
+            from torch.distributed.fsdp import FSDPModule
+            assert isinstance(learner.reference_policy, FSDPModule)
         if case == "fp32" and world()[0] == 0 and nproc == 1:
             save_file({k: v.contiguous() for k, v in learner.full_tensors().items()}, str(out / "before.safetensors"))
         if world()[0] != 0:
             learner.follow()
             continue
-        metrics = learner.train_step(step_tables())
+        learner.train_step(step_tables())
+        metrics = learner.train_step(step_tables())  # a second step: the policy has left the KL reference
         weights = learner.full_tensors()
         if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
             torch.distributed.broadcast_object_list(["stop", None], src=0)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from precision_step import BF16_TOLERANCE, relative, step_tables, updates_differ  # noqa: E402
+from precision_step import BF16_TOLERANCE, CASES, relative, step_tables, updates_differ  # noqa: E402
 
 from echo2.config import TrainConfig  # noqa: E402
 from echo2.learner.learner import Learner  # noqa: E402
@@ -99,20 +99,19 @@ def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
                               capture_output=True, text=True, timeout=240)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     before = {k: v for k, v in load_file(str(tmp_path / "w1" / "before.safetensors")).items()}
-    for case in ("fp32", "fp32-ac", "bf16-ac"):
-        one = load_file(str(tmp_path / "w1" / f"{case}.safetensors"))
-        two = load_file(str(tmp_path / "w2" / f"{case}.safetensors"))
-        metrics_one, metrics_two = (torch.load(tmp_path / f"w{w}" / f"{case}.pt") for w in (1, 2))
-        if case == "bf16-ac":
-            assert relative(metrics_two["loss"], metrics_one["loss"]) < BF16_TOLERANCE["loss"]
-            assert relative(metrics_two["grad_norm"], metrics_one["grad_norm"]) < BF16_TOLERANCE["grad_norm"]
-            assert updates_differ(two, one, before) < BF16_TOLERANCE["update"]
-        else:
-            reference = load_file(str(tmp_path / "w1" / "fp32.safetensors"))
-            ref_metrics = torch.load(tmp_path / "w1" / "fp32.pt")
-            assert relative(metrics_two["loss"], ref_metrics["loss"]) < 1e-5
-            assert relative(metrics_two["grad_norm"], ref_metrics["grad_norm"]) < 1e-5
-            for k in reference:
-                assert relative(two[k], reference[k]) < 1e-5, (case, k)
-            for k in reference:
-                assert relative(one[k], reference[k]) < 1e-5, (case, k)
+    weights = {(w, case): load_file(str(tmp_path / f"w{w}" / f"{case}.safetensors")) for w in (1, 2) for case in CASES}
+    metrics = {(w, case): torch.load(tmp_path / f"w{w}" / f"{case}.pt") for w in (1, 2) for case in CASES}
+    # fp32: checkpointing on either side, 2 ranks or 1 process, equals the plain one-process step; the KL
+    # penalty (its reference sharded on 2 ranks) equals its own one-process step and does change the loss
+    for got, want in [((1, "fp32-ac"), (1, "fp32")), ((2, "fp32"), (1, "fp32")), ((2, "fp32-ac"), (1, "fp32")),
+                      ((2, "fp32-kl"), (1, "fp32-kl"))]:
+        assert relative(metrics[got]["loss"], metrics[want]["loss"]) < 1e-5, (got, want)
+        assert relative(metrics[got]["grad_norm"], metrics[want]["grad_norm"]) < 1e-5, (got, want)
+        for k in before:
+            assert relative(weights[got][k], weights[want][k]) < 1e-5, (got, want, k)
+    assert relative(metrics[1, "fp32-kl"]["loss"], metrics[1, "fp32"]["loss"]) > 1e-4
+    # bf16 with checkpointing: FSDP2's bf16 parameters against one process's autocast
+    for case in ("bf16-ac", "bf16-ac-kl"):
+        assert relative(metrics[2, case]["loss"], metrics[1, case]["loss"]) < BF16_TOLERANCE["loss"], case
+        assert relative(metrics[2, case]["grad_norm"], metrics[1, case]["grad_norm"]) < BF16_TOLERANCE["grad_norm"], case
+        assert updates_differ(weights[2, case], weights[1, case], before) < BF16_TOLERANCE["update"], case

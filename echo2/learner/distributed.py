@@ -135,22 +135,32 @@ class DistributedLearner(Learner):
         self._eval_copy: torch.nn.Module | None = None
 
     def _prepare_model(self) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        layers = getattr(self.policy.causal_lm.get_decoder(), "layers", None)
-        if layers is None:
-            raise ValueError(f"{type(self.model).__name__} has no decoder .layers to shard one by one")
         super()._prepare_model()  # activation checkpointing per layer, before the layers are sharded
-        precision = MixedPrecisionPolicy()
-        if self.config.dtype == "bfloat16":
-            precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        # the root is the PolicyLogprobs wrapper: its forward runs the head, so the head is unsharded there
-        units = [*layers, self.policy]
-        for unit in units:
-            fully_shard(unit, mp_policy=precision)
+        units = self._shard(self.policy)
         for unit in units:  # each unit reduces its own gradients: every one must sum, not average
             unit.set_gradient_divide_factor(1.0)  # the loss is normalized by the step's tokens over all ranks
             unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+
+    def _prepare_reference(self) -> None:
+        """The KL reference is sharded like the policy (every rank runs its forward on every pack, fillers
+        included), so no rank holds a full copy; it has no backward, so its root reshards after forward too."""
+        self._shard(self.reference_policy).pop().set_reshard_after_forward(True)
+
+    def _shard(self, policy) -> list[torch.nn.Module]:
+        """FSDP2 units of a ``PolicyLogprobs``: each decoder layer, then the wrapper as the root (its forward
+        runs the chunked head, so the head's weight is unsharded there); bf16 compute for train.dtype bfloat16."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        layers = getattr(policy.causal_lm.get_decoder(), "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(policy.causal_lm).__name__} has no decoder .layers to shard one by one")
+        precision = MixedPrecisionPolicy()
+        if self.config.dtype == "bfloat16":
+            precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        units = [*layers, policy]
+        for unit in units:
+            fully_shard(unit, mp_policy=precision)
+        return units
 
     # -- rank 0's side: announce, then take part ------------------------------------------------
     def _announce(self, op: str, payload=None):

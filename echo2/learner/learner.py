@@ -69,6 +69,7 @@ class Learner:
             self.reference.requires_grad_(False)
             self.reference_policy = PolicyLogprobs(self.reference, temperature=temperature,
                                                    chunk_tokens=config.logprob_chunk_tokens)
+            self._prepare_reference()
         self.extra_files = model_files(model_dir)
         self.version = 0
 
@@ -76,6 +77,9 @@ class Learner:
         """What happens to the model before the optimizer sees its parameters (sharding, in distributed.py)."""
         if self.config.activation_checkpointing:
             self._checkpoint_layers()
+
+    def _prepare_reference(self) -> None:
+        """What happens to the frozen KL reference once loaded (sharding, in distributed.py)."""
 
     def _checkpoint_layers(self) -> None:
         """Recompute each decoder layer's activations in backward (torch's non-reentrant checkpoint).
