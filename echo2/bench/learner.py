@@ -59,11 +59,9 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parent / "learner_configs"
-MODEL_CONFIGS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))
-QWEN3_VOCAB = 151_936
+from echo2.bench.learner_models import MODEL_CONFIGS, QWEN3_VOCAB, cpu_model_config, load_model_config, to_transformers
+
 TARGETS = {"memory_ratio_2048": 1 / 8, "total_8192_mb": 8192, "speed_512": 0.9, "speed_mixed": 1.5, "mfu_1_7b": 0.40}
 
 
@@ -104,31 +102,6 @@ def make_cases(*, completion_tokens: list[int], mixed: tuple[int, int] | None, p
         cases.append(Case("mixed", prompt_tokens, [rng.randint(*mixed) for _ in range(rows)], group_size))
     # smallest first: a run cut short (an interrupt prints what is done) has the cheap cases
     return sorted(cases, key=lambda case: case.tokens)
-
-
-def cpu_model_config(*, vocab: int = QWEN3_VOCAB, hidden: int = 128, layers: int = 2) -> dict:
-    head_dim = min(32, hidden)
-    heads = max(1, hidden // head_dim)
-    return {"model_type": "qwen3", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 3 * hidden,
-            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2),
-            "head_dim": head_dim, "tie_word_embeddings": False, "max_position_embeddings": 40960}
-
-
-def load_model_config(name: str, *, layers: int | None = None) -> dict:
-    path = CONFIG_DIR / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"no model config {name!r}: one of {', '.join(MODEL_CONFIGS)}")
-    config = json.loads(path.read_text())
-    if layers is not None:  # a truncated model of the same shape, for a GPU that does not hold the whole one
-        config.update(num_hidden_layers=layers, layer_types=None, max_window_layers=layers)
-    return config
-
-
-def to_transformers(config: dict):
-    from transformers import AutoConfig
-
-    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
-    return AutoConfig.for_model(config["model_type"], **fields)
 
 
 # -- the baseline's memory -----------------------------------------------------------------------------
@@ -259,10 +232,24 @@ def _in_child(variant: str, case: Case, opts: Options, rows: int | None) -> dict
     spec = json.dumps({"variant": variant, "case": asdict(case), "options": asdict(opts), "rows": rows})
     proc = subprocess.run([sys.executable, "-m", "echo2.bench.learner", "--child", spec], capture_output=True,
                           text=True)
+    if proc.returncode == -9 and variant == "baseline":
+        return {"killed": True}  # SIGKILL: the kernel's OOM killer, most likely; the caller reports the need
     if proc.returncode != 0:
         raise RuntimeError(f"the {variant} step of case {case.name} failed (exit {proc.returncode}): "
                            f"{proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _gpu_baseline(case: Case, opts: Options, state: tuple, rows: int) -> dict:
+    """The baseline on the GPU, or ``{"killed": True}`` when it runs out of memory (the estimate is rough)."""
+    import torch
+
+    try:
+        return measure("baseline", case, opts, *state, rows)
+    except torch.cuda.OutOfMemoryError:
+        state[2].zero_grad(set_to_none=False)  # what the failed step accumulated; no weight moved
+        torch.cuda.empty_cache()
+        return {"killed": True}
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -304,11 +291,18 @@ def run_learner_bench(cases: list[Case], opts: Options, progress=lambda line: No
         if cuda:
             r["gpu_peak_mb"] = mine["total_peak_mb"]
             r["mfu"] = 6 * active * mine["tokens_per_s"] / (peak * 1e12) if peak else None
+        base = None
         if rows is None:
             progress(f"case {case.name}: baseline not run: needs ~{need:.0f} MB, budget {budget:.0f} MB")
+        else:
+            base = _gpu_baseline(case, opts, state, rows) if cuda else _in_child("baseline", case, opts, rows)
+            if base.get("killed"):
+                progress(f"case {case.name}: baseline ({rows} rows per micro-batch) ran out of memory "
+                         f"(killed): needs ~{need:.0f} MB")
+                base = None
+        if base is None:
             r.update(baseline_need_mb=need, baseline_tokens_per_s=None)
         else:
-            base = measure("baseline", case, opts, *state, rows) if cuda else _in_child("baseline", case, opts, rows)
             progress(f"case {case.name}: baseline ({rows} rows per micro-batch) {base['seconds']:.1f} s, "
                      f"{base['tokens_per_s']:.0f} tokens/s, peak +{base['peak_mb']:.0f} MB")
             r.update(baseline_peak_mb=base["peak_mb"], baseline_tokens_per_s=base["tokens_per_s"],
@@ -378,7 +372,7 @@ def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
         rows.append([r["case"], str(r["tokens"]), f"{r['peak_mb']:.0f}", base_mb, f"{ratio:.1f}x{'' if ran else ' est.'}",
                      f"{r['tokens_per_s']:.0f}", f"{r['baseline_tokens_per_s']:.0f}" if ran else "-", speed,
                      f"{r['padding_fraction']:.0%} / " + (f"{r['baseline_padding_fraction']:.0%}" if ran else "-"),
-                     str(r["baseline_micro_batch"] or "-"), f"{r['total_peak_mb']:.0f}"]
+                     str(r["baseline_micro_batch"]) if ran else "-", f"{r['total_peak_mb']:.0f}"]
                     + ([f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['gpu_peak_mb']:.0f}"] if cuda else []))
     return headers, rows
 
