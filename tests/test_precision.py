@@ -4,6 +4,7 @@ FSDP2 versions are in tests/precision_step.py, run by test_fsdp_precision_equals
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -95,9 +96,15 @@ def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
     for world in (1, 2):
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"] \
             if world > 1 else [sys.executable]
-        proc = subprocess.run([*launcher, str(script), str(tiny_model), str(tmp_path / f"w{world}")], env=env,
-                              capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        # a session of its own: a timeout kills torchrun's workers too, not only the launcher
+        proc = subprocess.Popen([*launcher, str(script), str(tiny_model), str(tmp_path / f"w{world}")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        assert proc.returncode == 0, out[-2000:] + err[-4000:]
     before = {k: v for k, v in load_file(str(tmp_path / "w1" / "before.safetensors")).items()}
     weights = {(w, case): load_file(str(tmp_path / f"w{w}" / f"{case}.safetensors")) for w in (1, 2) for case in CASES}
     metrics = {(w, case): torch.load(tmp_path / f"w{w}" / f"{case}.pt") for w in (1, 2) for case in CASES}
