@@ -44,24 +44,31 @@ def test_equals_full_logits_in_fp32(chunk, temperature):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
 
 
-def test_bf16_inputs_within_tolerance():
-    """bf16 hidden and weight: fp32 log-softmax of bf16-rounded logits (CPU), within 0.05 nats of fp32."""
+def lm_like_inputs():
+    """Logits up to about 18 in magnitude, as a language model's are (bf16's rounding error grows with them)."""
     hidden, weight, targets, upstream = inputs(width=64, vocab=500)
+    return (hidden.detach() * 0.5).requires_grad_(), weight, targets, upstream
+
+
+def test_bf16_inputs_within_tolerance():
+    """bf16 hidden and weight: fp32 log-softmax of bf16-rounded logits, within 0.03 nats of fp32 on average
+    (0.1 at most) and gradients within 2% (measured here: 0.018 / 0.063 nats, 0.5%)."""
+    hidden, weight, targets, upstream = lm_like_inputs()
     exact = values_and_grads(lambda h, w, y: full_logprobs(h, w, y, 1.0), hidden, weight, targets, upstream)
     h16 = hidden.detach().bfloat16().requires_grad_()
     w16 = weight.detach().bfloat16().requires_grad_()
     out, grad_h, grad_w = values_and_grads(lambda h, w, y: chunked_token_logprobs(h, w, y, 1.0, 5), h16, w16,
                                            targets, upstream)
     assert out.dtype == torch.float32 and grad_h.dtype == grad_w.dtype == torch.bfloat16
-    # logits here reach ~30: bf16 keeps 8 bits of mantissa, so a logit is off by up to ~0.06
-    assert (out - exact[0]).abs().max() < 0.15
-    assert (out - exact[0]).abs().mean() < 0.05
+    # bf16 keeps 8 bits of mantissa: a logit near 16 is rounded by up to 0.03, and the inputs are rounded too
+    assert (out - exact[0]).abs().max() < 0.1
+    assert (out - exact[0]).abs().mean() < 0.03
     for got, want in ((grad_h, exact[1]), (grad_w, exact[2])):
         assert torch.linalg.vector_norm(got.float() - want) <= 0.02 * torch.linalg.vector_norm(want)
 
 
 def test_autocast_runs_the_head_in_bf16_with_fp32_gradients_for_fp32_parameters():
-    hidden, weight, targets, upstream = inputs(width=64, vocab=500)
+    hidden, weight, targets, upstream = lm_like_inputs()
     exact = values_and_grads(lambda h, w, y: full_logprobs(h, w, y, 1.0), hidden, weight, targets, upstream)
 
     def under_autocast(h, w, y):
@@ -70,7 +77,7 @@ def test_autocast_runs_the_head_in_bf16_with_fp32_gradients_for_fp32_parameters(
 
     out, grad_h, grad_w = values_and_grads(under_autocast, hidden, weight, targets, upstream)
     assert out.dtype == grad_h.dtype == grad_w.dtype == torch.float32
-    assert 0 < (out - exact[0]).abs().max() < 0.15  # nonzero: the matmul did run in bf16
+    assert 0 < (out - exact[0]).abs().max() < 0.1  # nonzero: the matmul did run in bf16
     assert torch.linalg.vector_norm(grad_w - exact[2]) <= 0.02 * torch.linalg.vector_norm(exact[2])
 
 
