@@ -78,7 +78,9 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_logits = grad_logits.to(hidden.dtype)
                 if want_hidden:
                     grad_hidden.index_copy_(0, index, torch.mm(grad_logits, weight))
-                if want_weight:
+                if want_weight and h.dtype == torch.float32:
+                    grad_weight.addmm_(grad_logits.t(), h)  # no vocabulary x hidden temporary per chunk
+                elif want_weight:
                     grad_weight.add_(torch.mm(grad_logits.t(), h))
                 del grad_logits
         if want_weight:
