@@ -12,8 +12,9 @@ Backward, for upstream gradient g_n (what the loss puts on out_n):
     dL/dh_n  = dL/dz_n W            dL/dW = sum_n dL/dz_n^T h_n  (accumulated in fp32 over the chunks)
 
 The forward keeps only h, W, y and lse (N floats), so no tensor of tokens x vocabulary exists beyond one
-chunk's C x V: peak memory has no rows x tokens x vocabulary term. Tokens whose upstream gradient is zero
-(prompt tokens, padding: the loss masks them) are skipped in the backward.
+chunk's C x V: peak memory has no rows x tokens x vocabulary term. With ``where`` (the learner passes the
+loss's mask) only the chosen tokens reach the head at all, forward or backward; without it every token is
+computed in the forward and those whose upstream gradient is zero are still skipped in the backward.
 
 Precision: the matmul runs in the inputs' dtype (under autocast: the autocast dtype, bf16, as the HF head
 does), its output is taken to fp32 before the temperature, and log-softmax, softmax and the gradient of
