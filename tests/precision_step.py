@@ -1,6 +1,7 @@
 """Two learner steps per precision case, in one process or as rank r of a torchrun group (FSDP2 over gloo);
-run by tests/test_precision.py. Rank 0 writes OUT_DIR/{case}.safetensors (the weights after the step),
-OUT_DIR/{case}.pt (the second step's loss, grad_norm) and OUT_DIR/before.safetensors (the weights before any step).
+run by tests/test_precision.py. Rank 0 writes OUT_DIR/{case}.safetensors (the weights after the steps),
+OUT_DIR/{case}.pt (the second step's loss and grad_norm, the greedy tokens of ``eval_model()``) and
+OUT_DIR/before.safetensors (the weights before any step, one process).
 Usage: [torchrun --nproc-per-node N] precision_step.py MODEL_DIR OUT_DIR
 
 Cases: fp32 (plain), fp32-ac (activation checkpointing), bf16-ac (train.dtype bfloat16 + checkpointing:
@@ -24,6 +25,7 @@ from helpers import make_rollouts  # noqa: E402
 from echo2.config import TrainConfig  # noqa: E402
 from echo2.data.rollouts import encode_rollouts  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
+from echo2.learner.evaluate import ModelSampler  # noqa: E402
 
 CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
          "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True},
@@ -84,10 +86,13 @@ def main(model_dir: Path, out: Path) -> None:
         learner.train_step(step_tables())
         metrics = learner.train_step(step_tables())  # a second step: the policy has left the KL reference
         weights = learner.full_tensors()
+        # evaluation generates on rank 0 alone, from a copy of the gathered weights
+        greedy = [r.token_ids for r in ModelSampler(learner.eval_model(), learner.tokenizer, temperature=None,
+                                                    batch_size=2)([[1, 2, 3], [5, 6, 7, 8]], 6)]
         if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
             torch.distributed.broadcast_object_list(["stop", None], src=0)
         save_file({k: v.contiguous() for k, v in weights.items()}, str(out / f"{case}.safetensors"))
-        torch.save({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"]}, out / f"{case}.pt")
+        torch.save({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "greedy": greedy}, out / f"{case}.pt")
         print(case, {"world": nproc, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]})
 
 

@@ -116,6 +116,7 @@ def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
         assert relative(metrics[got]["grad_norm"], metrics[want]["grad_norm"]) < 1e-5, (got, want)
         for k in before:
             assert relative(weights[got][k], weights[want][k]) < 1e-5, (got, want, k)
+        assert metrics[got]["greedy"] == metrics[want]["greedy"]  # eval_model: the same weights generate alike
     assert relative(metrics[1, "fp32-kl"]["loss"], metrics[1, "fp32"]["loss"]) > 1e-4
     # bf16 with checkpointing: FSDP2's bf16 parameters against one process's autocast
     for case in ("bf16-ac", "bf16-ac-kl"):
