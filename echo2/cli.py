@@ -21,12 +21,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from echo2.errors import Echo2InputError
-from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, Rendezvous, never_joined, torchrun_command, write_rank_file
+
+if TYPE_CHECKING:  # the launcher's helpers are imported where used: an actor's `echo2` imports no echo2.learner
+    from echo2.learner.torchrun import Rendezvous
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="echo2: distributed RL post-training with bounded staleness.")
@@ -125,14 +127,15 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
 ) -> None:
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
-    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=DEFAULT_RDZV_TIMEOUT_S)
+    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=None)
 
 
 def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, verbose: bool, *,
-            rdzv_endpoint: str | None, rdzv_timeout: float) -> None:
+            rdzv_endpoint: str | None, rdzv_timeout: float | None) -> None:
     """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
     with ``train.nnodes > 1``)."""
     from echo2.config import dump_config
+    from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, Rendezvous, write_rank_file
 
     _CtrlC.install()
     for key, value in PREFECT_DEFAULTS.items():
@@ -151,7 +154,7 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
             raise Echo2InputError(f"train.nnodes is {cfg.train.nnodes}: start the learner with `echo2 learner CONFIG "
                                   f"--nnodes {cfg.train.nnodes} --node-rank R --rdzv-endpoint HOST:PORT` on each "
                                   "node, HOST:PORT on node 0")
-        rendezvous = Rendezvous(cfg.train.nnodes, 0, rdzv_endpoint, rdzv_timeout)
+        rendezvous = Rendezvous(cfg.train.nnodes, 0, rdzv_endpoint, rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
     except Echo2InputError as exc:
         _fail(str(exc))
     if cfg.train.nproc * cfg.train.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
@@ -204,6 +207,8 @@ def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool,
     with its code; they start from ``rank_file`` (private, removed once they have formed the group, else here)."""
     import subprocess
 
+    from echo2.learner.torchrun import never_joined, torchrun_command
+
     program = ["-m", "echo2.cli", "learner", "--rank-config", str(rank_file), *(["--resume"] if resume else []),
                *(["-v"] if verbose else [])]
     proc = subprocess.Popen(torchrun_command(nproc, rendezvous, program))
@@ -232,8 +237,8 @@ def learner(
                                                           "others only follow."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT on node 0 where the nodes "
                                                                               "meet (needed with --nnodes > 1)."),
-    rdzv_timeout: float = typer.Option(DEFAULT_RDZV_TIMEOUT_S, "--rdzv-timeout",
-                                       help="Seconds to wait for every node at the rendezvous before failing."),
+    rdzv_timeout: Optional[float] = typer.Option(None, "--rdzv-timeout", show_default="600",
+                                                 help="Seconds to wait for every node at the rendezvous before failing."),
     rank_config: Optional[Path] = typer.Option(None, "--rank-config", hidden=True,
                                                help="Inside torchrun: the file this node's processes start from."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
@@ -253,13 +258,14 @@ def learner(
 
 
 def _follower_node(config: Path, overrides: list[str], node_rank: int, rdzv_endpoint: str | None,
-                   rdzv_timeout: float, verbose: bool) -> None:
+                   rdzv_timeout: float | None, verbose: bool) -> None:
     """Node 1..N-1: resolves no run and never opens the store (``torchrun.prepare_follower_node``)."""
-    from echo2.learner.torchrun import RendezvousFailed, prepare_follower_node
+    from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, RendezvousFailed, prepare_follower_node
 
     _CtrlC.install()
     try:
-        nproc, rendezvous, rank_file = prepare_follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout)
+        nproc, rendezvous, rank_file = prepare_follower_node(config, overrides, node_rank, rdzv_endpoint,
+                                                              rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
     except Echo2InputError as exc:
         _fail(str(exc), code=1 if isinstance(exc, RendezvousFailed) else 2)
     except KeyboardInterrupt:
