@@ -162,12 +162,13 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
     _run_flow(cfg, f"echo2 run {config}", resume, verbose)
 
 
-def _run_flow(cfg, rerun: str, resume: bool, verbose: bool) -> None:
-    """The echo2-train flow in this process, with progress, and what to print or exit with."""
+def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = False) -> None:
+    """The echo2-train flow in this process (``rank_0``: of a learner under torchrun), with progress, and what to
+    print or exit with."""
     from flows.api_server import start_prefect_api
 
     try:  # a signal before the flow starts: Prefect's temporary server is stopped at exit all the same
-        prefect_api_ready = start_prefect_api()  # comes up while torch and transformers import (flows.train)
+        prefect_api_ready = start_prefect_api(own_session=rank_0)  # comes up while torch and transformers import (flows.train)
         from echo2.progress import RichReporter, make_reporter, set_reporter
 
         # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
@@ -213,15 +214,21 @@ def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool,
                *(["-v"] if verbose else [])]
     proc = subprocess.Popen(torchrun_command(nproc, rendezvous, program))
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # torchrun passes the signal on to every rank; rank 0 checkpoints and stops
-        if _CtrlC.signum == signal.SIGTERM:  # Ctrl-C reached the whole process group; a SIGTERM only us
-            proc.send_signal(signal.SIGTERM)
-        code = proc.wait()
+        forwarded = False
+        while True:  # torchrun passes a signal on to every rank: rank 0 checkpoints, then releases the others
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C reached the whole process group; a SIGTERM only us, once is enough
+                if _CtrlC.signum == signal.SIGTERM and not forwarded:
+                    proc.send_signal(signal.SIGTERM)
+                    forwarded = True
     finally:
         never_formed = rank_file.exists()
         rank_file.unlink(missing_ok=True)
-    if code != 0 and never_formed and rendezvous.nnodes > 1 and not _CtrlC.pressed:
+    if _CtrlC.pressed:  # as the one-process learner exits (130, 143), whatever torchrun made of the signal
+        raise typer.Exit(_CtrlC.exit_code())
+    if code != 0 and never_formed and rendezvous.nnodes > 1:
         _fail(never_joined(rendezvous), code=1)  # last, under torchrun's traceback
     raise typer.Exit(code)
 
@@ -291,7 +298,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
         rerun += f" --nnodes {cfg.train.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
                  f"{os.environ.get('MASTER_PORT')}"
     try:
-        _run_flow(cfg, rerun, resume, verbose)
+        _run_flow(cfg, rerun, resume, verbose, rank_0=True)
     finally:
         release_followers()
 

@@ -5,6 +5,11 @@ Without ``PREFECT_API_URL``, Prefect starts a temporary API server (a uvicorn su
 transformers (another ~10 s). Started first, in a thread that only spawns the subprocess and polls its
 health, the two overlap. Prefect keeps one such server per process (``SubprocessASGIServer()`` is a
 singleton), so the flow finds this one running and uses it; it is stopped at exit as Prefect stops its own.
+
+Rank 0 of a learner under torchrun starts it in a session of its own (``own_session``; Prefect's command, with
+``start_new_session``): torchrun stops a rank with ``killpg``, which would stop the server too while rank 0
+still reports its interruption to it (Prefect's client then retried for minutes). Elsewhere it stays in the
+learner's session, which is what a supervisor kills after a SIGKILLed learner (``echo2 chaos``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 log = logging.getLogger("echo2.flows")
 
 
-def start_prefect_api() -> Callable[[], None]:
+def start_prefect_api(own_session: bool = False) -> Callable[[], None]:
     """Start the temporary API server in the background where the flow would start one; the returned
     function waits until it answers (call it before the flow). A server that did not come up is left to
     Prefect, which starts it again when the flow is called and says why if it cannot."""
@@ -27,7 +32,7 @@ def start_prefect_api() -> Callable[[], None]:
     # imported here, in the calling thread: imports racing in two threads can deadlock on module locks
     from prefect.server.api.server import SubprocessASGIServer
 
-    server = SubprocessASGIServer()
+    server = _own_session_server() if own_session else SubprocessASGIServer()
 
     def start() -> None:
         try:
@@ -38,3 +43,28 @@ def start_prefect_api() -> Callable[[], None]:
     thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
     thread.start()
     return thread.join
+
+
+def _own_session_server():
+    """Prefect's one-per-process ``SubprocessASGIServer`` (the flow's ``SubprocessASGIServer()`` returns this
+    instance: subclasses share its registry) whose uvicorn process starts in a session of its own; the command
+    is Prefect 3's own."""
+    import os
+    import subprocess
+    import sys
+
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    class OwnSessionServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            server_env = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+            return subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env={**os.environ, **server_env, **get_current_settings().to_environment_variables(exclude_unset=True)},
+                start_new_session=True)
+
+    return OwnSessionServer()

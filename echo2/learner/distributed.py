@@ -45,6 +45,14 @@ does not: every rank writes and reads its own shards of the weights and of the A
 checkpoint of N ranks resumes on any number of ranks, one process included. Greedy evaluation runs on rank
 0 alone on a gathered copy of the weights.
 LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0``).
+
+Stopping (SIGTERM, Ctrl-C). torchrun passes the signal to every rank. Only rank 0 acts on it, as the
+one-process learner does (a final checkpoint, then ``stop``): the followers ignore SIGINT and SIGTERM, since
+that checkpoint needs them, and end on ``stop`` or when the group breaks (rank 0 gone: their next collective
+fails). A signal that reaches rank 0 while an announced op is in flight is acted on once the op has ended
+(``stop_signals_deferred``): raised in the middle, rank 0 would leave the followers inside the op's
+collectives and announce the checkpoint to ranks still waiting there. torchrun's ``--shutdown-timeout``
+(``torchrun.STOP_GRACE_S``) bounds the whole: after it, torchrun SIGKILLs whatever is left.
 """
 
 from __future__ import annotations
@@ -52,6 +60,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,6 +74,8 @@ from echo2.learner.learner import Learner
 from echo2.learner.packing import StepColumns, assemble_packed
 
 log = logging.getLogger("echo2.learner")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def world() -> tuple[int, int]:
@@ -115,6 +128,8 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
     joined(start_file)
     if rank == 0:
         return start
+    for signum in STOP_SIGNALS:  # rank 0 stops this follower (``stop``), after its final checkpoint
+        signal.signal(signum, signal.SIG_IGN)
     config = config_from_dict(shared, "rank 0 of the learner")
     on_follow()
     DistributedLearner(resolve_model(config.model.name), config.train, temperature=config.rollout.temperature).follow()
@@ -166,9 +181,10 @@ class DistributedLearner(Learner):
     def _announce(self, op: str, payload=None):
         import torch.distributed as dist
 
-        if self.rank == 0:
-            dist.broadcast_object_list([op, payload], src=0)
-        return getattr(self, f"_op_{op}")(payload)
+        with stop_signals_deferred():  # the followers run the op's collectives to the end: so does rank 0
+            if self.rank == 0:
+                dist.broadcast_object_list([op, payload], src=0)
+            return getattr(self, f"_op_{op}")(payload)
 
     def train_step(self, tables) -> dict:
         return self._announce("step", step_columns(tables))
@@ -281,6 +297,25 @@ def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
         dealt[rank].append(j)
         load[rank] += tokens[j]
     return dealt
+
+
+@contextmanager
+def stop_signals_deferred():
+    """SIGINT and SIGTERM received inside the block reach the handlers in place (``_CtrlC``, Prefect's) once it
+    has ended, each once. Python runs a handler in the main thread only, so elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
+                for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
 
 
 _released = False

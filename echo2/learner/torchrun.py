@@ -21,6 +21,12 @@ overrides, read for ``train.dist_backend`` and the collective timeout only. The 
 rank but 0 over the process group (``distributed.share_config``). The node's first process deletes the file
 once the group has formed (``joined``), so a file still there after torchrun failed means the rendezvous
 never completed.
+
+Stopping: torchrun passes a SIGTERM or SIGINT it gets to every rank, then SIGKILLs the ranks still running
+after its ``--shutdown-timeout``. Its default, 30 s, is too short for rank 0's final checkpoint (``distributed``:
+the followers wait for it); ours is ``STOP_GRACE_S``, or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` where set. torchrun
+runs under ``python -m echo2.learner.torchrun``, which exits 128 + the signal's number where torchrun ends with
+a traceback for the signal it got (the ranks have been stopped by then).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ from echo2.errors import Echo2InputError
 
 DEFAULT_RDZV_TIMEOUT_S = 600.0
 """torchrun's own default for the static rendezvous."""
+STOP_GRACE_S = 300
+"""Seconds torchrun gives the ranks to end after it passed them SIGTERM or SIGINT: rank 0 finishes the op in
+flight, writes its final checkpoint (every rank its shards) and releases the followers."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ def torchrun_command(nproc: int, rendezvous: Rendezvous, program: list[str]) -> 
         launch = [f"--nnodes={rendezvous.nnodes}", f"--node-rank={rendezvous.node_rank}",
                   f"--nproc-per-node={nproc}", "--rdzv-backend=static", f"--rdzv-endpoint={rendezvous.endpoint}",
                   f"--rdzv-conf=timeout={int(rendezvous.timeout_s)}"]
-    return [sys.executable, "-m", "torch.distributed.run", *launch, *program]
+    grace = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", STOP_GRACE_S))
+    return [sys.executable, "-m", "echo2.learner.torchrun", *launch, f"--shutdown-timeout={grace}", *program]
 
 
 def wait_for_endpoint(rendezvous: Rendezvous) -> None:
@@ -149,3 +159,19 @@ def prepare_follower_node(config_path: Path, overrides: list[str], node_rank: in
     resolve_model(local.model.name)
     wait_for_endpoint(rendezvous)
     return local.train.nproc, rendezvous, write_rank_file(local.model_dump(mode="json"))
+
+
+def main() -> None:
+    """``torchrun`` (``torch.distributed.run``); a SIGTERM or SIGINT it got ends it with 128 + the signal's number,
+    as a shell reports a process the signal ended, not with a traceback."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun()
+    except SignalException as exc:
+        sys.exit(128 + int(exc.sigval))
+
+
+if __name__ == "__main__":
+    main()
