@@ -43,12 +43,11 @@ def test_a_signal_inside_an_announced_op_is_acted_on_when_the_op_ends():
             signal.signal(s, handler)
 
 
-def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_continues(tiny_model, tmp_path):
-    """`echo2 learner --nproc 2` gets SIGTERM mid-run: rank 0 checkpoints the step it reached (every rank writes its
-    shards: the followers ignore the signal torchrun passed them and wait for rank 0), releases them, and the
-    launcher exits 143 within seconds, nothing of the run left running. (Before: the followers died at once,
-    rank 0's checkpoint hung until torchrun's SIGKILL 30 s later, exit 1, no checkpoint.)"""
-    from test_e2e import QUICKSTART, TINY, echo2, sets
+def _stop_mid_run(tiny_model, tmp_path, stop, expected_code: int) -> tuple:
+    """`echo2 learner --nproc 2` stopped by ``stop(launcher)`` once step 2 is consumed: it exits ``expected_code``
+    within seconds, nothing of the run left running, no traceback, and a checkpoint of the step it reached
+    (checkpoint_every is 1000: the interruption's own). Returns (run folder, that step)."""
+    from test_e2e import QUICKSTART, TINY, sets
 
     from helpers import reap_session, reap_tagged, wait_until
 
@@ -61,7 +60,7 @@ def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_conti
     try:
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists() or learner.poll() is not None,
                    300, "step 2")
-        learner.send_signal(signal.SIGTERM)
+        stop(learner)
         signalled = time.monotonic()
         code = learner.wait(timeout=120)
         took = time.monotonic() - signalled
@@ -69,19 +68,40 @@ def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_conti
         reap_session(learner)
         left = reap_tagged(str(tmp_path))
     log = (tmp_path / "learner.log").read_text()
-    assert code == 143, log[-4000:]
+    assert code == expected_code, log[-4000:]
     assert left == 0, f"{left} processes of the run outlived it"
-    assert took < 30, f"{took:.0f} s from SIGTERM to exit"  # torchrun's SIGKILL would come after STOP_GRACE_S
+    assert took < 30, f"{took:.0f} s from the signal to the exit"  # torchrun's SIGKILL would come after STOP_GRACE_S
     assert "Traceback" not in log, log[-4000:]
     [stopped] = _events(run, "interrupted")
     reached = stopped["step"]
     assert reached >= 2 and (run / "checkpoints" / f"step-{reached:06d}" / "manifest.json").exists(), log[-3000:]
-    echo2("learner", QUICKSTART, "--nproc", "2", "--resume",
-          *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop", *SHORT,
-                f"train.max_steps={reached + 1}"), timeout=300, env={**os.environ, "ECHO2_TEST_TAG": str(tmp_path)})
-    reap_tagged(str(tmp_path))
+    return run, reached
+
+
+def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_continues(tiny_model, tmp_path):
+    """SIGTERM to `echo2 learner --nproc 2` mid-run: rank 0 checkpoints the step it reached (every rank writes its
+    shards: the followers ignore the signal torchrun passed them and wait for rank 0), releases them, and the
+    launcher exits 143; `--resume` continues from that checkpoint. (Before: the followers died at once, rank 0's
+    checkpoint hung until torchrun's SIGKILL 30 s later, exit 1, no checkpoint.)"""
+    from test_e2e import QUICKSTART, echo2, sets
+
+    from helpers import reap_tagged
+
+    run, reached = _stop_mid_run(tiny_model, tmp_path, lambda launcher: launcher.send_signal(signal.SIGTERM), 143)
+    try:
+        echo2("learner", QUICKSTART, "--nproc", "2", "--resume",
+              *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop", *SHORT,
+                    f"train.max_steps={reached + 1}"), timeout=300, env={**os.environ, "ECHO2_TEST_TAG": str(tmp_path)})
+    finally:
+        reap_tagged(str(tmp_path))
     assert [e["step"] for e in _events(run, "resume")] == [reached]
     assert json.loads((run / "reports" / "summary.json").read_text())["steps"] == reached + 1
+
+
+def test_ctrl_c_stops_a_two_process_learner_with_a_checkpoint(tiny_model, tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the launcher's process group (the launcher and torchrun; torchrun starts
+    each rank in a session of its own and passes the signal on). Exit 130, with the checkpoint."""
+    _stop_mid_run(tiny_model, tmp_path, lambda launcher: os.killpg(launcher.pid, signal.SIGINT), 130)
 
 
 def test_the_followers_of_a_rank_0_killed_mid_run_exit_on_the_broken_group(tiny_model, tmp_path):
