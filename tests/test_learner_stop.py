@@ -1,5 +1,5 @@
-"""Stopping a learner of several processes (torchrun, 2 gloo ranks on CPU): SIGTERM checkpoints and exits 143 as the
-one-process learner does, and ``--resume`` continues from that checkpoint; a rank 0 that dies (SIGKILL) still
+"""Stopping a learner of several processes (torchrun, 2 gloo ranks on CPU): SIGTERM and Ctrl-C checkpoint and exit
+143 and 130 as the one-process learner does, and ``--resume`` continues from that checkpoint; a rank 0 that dies (SIGKILL) still
 lets its followers exit, on the broken group, not after torchrun's shutdown grace."""
 
 from __future__ import annotations
