@@ -236,6 +236,34 @@ def test_the_manifest_is_written_last_a_crash_before_it_leaves_no_checkpoint(tin
     assert checkpoint_steps(store) == [1, 2]
 
 
+class _Signal(BaseException):
+    """What Prefect's SIGTERM handler raises (TerminationSignal): a BaseException, like KeyboardInterrupt."""
+
+
+@pytest.mark.parametrize("raised", [_Signal("SIGTERM"), KeyboardInterrupt("Ctrl-C"), OSError("disk full")],
+                         ids=["sigterm", "ctrl-c", "store-error"])
+def test_what_interrupts_a_checkpoint_inside_dcp_comes_out_as_itself(tiny_model, tmp_path, monkeypatch, raised):
+    """DCP wraps whatever a rank raises while it writes in its CheckpointException (itself a BaseException): a
+    SIGTERM landing in a checkpoint used to reach the flow as a crash, not an interruption, so the run
+    stopped without its final checkpoint (test_e2e's sigterm case, when the signal hit a periodic checkpoint)."""
+    from echo2.learner.sharded import _StoreFiles
+
+    store, key = open_store(str(tmp_path / "store")), Ed25519PrivateKey.generate()
+    learner = _learner(tiny_model)
+    learner.train_step(tables(1))
+
+    def interrupted(self, key_, data):
+        raise raised
+
+    monkeypatch.setattr(_StoreFiles, "_put", interrupted)
+    with pytest.raises(type(raised)) as caught:
+        _save(store, learner, key)
+    assert caught.value is raised
+    monkeypatch.undo()
+    _save(store, learner, key)  # and the next save commits
+    assert checkpoint_steps(store) == [1]
+
+
 def test_one_process_on_s3_and_lora(tiny_model, s3_store, tmp_path):
     """A one-process checkpoint on S3 (moto) resumes the weights and AdamW state exactly; a LoRA run keeps
     its adapter (the frozen base is not in the checkpoint) and exports the adapter merged into its base."""

@@ -171,7 +171,10 @@ def save_sharded(store: ObjectStore, prefix: str, state_dict: dict, *, file_mb: 
     """``dcp.save`` of ``state_dict`` (this rank's shards) under ``prefix``: every rank of the group calls it
     (or one process without a group). Returns the manifest entries of the files this rank wrote."""
     writer = StoreWriter(store, prefix, file_mb=file_mb)
-    dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group())
+    try:
+        dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group())
+    except CheckpointException as exc:
+        raise _raised_inside(exc) from exc
     return writer.written
 
 
@@ -280,13 +283,23 @@ class VerifiedReader(FileSystemReader):
 UNLOADABLE = (ManifestRejected, CorruptWeights, NotFound)
 
 
-def _unwrap(exc: CheckpointException) -> Exception:
-    """The first refusal (``UNLOADABLE``) any rank raised inside DCP, as one line; else ``exc`` itself."""
+def _raised_inside(exc: CheckpointException) -> BaseException:
+    """What a rank raised inside DCP. DCP wraps every failure in ``CheckpointException``, a BaseException, even
+    a signal's: unwrapped, a SIGTERM (Prefect's TerminationSignal) or Ctrl-C landing in a checkpoint stays an
+    interruption (the flow then checkpoints and stops), and a store error stays the error its callers handle.
+    A signal's exception first, else the lowest rank's error."""
+    errors = [error for _, (error, _) in sorted(exc.failures.items())]
+    return next((e for e in errors if not isinstance(e, Exception)), errors[0] if errors else exc)
+
+
+def _unwrap(exc: CheckpointException) -> BaseException:
+    """The first refusal (``UNLOADABLE``) any rank raised inside DCP, as one line; else what was raised
+    (``_raised_inside``)."""
     for rank, (error, _) in sorted(exc.failures.items()):
         if isinstance(error, UNLOADABLE):
             return type(error)(f"{error} (rank {rank})") if not isinstance(error, NotFound) else CorruptWeights(
                 f"{error} is gone (rank {rank})")
-    return exc
+    return _raised_inside(exc)
 
 
 def load_sharded(store: ObjectStore, prefix: str, entries: dict[str, dict], state_dict: dict) -> None:
