@@ -37,7 +37,7 @@ def _no_prefect_api(monkeypatch):
     """The flow is replaced here, so nothing talks to Prefect: `echo2 run` does not start its API server."""
     import flows.api_server
 
-    monkeypatch.setattr(flows.api_server, "start_prefect_api", lambda: lambda: None)
+    monkeypatch.setattr(flows.api_server, "start_prefect_api", lambda own_session=False: lambda: None)
 
 
 def test_ctrl_c_exits_130_even_when_prefect_turns_the_interrupt_into_another_error(tiny_model, tmp_path, monkeypatch):
