@@ -19,10 +19,9 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import make_rollouts  # noqa: E402
+from helpers import step_files  # noqa: E402
 
 from echo2.config import TrainConfig  # noqa: E402
-from echo2.data.rollouts import encode_rollouts  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 
 EVERY_OPTION = {"micro_batch_tokens": 48, "logprob_chunk_tokens": 16, "activation_checkpointing": True}
@@ -31,18 +30,12 @@ CASES = {"fp32": EVERY_OPTION, "bf16": {**EVERY_OPTION, "dtype": "bfloat16"}}
 
 def tables() -> list[pa.Table]:
     """Two files of varied rewards and very uneven lengths (sequences of 3 to 242 tokens; budget 48)."""
-    out = []
-    for f in range(2):
-        rows = make_rollouts(n_groups=3, group_size=4, vocab=300, salt=f"-{f}",
-                             reward=lambda g, s: float((g + s + f) % 3 == 0), logprob=-1.2)
-        for i, r in enumerate(rows):
-            n = 240 if (f, i) == (0, 0) else 1 + (i * 37 + f * 11) % 89  # one long row: the ranks run unequal counts
-            r.completion_token_ids = [4 + (i * 7 + k) % 290 for k in range(n)]
-            # near the random model's own (log 1/300 = -5.7): ratios near 1, so the loss depends on the policy
-            r.behavior_logprobs = [-5.6 - 0.05 * (k % 5) for k in range(len(r.completion_token_ids))]
-        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
-        out.append(pa.ipc.open_file(pa.BufferReader(data)).read_all())
-    return out
+    def completion(f: int, i: int) -> list[int]:
+        n = 240 if (f, i) == (0, 0) else 1 + (i * 37 + f * 11) % 89  # one long row: the ranks run unequal counts
+        return [4 + (i * 7 + k) % 290 for k in range(n)]
+
+    # near the random model's own (log 1/300 = -5.7): ratios near 1, so the loss depends on the policy
+    return step_files(completion=completion, behavior=lambda k: -5.6 - 0.05 * (k % 5))
 
 
 def report(line: dict) -> None:

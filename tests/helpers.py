@@ -17,6 +17,24 @@ def make_rollouts(n_groups=2, group_size=2, *, vocab=100, reward=lambda g, s: fl
     return out
 
 
+def step_files(*, completion, behavior, reward=lambda f, g, s: float((g + s + f) % 3 == 0), salt="") -> list:
+    """A learner step's two rollout files (Arrow tables) of 3 groups of 4 over a 300-token vocabulary: row i of
+    file f completes with ``completion(f, i)`` (token ids), whose token k the sampler gave ``behavior(k)``, and
+    is rewarded ``reward(f, group, sample)``; ``salt`` makes files of different steps differ."""
+    import pyarrow as pa
+
+    out = []
+    for f in range(2):
+        rows = make_rollouts(n_groups=3, group_size=4, vocab=300, salt=f"{salt}-{f}",
+                             reward=lambda g, s: reward(f, g, s), logprob=-1.2)
+        for i, r in enumerate(rows):
+            r.completion_token_ids = completion(f, i)
+            r.behavior_logprobs = [behavior(k) for k in range(len(r.completion_token_ids))]
+        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
+        out.append(pa.ipc.open_file(pa.BufferReader(data)).read_all())
+    return out
+
+
 def rollout_bytes(version, *, run_id="run", rollouts=None, actor="a", **kw):
     return encode_rollouts(rollouts if rollouts is not None else make_rollouts(**kw), run_id=run_id,
                            actor_id=actor, policy_version=version, task="arithmetic")

@@ -20,10 +20,9 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import make_rollouts  # noqa: E402
+from helpers import step_files  # noqa: E402
 
 from echo2.config import TrainConfig  # noqa: E402
-from echo2.data.rollouts import encode_rollouts  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.evaluate import ModelSampler  # noqa: E402
 
@@ -52,17 +51,9 @@ def updates_differ(after_a: dict, after_b: dict, before: dict) -> float:
 
 def step_tables() -> list[pa.Table]:
     """Two files of varied rewards and lengths (several micro-batches, dealt unevenly over 2 ranks)."""
-    out = []
-    for f in range(2):
-        rows = make_rollouts(n_groups=3, group_size=4, vocab=300, salt=f"-{f}",
-                             reward=lambda g, s: float((g + s + f) % 3 == 0), logprob=-1.2)
-        for i, r in enumerate(rows):
-            r.completion_token_ids = [4 + (i * 7 + k) % 200 for k in range(3 + (i * 5) % 11)]
-            # near the random model's own (log 1/300 = -5.7): ratios near 1, so the loss depends on the policy
-            r.behavior_logprobs = [-5.6 - 0.05 * (k % 5) for k in range(len(r.completion_token_ids))]
-        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
-        out.append(pa.ipc.open_file(pa.BufferReader(data)).read_all())
-    return out
+    # near the random model's own (log 1/300 = -5.7): ratios near 1, so the loss depends on the policy
+    return step_files(completion=lambda f, i: [4 + (i * 7 + k) % 200 for k in range(3 + (i * 5) % 11)],
+                      behavior=lambda k: -5.6 - 0.05 * (k % 5))
 
 
 def main(model_dir: Path, out: Path) -> None:

@@ -22,10 +22,9 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import make_rollouts  # noqa: E402
+from helpers import step_files  # noqa: E402
 
 from echo2.config import TrainConfig  # noqa: E402
-from echo2.data.rollouts import encode_rollouts  # noqa: E402
 from echo2.data.store import open_store  # noqa: E402
 from echo2.learner.checkpoint import newest_checkpoint, save_checkpoint  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, release_followers, world  # noqa: E402
@@ -51,16 +50,9 @@ def recording_save(state_dict, **kwargs):  # (installed by main: importing this 
 
 def tables(step: int) -> list[pa.Table]:
     """The rollout files of step ``step``: the same in every run, so a resumed run trains on what the saving one did."""
-    out = []
-    for f in range(2):
-        rows = make_rollouts(n_groups=3, group_size=4, vocab=300, salt=f"-{step}-{f}",
-                             reward=lambda g, s: float((g + s + f + step) % 3 == 0), logprob=-1.2)
-        for i, r in enumerate(rows):
-            r.completion_token_ids = [4 + (i + k + step) % 200 for k in range(3 + i % 5)]
-            r.behavior_logprobs = [-1.0 - 0.1 * k for k in range(len(r.completion_token_ids))]
-        data = encode_rollouts(rows, run_id="run", actor_id="a", policy_version=0, task="arithmetic")
-        out.append(pa.ipc.open_file(pa.BufferReader(data)).read_all())
-    return out
+    return step_files(completion=lambda f, i: [4 + (i + k + step) % 200 for k in range(3 + i % 5)],
+                      behavior=lambda k: -1.0 - 0.1 * k, reward=lambda f, g, s: float((g + s + f + step) % 3 == 0),
+                      salt=f"-{step}")
 
 
 def main(spec: dict) -> None:
