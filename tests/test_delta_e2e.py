@@ -13,21 +13,12 @@ import pytest
 import torch
 
 from conftest import REPO
-from echo2.config import config_from_dict
 from echo2.data import layout
-from echo2.data.delta import tensor_table
-from echo2.data.delta_chain import read_version
-from echo2.data.store import open_store
-from echo2.data.weights import read_manifest, unique_state_dict
-from echo2.fleet.manager import make_fleet
-from echo2.learner.run import LearnerRun
+from echo2.data.weights import unique_state_dict
 from helpers import teach_sums, wait_until
+from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
 
 STEPS = 8
-
-
-def hashes(tensors) -> dict[str, str]:
-    return {name: e["sha256"] for name, e in tensor_table(tensors).items()}
 
 
 @pytest.fixture(scope="module")
@@ -41,25 +32,9 @@ def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path
     records = tmp_path / "records"
     records.mkdir()
     monkeypatch.setenv("ECHO2_TEST_RECORDS", str(records))
-    config = config_from_dict({
-        "run": {"id": "delta"}, "store": {"url": str(tmp_path)}, "model": {"name": str(answering_model)},
-        "task": {"eval_size": 10},
-        "rollout": {"group_size": 8, "groups_per_batch": 1, "max_new_tokens": 4, "max_pending_batches": 1},
-        # a small learning rate, as in RL: some elements change each step, most keep their bf16 bits
-        "train": {"max_steps": STEPS, "groups_per_step": 2, "staleness": 2, "lr": 2e-5, "checkpoint_every": 100,
-                  "publish_dtype": "bfloat16", "publish_delta": True, "keyframe_every": 3, "num_threads": 1,
-                  "keep_versions": 20},
-        "eval": {"before": False, "after": False},
-        "fleet": {"actors": 1, "max_restarts": 0},
-        "broadcast": {"mode": "relay", "chunk_mb": 0.01},
-    })
-    run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
-    fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
-                       actor_command=[sys.executable, str(REPO / "tests" / "recording_actor.py")])
-
-    def both_hold(version: int) -> bool:
-        logs = [p.read_text() for p in run.log_dir.glob("*.log")]
-        return len(logs) == 2 and all(f"now generating with policy v{version} " in log for log in logs)
+    # a small learning rate, as in RL: some elements change each step, most keep their bf16 bits
+    run, fleet = delta_relay_run(tmp_path, answering_model, run_id="delta", steps=STEPS, actors=1, groups_per_batch=1,
+                                 lr=2e-5, keyframe_every=3)
 
     fleet.start()
     try:
@@ -69,32 +44,23 @@ def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path
                 fleet.resize(2, "a second actor joins late: it starts from the newest keyframe")
                 wait_until(lambda: len(list(records.glob("*.jsonl"))) == 2, 120, "the late actor's first version")
             elif run.step > 4:
-                # Once both are in the plan, the next version waits until both hold this one, so that
-                # each version is relayed: a learner publishing faster than its actors poll LATEST
-                # supersedes a version at the parent before the child asks for it, and the child then
-                # rightly takes it from the store (what a loaded machine made of this test otherwise).
-                wait_until(lambda: both_hold(run.step), 120, f"both actors on v{run.step}")
+                # once both are in the plan, the next version waits until both hold this one (both_hold)
+                wait_until(lambda: both_hold(run, run.step), 120, f"both actors on v{run.step}")
     finally:
         fleet.stop()
     run.finish()
 
     store = run.store
-    manifests = {v: read_manifest(store, layout.policy_dir(v)) for v in range(STEPS + 1)}  # all kept (keep_versions)
+    manifests, published = published_versions(store, STEPS)  # all kept (keep_versions)
     kinds = {v: m["weights"] for v, m in manifests.items()}
     assert [v for v, k in kinds.items() if k == "full"] == [0, 3, 6] and list(kinds.values()).count("delta") == 6, kinds
-    published = {v: {n: e["sha256"] for n, e in m["tensors"].items()} for v, m in manifests.items()}
-    for v in manifests:  # what the store rebuilds is what the learner signed
-        assert hashes(read_version(store, v)[0]) == published[v]
 
-    logs = {p.stem: p.read_text() for p in run.log_dir.glob("*.log")}
-    assert len(logs) == 2
-    for actor, log in logs.items():
-        loaded = [json.loads(line) for line in (records / f"{actor}.jsonl").read_text().splitlines()]
-        swapped = [int(v) for v in re.findall(r"now generating with policy v(\d+)", log)]
-        assert len(loaded) == len(swapped) >= 2, (actor, swapped)
-        for version, table in zip(swapped, loaded):  # every engine load, byte for byte the learner's version
-            assert table == published[version], (actor, version)
+    loads = engine_loads(run, records, published)
+    assert len(loads) == 2
+    for actor, (swapped, _) in loads.items():
+        assert len(swapped) >= 2, (actor, swapped)
         assert any(kinds[v] == "delta" for v in swapped), (actor, swapped)
+    logs = {actor: log for actor, (_, log) in loads.items()}
     everything = "\n".join(logs.values())
     assert "delta on v" in everything  # the common case: a delta applied to the version held
     late = logs[sorted(logs)[-1]]  # actor1 joined while LATEST was v4, a delta: keyframe v3, then v4

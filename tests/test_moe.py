@@ -28,27 +28,20 @@ from typer.testing import CliRunner
 from conftest import REPO
 from echo2.bench.tiny_model import make_tiny_moe_model
 from echo2.cli import app
-from echo2.config import TrainConfig, config_from_dict
+from echo2.config import TrainConfig
 from echo2.data import layout
-from echo2.data.delta import apply_delta, encode_delta, tensor_table
-from echo2.data.delta_chain import read_version
-from echo2.data.store import open_store
-from echo2.data.weights import read_manifest, unique_state_dict
-from echo2.fleet.manager import make_fleet
+from echo2.data.delta import apply_delta, encode_delta
+from echo2.data.weights import unique_state_dict
 from echo2.learner.checkpoint import load_checkpoint
 from echo2.learner.learner import Learner
-from echo2.learner.run import LearnerRun
 from echo2.rollout.transformers_engine import TransformersEngine
 from echo2.rollout.vllm_engine import hub_layout
 from distributed_step import tables
 from helpers import teach_sums, wait_until
+from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 STEPS = 2
-
-
-def hashes(tensors) -> dict[str, str]:
-    return {name: e["sha256"] for name, e in tensor_table(tensors).items()}
 
 
 @pytest.fixture(scope="module")
@@ -124,43 +117,23 @@ def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_m
     # sampled, it answers about 40% of sums right after these steps (measured): most groups of 8 carry a
     # reward signal, so the steps move the weights
     model = teach_sums(moe_model, tmp_path / "answering-moe", steps=110)
-    config = config_from_dict({
-        "run": {"id": "moe"}, "store": {"url": str(tmp_path)}, "model": {"name": str(model)},
-        "task": {"eval_size": 10},
-        "rollout": {"group_size": 8, "groups_per_batch": 2, "max_new_tokens": 4, "max_pending_batches": 1},
-        "train": {"max_steps": STEPS, "groups_per_step": 2, "staleness": 2, "lr": 1e-4, "checkpoint_every": 100,
-                  "publish_dtype": "bfloat16", "publish_delta": True, "keyframe_every": 100, "num_threads": 1,
-                  "keep_versions": 20},
-        "eval": {"before": False, "after": False},
-        "fleet": {"actors": 2, "max_restarts": 0},
-        "broadcast": {"mode": "relay", "chunk_mb": 0.01},
-    })
-    run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
-    fleet = make_fleet(config.fleet, run.store, store_options={}, log_dir=run.log_dir, run_key=run.key,
-                       actor_command=[sys.executable, str(REPO / "tests" / "recording_actor.py")])
-
-    def both_hold(version: int) -> bool:
-        logs = [p.read_text() for p in run.log_dir.glob("*.log")]
-        return len(logs) == 2 and all(f"now generating with policy v{version} " in log for log in logs)
+    run, fleet = delta_relay_run(tmp_path, model, run_id="moe", steps=STEPS, actors=2, groups_per_batch=2, lr=1e-4,
+                                 keyframe_every=100)
 
     fleet.start()
     try:
         while run.step < STEPS:
-            # the next version waits until both actors hold this one, so that each is relayed to the
-            # second actor rather than superseded at its parent before it asks (test_delta_e2e.py)
-            wait_until(lambda: both_hold(run.step), 120, f"both actors on v{run.step}")
+            # the next version waits until both actors hold this one, so that each is relayed (both_hold)
+            wait_until(lambda: both_hold(run, run.step), 120, f"both actors on v{run.step}")
             run.update(run.collect(should_abort=fleet.reconcile))
-        wait_until(lambda: both_hold(STEPS), 120, f"both actors on v{STEPS}")
+        wait_until(lambda: both_hold(run, STEPS), 120, f"both actors on v{STEPS}")
     finally:
         fleet.stop()
     run.finish()
 
     store = run.store
-    manifests = {v: read_manifest(store, layout.policy_dir(v)) for v in range(STEPS + 1)}
+    manifests, published = published_versions(store, STEPS)
     assert [m["weights"] for m in manifests.values()] == ["full"] + ["delta"] * STEPS
-    published = {v: {n: e["sha256"] for n, e in m["tensors"].items()} for v, m in manifests.items()}
-    for v in manifests:  # what the store rebuilds is what the learner signed
-        assert hashes(read_version(store, v)[0]) == published[v]
     experts = [n for n in published[0] if n.endswith(EXPERTS)]
     assert len(experts) == 4 and all(manifests[0]["tensors"][n]["shape"][0] == 4 for n in experts)
     # the steps moved the weights, the experts' among them: a delta carries changed 3-D expert tensors
@@ -168,14 +141,11 @@ def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_m
     assert published[STEPS] != published[0], [m["groups_with_signal"] for m in history]
     assert any(manifests[v]["tensors"][n].get("changed") for v in range(1, STEPS + 1) for n in experts)
 
-    logs = {p.stem: p.read_text() for p in run.log_dir.glob("*.log")}
-    assert len(logs) == 2
-    for actor, log in logs.items():
-        loaded = [json.loads(line) for line in (records / f"{actor}.jsonl").read_text().splitlines()]
-        swapped = [int(v) for v in re.findall(r"now generating with policy v(\d+)", log)]
-        assert swapped == list(range(STEPS + 1)) and len(loaded) == len(swapped), (actor, swapped)
-        for version, table in zip(swapped, loaded):  # every engine load, byte for byte the learner's version
-            assert table == published[version], (actor, version)
+    loads = engine_loads(run, records, published)  # every engine load, byte for byte the learner's version
+    assert len(loads) == 2
+    for actor, (swapped, _) in loads.items():
+        assert swapped == list(range(STEPS + 1)), (actor, swapped)
+    logs = {actor: log for actor, (_, log) in loads.items()}
     received = re.findall(r"v\d+ received and verified \(.*", "\n".join(logs.values()))
     assert any(re.search(r"from actor\S+ at http://127.0.0.1", line) for line in received), received
 
