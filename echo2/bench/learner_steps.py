@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from echo2.learner.logprobs import PolicyLogprobs
-from echo2.learner.loss import group_advantages, policy_loss
+from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
 from echo2.learner.packing import Ragged, StepColumns, assemble_packed, pack_by_tokens
 
 LR, MAX_GRAD_NORM, WEIGHT_DECAY = 1e-5, 1.0, 0.0
@@ -76,11 +76,8 @@ class StepStats:
 def _signal(columns: StepColumns) -> tuple[torch.Tensor, list[int], int]:
     """Per-row advantages, the rows of groups with signal, and their policy tokens (step_on_columns' own)."""
     rewards, group_index = columns.reward.float(), columns.group_index
-    n_groups = int(group_index.max()) + 1
     advantages = group_advantages(rewards, group_index, scale=True)
-    high = torch.full((n_groups,), -math.inf, device=rewards.device).scatter_reduce(0, group_index, rewards, "amax")
-    low = torch.full((n_groups,), math.inf, device=rewards.device).scatter_reduce(0, group_index, rewards, "amin")
-    keep = (high > low)[group_index].nonzero().squeeze(1).tolist()
+    keep = groups_with_signal(rewards, group_index)[group_index].nonzero().squeeze(1).tolist()
     n_tokens = int(columns.policy_tokens()[keep].sum())
     return advantages, keep, n_tokens
 

@@ -23,7 +23,7 @@ from echo2.data.lora import check_mergeable, merge_lora
 from echo2.data.weights import model_files, unique_state_dict
 from echo2.learner.columns import step_columns
 from echo2.learner.logprobs import PolicyLogprobs
-from echo2.learner.loss import group_advantages, policy_loss
+from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
 from echo2.learner.packing import PackedBatch, StepColumns, assemble_packed, pack_by_tokens
 
 log = logging.getLogger("echo2.learner")
@@ -131,9 +131,7 @@ class Learner:
         }
         # a group whose rewards are all equal has A = 0 everywhere: no signal, so its rows skip the
         # forward pass. Whole groups are dropped; a row of a group with signal stays even if its own A is 0
-        high = torch.full((n_groups,), -math.inf).scatter_reduce(0, group_index, rewards, "amax")
-        low = torch.full((n_groups,), math.inf).scatter_reduce(0, group_index, rewards, "amin")
-        with_signal = high > low
+        with_signal = groups_with_signal(rewards, group_index)
         keep = with_signal[group_index].nonzero().squeeze(1)
         metrics["groups_with_signal"] = int(with_signal.sum())
         n_tokens = int(columns.policy_tokens()[keep].sum())

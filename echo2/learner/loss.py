@@ -32,6 +32,7 @@ Deviations from the GRPO paper (Shao et al., 2024), and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,15 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, scale:
     sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2)
     std = (sq / (counts - 1).clamp(min=1)).sqrt()
     return centered / (std[group_index] + 1e-4)
+
+
+def groups_with_signal(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """Per group (``group_index`` holds 0..n_groups-1), whether its rewards differ: a group whose rewards are all
+    equal has A = 0 everywhere, no signal, and its rows are left out of the step before the forward pass."""
+    n_groups = int(group_index.max()) + 1
+    high = torch.full((n_groups,), -math.inf, device=rewards.device).scatter_reduce(0, group_index, rewards, "amax")
+    low = torch.full((n_groups,), math.inf, device=rewards.device).scatter_reduce(0, group_index, rewards, "amin")
+    return high > low
 
 
 @dataclass
