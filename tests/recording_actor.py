@@ -23,7 +23,7 @@ import torch
 from echo2.data.delta import tensor_table
 from echo2.data.weights import unique_state_dict
 from echo2.rollout.actor import run_actor
-from echo2.rollout.transformers_engine import TransformersEngine
+from echo2.rollout.engines.transformers import TransformersEngine
 
 
 class RecordingEngine(TransformersEngine):

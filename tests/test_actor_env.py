@@ -70,7 +70,7 @@ def test_a_vllm_engine_without_vllm_installed_is_one_clear_error(tiny_model):
     from transformers import AutoTokenizer
 
     from echo2.errors import Echo2InputError
-    from echo2.rollout.engine import make_engine
+    from echo2.rollout.engines import make_engine
 
     config = config_from_dict({"rollout": {"engine": "vllm"}})
     with pytest.raises(Echo2InputError, match=r"needs vLLM in the actor's environment.*echo2\[vllm\]"):

@@ -77,8 +77,8 @@ def test_dropout_is_off_in_the_learners_forward(tmp_path):
 def test_recomputed_logprobs_on_a_packed_batch_equal_the_engines(tiny_model):
     from transformers import AutoTokenizer
 
-    from echo2.rollout.engine import SamplingParams
-    from echo2.rollout.transformers_engine import TransformersEngine
+    from echo2.rollout.engines import SamplingParams
+    from echo2.rollout.engines.transformers import TransformersEngine
 
     learner = Learner(tiny_model, TrainConfig(), temperature=0.8)
     tok = AutoTokenizer.from_pretrained(tiny_model)

@@ -34,8 +34,8 @@ from echo2.data.delta import apply_delta, encode_delta
 from echo2.data.weights import unique_state_dict
 from echo2.learner.checkpoint import load_checkpoint
 from echo2.learner.learner import Learner
-from echo2.rollout.transformers_engine import TransformersEngine
-from echo2.rollout.vllm_engine import hub_layout
+from echo2.rollout.engines.transformers import TransformersEngine
+from echo2.rollout.engines.vllm import hub_layout
 from distributed_step import tables
 from helpers import teach_sums, wait_until
 from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions

@@ -14,8 +14,8 @@ from echo2.data.rollouts import Rollout, RolloutLimits, decode_rollouts, validat
 from echo2.data.store import open_store
 from echo2.learner.collector import RolloutCollector
 from echo2.learner.verify import TaskVerifier
-from echo2.rollout.engine import SamplingParams
-from echo2.rollout.transformers_engine import TransformersEngine
+from echo2.rollout.engines import SamplingParams
+from echo2.rollout.engines.transformers import TransformersEngine
 from echo2.tasks import make_task
 from helpers import commit_rollouts, rollout_bytes
 

@@ -29,7 +29,7 @@ from echo2.data.lora import merge_lora  # noqa: E402
 from echo2.data.rollouts import decode_rollouts  # noqa: E402
 from echo2.data.weights import unique_state_dict  # noqa: E402
 from echo2.learner.logprobs import PolicyLogprobs  # noqa: E402
-from echo2.rollout.engine import SamplingParams  # noqa: E402
+from echo2.rollout.engines import SamplingParams  # noqa: E402
 
 ATOL = float(os.environ.get("ECHO2_VLLM_LOGPROB_ATOL", "1e-4"))
 """Largest |behavior logprob - fp32 teacher-forced recomputation| accepted. Both sides are fp32 and differ
@@ -128,7 +128,7 @@ def _greedy(model, prompts, n_tokens, eos):
 
 @pytest.fixture(scope="module")
 def engine(model_dir, tok):
-    from echo2.rollout.vllm_engine import VllmEngine
+    from echo2.rollout.engines.vllm import VllmEngine
 
     eng = VllmEngine(model_dir, VllmEngineConfig(**ENGINE), eos_token_id=tok.eos_token_id, seed=1234,
                      lora_rank=LORA_RANK)

@@ -35,7 +35,7 @@ import torch
 
 from echo2.data import layout
 from echo2.data.store import ObjectStore
-from echo2.rollout.engine import Completion, Engine, SamplingParams
+from echo2.rollout.engines import Completion, Engine, SamplingParams
 
 _QUESTION = re.compile(r"What is (\d+) \+ (\d+)\?")
 

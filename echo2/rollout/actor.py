@@ -50,7 +50,7 @@ from echo2.data.ledger import ConsumedIndex
 from echo2.data.lora import merge_lora
 from echo2.data.rollouts import Rollout, encode_rollouts
 from echo2.data.store import ObjectStore
-from echo2.rollout.engine import Engine, SamplingParams, make_engine
+from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.preemption import Notice, start_watcher

@@ -53,7 +53,7 @@ from safetensors.torch import save_file
 
 from echo2.config import VllmEngineConfig
 from echo2.errors import Echo2InputError
-from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weights_fit
+from echo2.rollout.engines.base import Completion, Engine, SamplingParams, check_weights_fit
 
 log = logging.getLogger("echo2.vllm")
 

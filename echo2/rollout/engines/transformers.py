@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from echo2.rollout.engine import Completion, Engine, SamplingParams, check_weights_fit
+from echo2.rollout.engines.base import Completion, Engine, SamplingParams, check_weights_fit
 
 
 class TransformersEngine(Engine):

@@ -1,27 +1,20 @@
-"""The ``Engine`` interface: sample completions with per-token behavior log-probabilities, and
-``make_engine``, which builds the engine ``rollout.engine`` names.
+"""The ``Engine`` interface: sample completions with per-token behavior log-probabilities (the
+implementations and the factory that picks one are the package's: ``echo2/rollout/engines/__init__.py``).
 
 An engine owns the policy weights of one actor. It is told about new weights as (name, tensor)
 pairs in Hugging Face naming, so the same dissemination code feeds every engine. A LoRA version
 is merged into its base by the actor, unless the engine says it applies adapters itself
 (``native_lora``, e.g. vLLM's LoRA requests): then the actor loads the base once and hands the
 engine each adapter as it arrives.
-
-Engines:
-    transformers  Hugging Face ``generate`` in the actor process (``transformers_engine.py``)
-    vllm          vLLM, weights reloaded in place (``vllm_engine.py``; the ``vllm`` extra)
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable
 
 import torch
-
-from echo2.config import Config
 
 
 @dataclass(frozen=True)
@@ -77,23 +70,3 @@ def check_weights_fit(shapes: dict[str, torch.Size], state: dict[str, torch.Tens
     if missing or unexpected or misshapen:
         raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
                          f"wrong shape {misshapen[:3]}")
-
-
-def make_engine(config: Config, model_dir: Path, tokenizer, *, seed: int) -> Engine:
-    """The engine ``config.rollout.engine`` names, for the model whose config and tokenizer files are
-    in ``model_dir`` (weights come later, through ``load_weights``). ``seed`` is the actor's own: the
-    transformers engine samples from torch's global generator, which the actor seeds with it; vLLM
-    takes it as its engine seed."""
-    engine = config.rollout.engine
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    if engine.kind == "transformers":
-        from echo2.rollout.transformers_engine import TransformersEngine
-
-        return TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad, batch_size=engine.batch_size,
-                                  dtype=engine.dtype)
-    if engine.kind == "vllm":
-        from echo2.rollout.vllm_engine import VllmEngine
-
-        return VllmEngine(model_dir, engine, eos_token_id=eos, seed=seed, lora_rank=config.train.lora_rank)
-    raise ValueError(f"unknown engine kind {engine.kind!r}")
