@@ -108,7 +108,7 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml Makefile
 	$(if $(VLLM_UNINSTALL),$(VLLM_VENV)/bin/pip uninstall --quiet -y $(VLLM_UNINSTALL))
 	$(VLLM_VENV)/bin/pip freeze > $(VLLM_VENV)/vllm-constraints.txt
 	$(VLLM_VENV)/bin/pip install --quiet -e '.[actor]' $(VLLM_TEST_REQUIREMENTS) -c $(VLLM_VENV)/vllm-constraints.txt
-	$(VLLM_VENV)/bin/python -c "import vllm, echo2.rollout.vllm_engine; print('vllm', vllm.__version__)"
+	$(VLLM_VENV)/bin/python -c "import vllm, echo2.rollout.engines.vllm; print('vllm', vllm.__version__)"
 	@if $(VLLM_VENV)/bin/python -c "import prefect" 2>/dev/null; then echo "prefect is installed in $(VLLM_VENV)"; exit 1; fi
 	touch $@
 

@@ -1,4 +1,4 @@
-"""Inference engine sections (``rollout.engine``; ``echo2/rollout/engine.py``)."""
+"""Inference engine sections (``rollout.engine``; ``echo2/rollout/engines/``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from echo2.config._base import _Section
 
 class TransformersEngineConfig(_Section):
     kind: Literal["transformers"] = "transformers"
-    """Hugging Face ``generate`` inside the actor process (``echo2/rollout/transformers_engine.py``): CPU or
+    """Hugging Face ``generate`` inside the actor process (``echo2/rollout/engines/transformers.py``): CPU or
     one GPU, nothing to install beyond echo2."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and arithmetic of sampling. bfloat16 samples ~1.6x faster on this CPU and halves memory; the
@@ -24,7 +24,7 @@ class TransformersEngineConfig(_Section):
 
 class VllmEngineConfig(_Section):
     kind: Literal["vllm"]
-    """vLLM (``echo2/rollout/vllm_engine.py``): install ``echo2[vllm]`` in an actor-only environment (vLLM and
+    """vLLM (``echo2/rollout/engines/vllm.py``): install ``echo2[vllm]`` in an actor-only environment (vLLM and
     Prefect cannot share one). New versions are loaded into the running engine; LoRA versions become LoRA requests."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype of vLLM's weights and activations ("auto": the model config's ``torch_dtype``; the embedded model's
@@ -49,4 +49,4 @@ class VllmEngineConfig(_Section):
 
 
 EngineConfig = Annotated[TransformersEngineConfig | VllmEngineConfig, Field(discriminator="kind")]
-"""Which inference engine the actors run (``echo2/rollout/engine.py: make_engine``), with its own settings."""
+"""Which inference engine the actors run (``echo2/rollout/engines/__init__.py: make_engine``), with its own settings."""

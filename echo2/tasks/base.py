@@ -66,7 +66,7 @@ class Problem:
 
 
 class Sample(Protocol):
-    """One generated continuation (``echo2.rollout.engine.Completion`` is one)."""
+    """One generated continuation (``echo2.rollout.engines.Completion`` is one)."""
 
     token_ids: list[int]
     """Generated tokens, including the end-of-sequence token when one was produced."""
