@@ -12,10 +12,10 @@ from pathlib import Path
 
 from echo2.config import Config, apply_overrides, config_from_dict, frozen_changes, load_config
 from echo2.data import layout
-from echo2.data.fsspec_store import FsspecStore
 from echo2.data.run_folder import check_run_key, find_resumable_run, new_run_id, read_run_record
 from echo2.data.run_key import MissingRunKey, run_key
 from echo2.data.store import StoreError
+from echo2.data.store.fsspec_store import FsspecStore
 from echo2.errors import Echo2InputError, StoreUnreachable
 from echo2.models import resolve_model
 

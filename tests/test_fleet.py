@@ -9,7 +9,7 @@ import time
 import pytest
 
 from echo2.config import FleetConfig, LocalFleetConfig
-from echo2.data.fsspec_store import FsspecStore
+from echo2.data.store.fsspec_store import FsspecStore
 from echo2.data.ledger import read_events
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
 from echo2.fleet.costs import fleet_usd

@@ -1,5 +1,5 @@
 """One layer owns store retries (issue 18, item 11): the ``echo2-train`` flow's tasks do not retry what the
-store layer (echo2/data/fsspec_store.py, for ``store.retry_s``) already retried.
+store layer (echo2/data/store/fsspec_store.py, for ``store.retry_s``) already retried.
 
 The collect task ran under ``retries=3`` for store errors on top of the store's own retry window, so a dead
 store surfaced after 4 x ``retry_s`` (8 minutes at the default 120 s). Here the task runs in a real Prefect

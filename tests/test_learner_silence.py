@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.config import Config, ConfigError, load_config
 from echo2.data import layout
-from echo2.data.fsspec_store import FsspecStore
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV
 from echo2.data.run_folder import create_run
 from echo2.data.store import StoreError, open_store
+from echo2.data.store.fsspec_store import FsspecStore
 from echo2.data.weights import publish_version
 from echo2.rollout.learner_watch import LearnerWatch
 

@@ -52,7 +52,7 @@ def test_an_actor_holding_an_orphaned_number_fetches_the_new_timelines_version(t
 
 
 def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_for(tmp_path):
-    from echo2.data.fsspec_store import FsspecStore
+    from echo2.data.store.fsspec_store import FsspecStore
     from echo2.data.ledger import read_events, write_event
     from echo2.data.rollouts import RolloutLimits
     from echo2.learner.collector import RolloutCollector

@@ -15,7 +15,7 @@ import pytest
 sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud extra: pip install -e '.[cloud]')")
 
 from echo2.config import ConfigError, FleetConfig, SkyPilotFleetConfig, load_config  # noqa: E402
-from echo2.data.fsspec_store import FsspecStore  # noqa: E402
+from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
 from echo2.fleet import skypilot_trust  # noqa: E402
 from echo2.fleet.backend import ActorLaunch, ActorState, Offer  # noqa: E402

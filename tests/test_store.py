@@ -326,8 +326,8 @@ def test_delete_prefix_tidies_its_folders(tmp_path):
 
 
 def test_unreachable_s3_store_fails_check(monkeypatch):
-    from echo2.data.fsspec_store import FsspecStore
     from echo2.data.store import StoreError
+    from echo2.data.store.fsspec_store import FsspecStore
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -1,4 +1,5 @@
-"""The ``ObjectStore`` interface: the only channel between the planes.
+"""The ``ObjectStore`` interface: the only channel between the planes (the implementations and
+``open_store``, which picks one, are the package's: ``echo2/data/store/__init__.py``).
 
 Keys are ``/``-separated paths relative to the store's root (a run root, usually). Every object
 is written once and becomes visible atomically: ``put(..., if_absent=True)`` either creates the
@@ -180,11 +181,3 @@ class ObjectStore(ABC):
         two is simply done again: the copy replaces the earlier one."""
         self.copy(src, dst)
         self.delete(src)
-
-
-def open_store(url: str, options: dict[str, Any] | None = None, *, retry_s: float | None = None) -> ObjectStore:
-    """Open ``url`` (a path, ``file://``, ``memory://``, ``s3://``, ``gs://`` ...) through fsspec;
-    ``retry_s``: how long transient errors are retried (default ``fsspec_store.RETRY_S``)."""
-    from echo2.data.fsspec_store import RETRY_S, FsspecStore
-
-    return FsspecStore(url, options or {}, retry_s=RETRY_S if retry_s is None else retry_s)

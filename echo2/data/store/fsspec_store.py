@@ -10,7 +10,7 @@ Atomic create-if-absent, per backend:
 Retries have one owner: this module's tenacity loop (``retry_s``, the run's ``store.retry_s``). s3fs
 and botocore are told not to retry (s3fs's ``retries`` and botocore's ``retries.max_attempts``), where
 each otherwise retried on its own, inside every one of our attempts: a dead store then took many times
-``retry_s`` to surface. What counts as transient is ``store.is_transient``.
+``retry_s`` to surface. What counts as transient is ``base.is_transient``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from echo2.data.store import AlreadyExists, NotFound, ObjectStore, StoreError, is_transient
+from echo2.data.store.base import AlreadyExists, NotFound, ObjectStore, StoreError, is_transient
 
 _TMP_MARK = ".tmp-"
 _memory_lock = threading.Lock()
