@@ -11,14 +11,23 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from echo2.errors import Echo2InputError
-from echo2.fleet.activation import (Candidate, activate, baseline, candidates, cap_for, parse_overrides, reclaim_rate,
-                                    reduce, target_groups_per_second)
+from echo2.fleet.activation import (
+    Candidate,
+    activate,
+    baseline,
+    candidates,
+    cap_for,
+    parse_overrides,
+    reclaim_rate,
+    reduce,
+    target_groups_per_second,
+)
 from echo2.fleet.capacity import Workload, required_throughput
 from echo2.fleet.plan import cover_search
-from echo2.fleet.price_sources import SnapshotPrices
+from echo2.fleet.price_sources.snapshot import SnapshotPrices
 from echo2.fleet.prices import Offer, Profile, load_profiles
 
 

@@ -1,4 +1,4 @@
-"""Price sources (echo2/fleet/price_sources.py, price_aws.py, price_skypilot.py), measured worker
+"""Price sources (echo2/fleet/price_sources/: the factory, snapshot.py, aws.py, skypilot.py), measured worker
 speeds (echo2/fleet/measured.py) and `echo2 prices`."""
 
 from __future__ import annotations
@@ -11,16 +11,18 @@ import sys
 from collections import namedtuple
 
 import pytest
-
 from conftest import REPO
+
 from echo2.config import load_config
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_aws import AwsSpotPrices, parse_price_history
-from echo2.fleet.price_skypilot import offers_from_listing
-from echo2.fleet.price_sources import PriceSourceUnavailable, SnapshotPrices, make_price_source
+from echo2.fleet.price_sources import PriceSourceUnavailable, make_price_source
+from echo2.fleet.price_sources.aws import AwsSpotPrices, parse_price_history
+from echo2.fleet.price_sources.skypilot import offers_from_listing
+from echo2.fleet.price_sources.snapshot import SnapshotPrices
 from echo2.fleet.prices import Profile, load_profiles
 
-HEADER = "provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,on_demand_usd_per_hour,spot_usd_per_hour\n"
+HEADER = ("provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,on_demand_usd_per_hour,"
+          "spot_usd_per_hour\n")
 AWS_CATALOG = HEADER + """\
 aws,g5.xlarge,A10G,1,22.4,4,16,us-east-1,1.006,0.45
 aws,g5.xlarge,A10G,1,22.4,4,16,us-west-2,1.006,0.40
@@ -87,7 +89,8 @@ def test_aws_source_parses_moto_spot_prices_and_joins_the_snapshot(tmp_path, s3_
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     (tmp_path / "offers.csv").write_text(AWS_CATALOG)
-    cfg = load_config(None, [f"fleet.prices={{source: aws, endpoint_url: '{s3_server}', catalog: {tmp_path / 'offers.csv'}}}"])
+    catalog = tmp_path / "offers.csv"
+    cfg = load_config(None, [f"fleet.prices={{source: aws, endpoint_url: '{s3_server}', catalog: {catalog}}}"])
     src = make_price_source(cfg.fleet.prices)
     assert isinstance(src, AwsSpotPrices)
     offers = {o.name: o for o in src.offers()}
@@ -155,7 +158,8 @@ def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
     catalogs = home / ".sky" / "catalogs" / "v8"
     (catalogs / "aws").mkdir(parents=True)
     (catalogs / "common").mkdir(parents=True)
-    gpu_info = "\"{'Gpus': [{'Name': 'L4', 'Manufacturer': 'NVIDIA', 'Count': 1, 'MemoryInfo': {'SizeInMiB': 22888}}], " \
+    gpu_info = "\"{'Gpus': [{'Name': 'L4', 'Manufacturer': 'NVIDIA', 'Count': 1, " \
+               "'MemoryInfo': {'SizeInMiB': 22888}}], " \
                "'TotalGpuMemoryInMiB': 22888}\""
     (catalogs / "aws" / "vms.csv").write_text(
         "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch\n"
@@ -163,7 +167,7 @@ def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
         f"g6.xlarge,L4,1,4,16,{gpu_info},0.805,0.31,us-west-2,usw2-az2,x86_64\n")
     (catalogs / "common" / "accelerators.csv").write_text("AcceleratorName,Clouds\nL4,\"['AWS']\"\n")
     (catalogs / "common" / "metadata.csv").write_text("GPU,MemoryGB,Manufacturer\nL4,24,NVIDIA\n")
-    code = ("import json; from echo2.fleet.price_skypilot import SkyPilotPrices; "
+    code = ("import json; from echo2.fleet.price_sources.skypilot import SkyPilotPrices; "
             "print(json.dumps([o.as_dict() for o in SkyPilotPrices(clouds=['aws']).offers()]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HOME": str(home), "SKY_RUNTIME_DIR": str(home),

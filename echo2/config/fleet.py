@@ -35,7 +35,7 @@ class SkyPilotPricesConfig(_Section):
 
 
 PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig, Field(discriminator="source")]
-"""Where offers and prices come from (``echo2/fleet/price_sources.py``): ``snapshot`` (the dated
+"""Where offers and prices come from (``echo2/fleet/price_sources/``): ``snapshot`` (the dated
 catalog under ``infra/prices/``), ``aws`` (live spot prices, boto3) or ``skypilot`` (its catalog)."""
 
 

@@ -1,6 +1,6 @@
 """Cost-aware activation: the cheapest set of offers whose expected rollout throughput meets a target.
 
-Candidates. Every offer of a price source (``price_sources.py``) is a candidate once per market
+Candidates. Every offer of a price source (``price_sources/``) is a candidate once per market
 it is quoted in: (provider, instance type, region, spot or on-demand). Its throughput when up,
 ``x``, is its GPUs' profiled speed (``prices.Profile.speed`` at the model size, log-log
 interpolated between profiled sizes; ``measured.with_measurements`` puts measured figures in
@@ -188,7 +188,8 @@ def candidates(offers: list[Offer], profiles: dict[str, Profile], model_params_b
             price = offer.price(spot)
             if price is None:
                 continue
-            x = speed if unit == "tokens/s" else workload.groups_per_batch / (batch_tokens / speed + workload.upload_seconds)
+            x = (speed if unit == "tokens/s"
+                 else workload.groups_per_batch / (batch_tokens / speed + workload.upload_seconds))
             out.append(Candidate(offer, spot, price, x, unit, speed, reclaim_rate(offer, spot, reclaim),
                                  recovery_seconds, cap_for(offer, spot, caps), profile.source, profile.name))
     return out

@@ -110,7 +110,8 @@ def prices_table(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of offers, cheapest first."),
 ) -> None:
     """GPU offers and their prices, cheapest first, from the snapshot catalog, AWS or SkyPilot."""
-    from echo2.fleet.price_sources import cheapest_first, make_price_source, print_offers
+    from echo2.fleet.price_sources import cheapest_first, make_price_source
+    from echo2.fleet.price_table import print_offers
 
     try:
         src = make_price_source(source, catalog=catalog, regions=region)

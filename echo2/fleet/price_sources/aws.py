@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources import PriceSourceUnavailable, select
+from echo2.fleet.price_sources.base import PriceSourceUnavailable, select
 from echo2.fleet.prices import DEFAULT_CATALOG, Offer, load_catalog
 
 TYPES_PER_CALL = 50

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources import PriceSourceUnavailable, gpu_matcher, select
+from echo2.fleet.price_sources.base import PriceSourceUnavailable, gpu_matcher, select
 from echo2.fleet.prices import Offer
 
 INSTALL = "pip install -e '.[cloud]'"
@@ -44,7 +44,8 @@ def offers_from_listing(listing: dict[str, list]) -> list[Offer]:
             memory = _price(getattr(info, "device_memory", None))
             region = getattr(info, "region", None) or "?"
             offer = Offer(str(info.cloud).lower(), str(itype), str(getattr(info, "accelerator_name", gpu) or gpu),
-                          int(count), memory, str(region), _price(info.price), _price(getattr(info, "spot_price", None)))
+                          int(count), memory, str(region), _price(info.price),
+                          _price(getattr(info, "spot_price", None)))
             if offer.price(True) is None and offer.price(False) is None:
                 continue
             out.setdefault(offer.name, offer)
