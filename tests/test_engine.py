@@ -6,10 +6,10 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from echo2.data.weights import unique_state_dict
 from echo2.learner.logprobs import PolicyLogprobs
 from echo2.rollout.engines import SamplingParams
 from echo2.rollout.engines.transformers import TransformersEngine
-from echo2.data.weights import unique_state_dict
 
 
 def test_behavior_logprobs_match_teacher_forced_fp32(tiny_model):
@@ -46,6 +46,7 @@ def test_engine_refuses_weights_that_do_not_fit(tiny_model):
 
 def test_actor_side_never_imports_prefect():
     code = ("import sys, echo2.cli, echo2.rollout.actor, echo2.rollout.engines.transformers; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'flows') or m.startswith('echo2.learner')]; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'flows') "
+            "or m.startswith('echo2.learner')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -20,9 +20,9 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` runs these in .venv-vllm")
 
 import torch  # noqa: E402
+from actor_helpers import make_run, start_actor, stop_actor, wait_for_rollouts  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from actor_helpers import make_run, start_actor, stop_actor, wait_for_rollouts  # noqa: E402
 from echo2.bench.tiny_model import make_tiny_model  # noqa: E402
 from echo2.config import VllmEngineConfig  # noqa: E402
 from echo2.data.lora import merge_lora  # noqa: E402
