@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
+from echo2 import shipped
 from echo2.errors import Echo2InputError
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_CATALOG = REPO / "infra" / "prices" / "gpu-offers-2026-11.csv"
-DEFAULT_PROFILES = REPO / "infra" / "profiles" / "rollout-throughput.yaml"
+DEFAULT_CATALOG = shipped.path("prices", "gpu-offers-2026-11.csv")
+DEFAULT_PROFILES = shipped.path("profiles", "rollout-throughput.yaml")
 
 COLUMNS = ("provider", "instance_type", "gpu", "gpu_count", "gpu_memory_gib", "region",
            "on_demand_usd_per_hour", "spot_usd_per_hour")

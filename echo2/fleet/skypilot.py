@@ -60,6 +60,7 @@ from typing import Callable
 import tenacity
 import yaml
 
+from echo2 import shipped
 from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
@@ -69,7 +70,7 @@ from echo2.fleet.skypilot_api import (Cluster, LaunchCancelled, Launched, SkyApi
 
 log = logging.getLogger("echo2.fleet")
 
-DEFAULT_TASK_FILE = Path(__file__).resolve().parents[2] / "infra" / "skypilot" / "actor.yaml"
+DEFAULT_TASK_FILE = shipped.path("skypilot", "actor.yaml")
 RUN_LABEL = "echo2-run"
 ACTOR_LABEL = "echo2-actor"
 JOB_ENDED = {"SUCCEEDED": ActorState.EXITED}
