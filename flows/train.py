@@ -91,16 +91,11 @@ def update_policy(run: LearnerRun, selection: Selection, step: int) -> dict:
 
 @task(cache_policy=NO_CACHE)
 def reconcile_fleet(fleet: FleetManager, run: LearnerRun) -> dict:
-    """Replace dead actors; with ``fleet.actors: auto``, resize to what the capacity model asks for."""
-    if run.config.fleet.actors == "auto" and autosize.due(run.step, fleet.sized_at):
-        sized = autosize.auto_fleet_size(run.config, run.store, run.history)
-        if sized is not None:
-            fleet.resize(*sized)
-            fleet.sized_at = run.step
-    for actor_id, reason in run.collector.banned.items():  # caught lying: out of the fleet, and revoked
-        fleet.expel(actor_id, reason)
-    status = fleet.reconcile()
-    run.revoked |= fleet.revoked | set(run.collector.banned)  # the next version tells relays to refuse them
+    """With ``fleet.actors: auto``, resize to what the capacity model asks for; expel the actors the learner
+    caught lying, replace dead ones; the next version tells relays to refuse every actor that left."""
+    fleet.autosize(run.step, lambda: autosize.auto_fleet_size(run.config, run.store, run.history))
+    status = fleet.reconcile(expel=run.banned)
+    run.revoke(status["revoked"])
     return status
 
 

@@ -17,8 +17,11 @@
             the offers interchangeable with its own (same GPU, other regions or clouds) that fit the
             budget, for backends that can take any of several (SkyPilot's any_of)
         never start a worker that would take the fleet above fleet.max_usd_per_hour
-    resize(n): grow, or retire the newest actors (fleet.actors: auto, see autosize.py)
-    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it
+    autosize(step, size): with fleet.actors: auto, resize(n) to what the capacity model asks for, at the
+           steps autosize.due names (autosize.py); resize(n): grow, or retire the newest actors
+    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it; the flow
+           hands reconcile the learner's banned actors, and reconcile returns every actor that ended or was
+           retired, whose relay tokens the next published version revokes
     stop: terminate every actor
 
 Every change goes to ``ledger/events/`` with the actor's offer and price (requested, running,
@@ -38,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from echo2.config import FleetConfig
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -49,6 +52,7 @@ from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
 from echo2.data.store import ObjectStore
 from echo2.data.ledger import read_events
 from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetApiError, FleetBackend, Offer
+from echo2.fleet.autosize import due as autosize_due
 from echo2.fleet.costs import fleet_usd
 
 log = logging.getLogger("echo2.fleet")
@@ -99,8 +103,8 @@ class FleetManager:
         """Actors that ended or were retired: their relay tokens are revoked at the next publish."""
         self.expelled: set[str] = set()
         """Actors the learner banned (a dishonest file): retired and replaced once."""
-        self.sized_at: int | None = None
-        """The learner step at which ``fleet.actors: auto`` last sized the fleet (autosize.py)."""
+        self._sized_at: int | None = None
+        """The learner step at which ``fleet.actors: auto`` last sized the fleet (``autosize``)."""
         self._next_index = 0
         self._owed: list[tuple[int, int, str]] = []
         """Replacements a pass could not launch (slot index, its crashes, the actor replaced): first in ``_fill``."""
@@ -132,16 +136,20 @@ class FleetManager:
             log.warning("fleet: stopping %d actors the previous learner left running: %s", len(leftovers),
                         ", ".join(leftovers))
 
-    def reconcile(self) -> dict:
-        """Record and replace ended actors, launch what is missing; a status summary for the flow. A pass that
-        a provider or STS error cuts short is skipped (logged): nothing is concluded from a failed request."""
+    def reconcile(self, expel: Mapping[str, str] | None = None) -> dict:
+        """Expel the actors in ``expel`` (id: why the learner banned it), record and replace ended actors, launch
+        what is missing. A pass that a provider or STS error cuts short is skipped (logged): nothing is concluded
+        from a failed request. Returns a status summary for the flow, and under ``revoked`` every actor that
+        ended or was retired so far: the next published version revokes their relay tokens."""
+        for actor_id, reason in (expel or {}).items():
+            self.expel(actor_id, reason)
         try:
             self._reconcile()
         except FleetApiError as exc:
             self.skipped_passes += 1
             log.warning("fleet: reconcile pass skipped (%s); the next pass asks again", exc)
         return {"actors_alive": len(self.slots), "actors_desired": self.desired,
-                "usd_per_hour": self.usd_per_hour()}
+                "usd_per_hour": self.usd_per_hour(), "revoked": sorted(self.revoked)}
 
     def _reconcile(self) -> None:
         for slot in list(self.slots):
@@ -180,6 +188,17 @@ class FleetManager:
         """Launch the successor of ``replaces`` in its slot, or owe it to the slot when it cannot start now."""
         self._owed.append((index, crashes, replaces))
         self._fill()
+
+    def autosize(self, step: int, size: Callable[[], tuple[int, str] | None]) -> None:
+        """``fleet.actors: auto``: at the learner steps ``autosize.due`` names, resize to what ``size`` (the
+        capacity model, ``autosize.auto_fleet_size``) asks for. A step where it cannot tell yet (None) is not
+        counted as a sizing, so the next step asks again. A fixed fleet size: nothing."""
+        if self.config.actors != "auto" or not autosize_due(step, self._sized_at):
+            return
+        sized = size()
+        if sized is not None:
+            self.resize(*sized)
+            self._sized_at = step
 
     def resize(self, n: int, reason: str) -> None:
         """Grow to ``n`` actors, or retire the newest ones; recorded even when ``n`` is the size already
@@ -234,7 +253,8 @@ class FleetManager:
 
     # -- logs --------------------------------------------------------------------------------
     def new_log_lines(self) -> list[str]:
-        return [f"[{slot.actor_id}] {line}" for slot in self.slots for line in self.backend.new_log_lines(slot.actor_id)]
+        return [f"[{slot.actor_id}] {line}" for slot in self.slots
+                for line in self.backend.new_log_lines(slot.actor_id)]
 
     # -- inside --------------------------------------------------------------------------------
     def _fill(self) -> None:
@@ -298,7 +318,8 @@ class FleetManager:
             return ()
         budget = self.config.max_usd_per_hour
         room = None if budget is None else budget - self.usd_per_hour() + 1e-9
-        same = [o for o in available if o != offer and offer.interchangeable(o) and (room is None or o.usd_per_hour <= room)]
+        same = [o for o in available
+                if o != offer and offer.interchangeable(o) and (room is None or o.usd_per_hour <= room)]
         return tuple(same[: self.alternatives])
 
     def _set_unavailable(self, offer: Offer, *, alternatives: bool = True) -> None:

@@ -2,7 +2,8 @@
 
 Counts come from the ledger, the record of what each step used, dropped or quarantined, so the
 summary can never disagree with it. The cost report (cost.json, cost.md, cost.png) is
-``echo2/fleet/costs.py``'s, the one owner of every cost figure.
+``echo2/fleet/costs.py``'s, the one owner of every cost figure. The rest comes in a plain record
+(``ReportInputs``, which ``LearnerRun.finish`` fills), so this module needs nothing of the run itself.
 """
 
 from __future__ import annotations
@@ -10,15 +11,31 @@ from __future__ import annotations
 import io
 import json
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from echo2.data import layout
 from echo2.data.ledger import consumed_keys
 from echo2.fleet.costs import write_cost_reports
 from echo2.learner.evaluate import flat_metrics
 
-if TYPE_CHECKING:
-    from echo2.learner.run import LearnerRun
+
+@dataclass(frozen=True)
+class ReportInputs:
+    """What the end-of-run reports say of a run beside its ledger and its costs."""
+
+    run_id: str
+    steps: int
+    """The final policy version (the number of steps trained)."""
+    wall_seconds: float
+    evals: dict[str, dict]
+    """Every evaluation's result by label ("before", "after", "step-N")."""
+    eval_metric: str
+    """The task's headline metric (accuracy, bb/100)."""
+    staleness_bound: int
+    history: list[dict]
+    """Every step's metrics, in order."""
+    audit: dict
+    """What the audit of actors found (``LearnerRun.audit_summary``)."""
 
 
 def ledger_totals(store) -> dict:
@@ -84,22 +101,22 @@ def _score(result: dict | None) -> float | None:
     return None if result is None else result.get("score", result.get("accuracy"))
 
 
-def write_reports(run: "LearnerRun") -> dict:
-    store = run.store
+def write_reports(store, run: ReportInputs) -> dict:
+    """Write ``reports/`` into the run folder ``store`` (summary.json last) and return the summary."""
     summary = {
         "run_id": run.run_id,
-        "steps": run.step,
-        "wall_seconds": round(run.wall_seconds(), 1),
+        "steps": run.steps,
+        "wall_seconds": round(run.wall_seconds, 1),
         "eval_before": _score(run.evals.get("before")),
         "eval_after": _score(run.evals.get("after")),
         "eval_n": run.evals.get("after", run.evals.get("before", {})).get("n"),
-        "eval_metric": run.task.headline,
+        "eval_metric": run.eval_metric,
         "eval_metrics": {label: flat_metrics(result) for label, result in run.evals.items()},
-        "staleness_bound": run.config.train.staleness,
+        "staleness_bound": run.staleness_bound,
         **ledger_totals(store),
         **publish_totals(run.history),
-        "final_version": run.step,
-        "audit": run.audit_summary(),
+        "final_version": run.steps,
+        "audit": run.audit,
         "cost_usd": None,
         "finished_at": time.time(),
     }

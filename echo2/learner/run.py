@@ -17,6 +17,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
 from echo2.learner.publisher import Publisher
-from echo2.learner.report import write_reports
+from echo2.learner.report import ReportInputs, write_reports
 from echo2.learner.verify import TaskVerifier
 from echo2.models import resolve_model
 from echo2.tasks import make_task
@@ -109,7 +110,8 @@ class LearnerRun:
                                max_groups=r.groups_per_batch)  # an honest file holds one batch: no more in a step
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
-            verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens), max_file_bytes=int(t.max_rollout_file_mb * 2**20),
+            verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens),
+            max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
             auditor=self.auditor, banned=state.get("banned", {}), max_invalid_files=t.max_invalid_files_per_actor,
             max_ungradable_files=t.max_ungradable_files_per_actor, max_ungradable_fraction=t.max_ungradable_fraction,
@@ -213,6 +215,16 @@ class LearnerRun:
         write_consumed(self.store, selection.step, {"learner_version": selection.learner_version, "used": [],
                                                     "dropped": [], "quarantined": moved}, amendment="quarantine")
 
+    @property
+    def banned(self) -> dict[str, str]:
+        """Actors caught lying (id: why), whom the fleet expels (``FleetManager.reconcile(expel=...)``)."""
+        return dict(self.collector.banned)
+
+    def revoke(self, actor_ids: Iterable[str]) -> None:
+        """Revoke the relay tokens of ``actor_ids`` (actors that ended or were retired) and of every banned
+        actor, at the next published version: relays then refuse them."""
+        self.revoked |= set(actor_ids) | set(self.collector.banned)
+
     def audit_summary(self) -> dict:
         """What the run's audit of actors found: files seen and sampled, the largest gap that passed, who was banned."""
         a = self.auditor
@@ -276,7 +288,10 @@ class LearnerRun:
         self.sink.close()
         if not self.store.exists(layout.FINAL_CONSUMED):
             write_final(self.store, self.step, *self.collector.final_leftovers(self.step))
-        return write_reports(self)
+        return write_reports(self.store, ReportInputs(
+            run_id=self.run_id, steps=self.step, wall_seconds=self.wall_seconds(), evals=self.evals,
+            eval_metric=self.task.headline, staleness_bound=self.config.train.staleness, history=self.history,
+            audit=self.audit_summary()))
 
     @property
     def model_params_b(self) -> float | None:
@@ -286,7 +301,8 @@ class LearnerRun:
 
     @property
     def local_dir(self) -> Path:
-        """Local files of the run (logs, TensorBoard): the run folder itself for a local store, else ./echo2-logs/<run>."""
+        """Local files of the run (logs, TensorBoard): the run folder itself for a local store, else
+        ./echo2-logs/<run>."""
         if self.store.url.startswith("file://"):
             return Path(self.store.url[len("file://") :])
         return Path(layout.REMOTE_LOCAL_DIR) / self.run_id
