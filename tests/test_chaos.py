@@ -15,14 +15,15 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings, strategies as st
-
 from conftest import REPO
+from helpers import ledger_audit
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from echo2.chaos import fuzz
 from echo2.chaos.runner import failed
-from echo2.chaos.faults import learner_kills
+from echo2.chaos.scenarios.learner_kill import learner_kills
 from echo2.data.store import open_store
-from helpers import ledger_audit
 
 
 def test_sigkill_during_checkpoints_publishes_and_steps_always_resumes(tiny_model, tmp_path):
@@ -197,7 +198,7 @@ def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_mod
     grader, files far beyond LATEST+1, a junk flood and a planted checkpoint. The run and its resume finish,
     every honest actor's files are still used, the attacker is banned and revoked, nothing planted is loaded,
     and every kind is detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
-    from echo2.chaos.hostile_store import KINDS, hostile_store
+    from echo2.chaos.scenarios.hostile_store import KINDS, hostile_store
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)
     row = hostile_store(tmp_path, quick=True)
@@ -218,7 +219,7 @@ def test_bad_peers_hostile_peer_with_a_launched_actors_credentials_is_left_and_n
     made-up name is never asked, and the row would measure nothing); the actor leaves it at the first bad
     chunk for the store, never loads a bad version, and the run finishes. A hostile peer that served no
     chunk makes the row broken."""
-    from echo2.chaos.bad_peers import bad_peers
+    from echo2.chaos.scenarios.bad_peers import bad_peers
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)
     row = bad_peers(tmp_path, quick=True)

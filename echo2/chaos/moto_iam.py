@@ -1,5 +1,5 @@
 """moto's S3, IAM and STS on 127.0.0.1 with IAM enforcement on, in a process of its own: the store of a
-chaos scenario where an actor holds its own scoped credentials (``hostile_store.py``).
+chaos scenario where an actor holds its own scoped credentials (``scenarios/hostile_store.py``).
 
 A process of its own because moto keeps its auth switch (``/moto-api/reset-auth``) per process, shared by
 every in-process server: switched on in the suite's process, it would lock out the other scenarios'

@@ -1,4 +1,4 @@
-"""``echo2 chaos`` / ``make chaos``: every scenario (``scenarios.py``) against real runs, one table.
+"""``echo2 chaos`` / ``make chaos``: every scenario (``scenarios/``, one per file) against real runs, one table.
 
 A scenario fails (``failed``) when it lost or double-used a rollout file, when an actor loaded a bad
 version, when a run did not finish, when it detected fewer faults than it injected, when a secret was

@@ -12,7 +12,6 @@ from echo2.chaos import harness as h
 from echo2.chaos.rows import audit_row, bad_loads, result_row
 
 
-# -- 3. hostile peers and a truncated shard ------------------------------------------------------------
 class HostilePeer:
     """A relay peer in the run that answers every chunk request with bytes of the right length and the wrong
     content: flipped bits of what the store holds, or the chunk of another version. Played by the harness as
@@ -22,7 +21,8 @@ class HostilePeer:
     A peer under a name the fleet never launched is never planned (``topology.LaunchedActors``)."""
 
     BEAT_S = 0.2
-    """Ten times as often as the actors' heartbeat (broadcast.heartbeat_s, 2 s): the record is nearly always the attacker's."""
+    """Ten times as often as the actors' heartbeat (broadcast.heartbeat_s, 2 s): the record is nearly always the
+    attacker's."""
 
     def __init__(self, run_dir: Path, actor_id: str):
         import asyncio
@@ -68,7 +68,8 @@ class HostilePeer:
         if self.answered % 2:  # flipped bits
             data = bytes(b ^ 0x5A for b in data)
         else:  # the same chunk of an older version, cut or padded to the size asked for
-            older = sorted(p for p in (self.run_dir / "policy").glob("v*/shard-*.safetensors") if p.parent.name < f"v{version:06d}")
+            older = sorted(p for p in (self.run_dir / "policy").glob("v*/shard-*.safetensors")
+                           if p.parent.name < f"v{version:06d}")
             source = older[-1].read_bytes() if older else bytes(len(data))
             data = (source[chunk.offset:chunk.offset + chunk.size] + bytes(chunk.size))[: chunk.size]
         return web.Response(body=data, content_type="application/octet-stream")
@@ -99,6 +100,7 @@ def _truncated_shard_is_never_loaded(workdir: Path) -> tuple[bool, str]:
     """A version whose shard the store lost the tail of (its manifest intact) is refused chunk by chunk; the
     receiver keeps the version it had and takes the next good one. In process, with the real receiver."""
     import torch
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from echo2.broadcast.receiver import PolicyReceiver
     from echo2.config import BroadcastConfig, Config
@@ -108,7 +110,6 @@ def _truncated_shard_is_never_loaded(workdir: Path) -> tuple[bool, str]:
     from echo2.data.run_key import public_key_of
     from echo2.data.store import open_store
     from echo2.data.weights import publish_version
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
     store = open_store(str(workdir / "truncated" / "runs" / "t"))

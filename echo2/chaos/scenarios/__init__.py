@@ -10,6 +10,11 @@ assumed), ``finished`` (the run, or every run, ended normally), ``leaks`` (files
 any loss, any bad weight loaded, a run that did not finish, a fault not detected, a leak or anything
 broken (``runner.failed``).
 
+One scenario per file here (``relay-tls`` is ``dishonest_actors`` over the relay's TLS); what they share is
+in ``echo2/chaos/``: ``harness.py`` (runs, processes, audits, leaks), ``rows.py`` (the row and what actors
+loaded), ``fuzz.py``, ``liar.py``, ``s3_proxy.py``, ``moto_iam.py`` (the attackers and faulty services). A new
+scenario is a file with a ``name(workdir, quick=False) -> dict`` function and a line in ``SCENARIOS``.
+
 Runs are the real CLI on the tiny model (``harness.py``): real learner, real actor processes, a real
 store (local files, or S3 as moto's server speaks it on loopback). ``quick`` shrinks each scenario to
 the size ``make test`` runs (``tests/test_chaos.py``); the full sizes are ``make chaos``'s.
@@ -17,13 +22,30 @@ the size ``make test`` runs (``tests/test_chaos.py``); the full sizes are ``make
 
 from __future__ import annotations
 
-from echo2.chaos.attacks import dishonest_actors, forgeries, fuzzed_rollouts
-from echo2.chaos.bad_peers import bad_peers
-from echo2.chaos.faults import bad_input, learner_kills, load, reclaims, store_faults
-from echo2.chaos.hostile_store import hostile_store
+from echo2.chaos.scenarios import (
+    bad_input,
+    bad_peers,
+    dishonest_actors,
+    forgeries,
+    fuzzed_rollouts,
+    hostile_store,
+    learner_kill,
+    load,
+    reclaims,
+    store_faults,
+)
 
-SCENARIOS = {"reclaims": reclaims, "learner-kill": learner_kills, "bad-peers": bad_peers, "forgeries": forgeries,
-             "fuzzed-rollouts": fuzzed_rollouts, "store-faults": store_faults, "bad-input": bad_input,
-             "dishonest-actors": dishonest_actors, "relay-tls": lambda w, quick=False: dishonest_actors(w, quick, tls=True),
-             "hostile-store": hostile_store, "load": load}
+SCENARIOS = {
+    "reclaims": reclaims.reclaims,
+    "learner-kill": learner_kill.learner_kills,
+    "bad-peers": bad_peers.bad_peers,
+    "forgeries": forgeries.forgeries,
+    "fuzzed-rollouts": fuzzed_rollouts.fuzzed_rollouts,
+    "store-faults": store_faults.store_faults,
+    "bad-input": bad_input.bad_input,
+    "dishonest-actors": dishonest_actors.dishonest_actors,
+    "relay-tls": dishonest_actors.relay_tls,
+    "hostile-store": hostile_store.hostile_store,
+    "load": load.load,
+}
 """Every scenario, in the chaos issue's order (``echo2 chaos --scenario NAME`` runs one)."""

@@ -161,7 +161,8 @@ class HostileActor:
                 return
             self.first_upload_step = self._consumed_steps()
             self._put("glacier-peer", layout.peer_key(HOSTILE), self._peer_record(), StorageClass="GLACIER")
-            self._put("glacier-rollout", self._rollout_key(latest), self._rows(latest, "7", 0.0), StorageClass="GLACIER")
+            self._put("glacier-rollout", self._rollout_key(latest), self._rows(latest, "7", 0.0),
+                      StorageClass="GLACIER")
         elif self.wave == 1:
             if not self._ready(latest, self.keys["glacier-rollout"]):
                 return
@@ -171,7 +172,8 @@ class HostileActor:
             if not self._ready(latest, self.keys["huge-object"]):
                 return
             # the hanging file first: the collector meets it before the junk in the same folder
-            self._put("hanging-math", self._rollout_key(latest), self._rows(latest, HANG, self.task.config.format_reward))
+            self._put("hanging-math", self._rollout_key(latest),
+                      self._rows(latest, HANG, self.task.config.format_reward))
             for i in range(self.future):
                 ahead = min(latest + 500 * (i + 1), 999_999) if i < self.future - 1 else 999_999
                 self._put("future-versions", self._rollout_key(ahead), self._rows(ahead, "7", 0.0))
@@ -309,7 +311,8 @@ def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, res
     junk = reasons("junk-flood")
     out["junk-flood"] = (bool(junk) and all(s == "quarantined" for s, _ in junk),
                          f"{sum(s == 'quarantined' for s, _ in junk)}/{len(junk)} quarantined, "
-                         f"{sum(s == 'used' for s, _ in junk)} used, {sum(s == 'not judged' for s, _ in junk)} not judged")
+                         f"{sum(s == 'used' for s, _ in junk)} used, "
+                         f"{sum(s == 'not judged' for s, _ in junk)} not judged")
     planted = [line for line in resume_log.splitlines() if str(PLANTED_STEP) in line]
     refused = [line for line in planted if re.search(r"not loaded|not this run|ignored|refus|reject|forged|signature|"
                                                      r"not signed|skipp", line, re.I)]
@@ -388,7 +391,8 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
                                                                          scoped["AWS_SECRET_ACCESS_KEY"]]),
                       kinds={k: {"detected": ok, "evidence": why} for k, (ok, why) in kinds.items()},
                       detail=f"run exit {code} (130: interrupted as planned at step {attacker.interrupted_at}), "
-                             f"checkpoint step-{PLANTED_STEP} planted ({planted}), resume exit {resume_code}; detected: "
+                             f"checkpoint step-{PLANTED_STEP} planted ({planted}), resume exit {resume_code}; "
+                             f"detected: "
                              f"{', '.join(k for k, (ok, _) in kinds.items() if ok) or 'none'}; missed: "
                              + "; ".join(f"{k} ({why})" for k, (ok, why) in kinds.items() if not ok)
                              + f"; honest files used after the first upload: {used}; its own credentials planting a "
