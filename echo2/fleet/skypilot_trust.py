@@ -6,7 +6,8 @@ SkyPilot's defaults would hand an untrusted VM much more:
 - ``workdir: .`` rsyncs whatever folder the learner was started from: started from ``$HOME`` that is
   ``~/.config/echo2/keys/`` (the run's signing and CA key), ``~/.aws`` and the rest. The actor's workdir
   is instead a folder staged here holding exactly what ``pip install`` of the actor needs:
-  ``pyproject.toml``, ``README.md`` (its ``readme``) and the ``echo2`` package's ``.py`` files.
+  ``pyproject.toml``, ``setup.py``, ``README.md`` and ``LICENSE`` (its ``readme`` and ``license-files``),
+  and the ``.py`` files of ``echo2/`` and ``infra/`` (installed as ``echo2._infra``: setup.py maps it).
 - Every launch uploads the local credential files of every cloud SkyPilot knows, unless that cloud's
   ``remote_identity`` is ``NO_UPLOAD``. That key exists only in the config (a task's ``config:`` may
   override it for Kubernetes and Azure only, ``OVERRIDEABLE_CONFIG_KEYS_IN_TASK`` in 0.14), so every
@@ -18,7 +19,7 @@ SkyPilot's defaults would hand an untrusted VM much more:
 
 What NO_UPLOAD does not change: the identity SkyPilot gives the VM itself. On AWS that is its
 ``skypilot-v1`` instance profile (AmazonEC2FullAccess, AmazonS3FullAccess) unless
-``fleet.skypilot.aws_node_profile`` names another; on GCP its ``skypilot-v1`` service account
+``fleet.aws_node_profile`` names another; on GCP its ``skypilot-v1`` service account
 (storage.admin, compute.admin), which 0.14 cannot replace (GCP's ``remote_identity`` takes no name).
 So AWS without the node profile (``infra/iam/actor-node-policy.json``) and GCP are refused
 (``SkyPilotFleetConfig.broad_vm_identity``) unless ``allow_broad_vm_identity`` voids the boundary.
@@ -33,9 +34,12 @@ import threading
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = "echo2"
-PROJECT_FILES = ("pyproject.toml", "README.md")
-"""Beside the package, what ``pip install -e .`` of the actor reads (``readme = "README.md"``)."""
+"""The source checkout the learner runs from (a wheel install has no source to stage: ``ActorSourceMissing``)."""
+PACKAGES = ("echo2", "infra")
+"""The folders whose ``.py`` files the actor installs: infra/ is the package ``echo2._infra`` (setup.py), and
+its ``__init__.py`` alone lets that build; its data files (prices, task files) are no actor's business."""
+PROJECT_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE")
+"""Beside the packages, what the actor's ``pip install -e .`` reads: the package list, ``readme``, ``license-files``."""
 
 _CONFIG_LOCK = threading.Lock()
 """SkyPilot keeps the client's config in one global of the process: launches from several threads
@@ -47,16 +51,16 @@ class ActorSourceMissing(RuntimeError):
 
 
 def stage_actor_source(root: Path = PROJECT_ROOT) -> Path:
-    """A fresh folder holding exactly the actor's install source: ``PROJECT_FILES`` and the package's
-    ``.py`` files (no caches, no stray files, nothing outside the package). The caller removes it."""
-    missing = [name for name in (*PROJECT_FILES, PACKAGE) if not (root / name).exists()]
+    """A fresh folder holding exactly the actor's install source: ``PROJECT_FILES`` and the packages'
+    ``.py`` files (no caches, no stray files, nothing outside the packages). The caller removes it."""
+    missing = [name for name in (*PROJECT_FILES, *PACKAGES) if not (root / name).exists()]
     if missing:
         raise ActorSourceMissing(f"fleet.backend skypilot installs echo2 on each actor from its source, but "
                                  f"{root} has no {', '.join(missing)}: run the learner from a source checkout")
     dest = Path(tempfile.mkdtemp(prefix="echo2-actor-source-"))
     for name in PROJECT_FILES:
         shutil.copy2(root / name, dest / name)
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in (root / package).rglob("*.py")):
         if "__pycache__" in path.parts or path.is_symlink():
             continue  # a symlink could point anywhere: only the package's own files travel
         target = dest / path.relative_to(root)
@@ -68,7 +72,7 @@ def stage_actor_source(root: Path = PROJECT_ROOT) -> Path:
 def allowed_source_file(relative: str) -> bool:
     """Whether ``relative`` (a path inside a staged source) is one ``stage_actor_source`` may copy."""
     parts = Path(relative).parts
-    return relative in PROJECT_FILES or (len(parts) > 1 and parts[0] == PACKAGE and relative.endswith(".py"))
+    return relative in PROJECT_FILES or (len(parts) > 1 and parts[0] in PACKAGES and relative.endswith(".py"))
 
 
 def clouds_with_remote_identity() -> list[str]:
