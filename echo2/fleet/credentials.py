@@ -244,9 +244,9 @@ def mint_actor_credentials(run_url: str, run_id: str, actor_id: str, *, role_arn
 
 
 if __name__ == "__main__":  # regenerate the shipped templates: python -m echo2.fleet.credentials
-    from pathlib import Path
+    from echo2 import shipped
 
-    out = Path(__file__).resolve().parents[2] / "infra" / "iam"
+    out = shipped.path("iam")  # in a checkout (editable install): the repository's infra/iam
     out.mkdir(parents=True, exist_ok=True)
     (out / "actor-policy.json").write_text(actor_policy_template())
     (out / "actor-role-policy.json").write_text(role_policy_template())
