@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+"""The source checkout: the chaos suite runs from one (its runs read configs/, which no wheel ships), unlike
+the shipped files of infra/ (echo2.shipped)."""
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 TINY = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_step=2", "rollout.max_new_tokens=6",
         "eval.max_new_tokens=6", "task.eval_size=10", "train.lr=1e-3", "eval.before=false", "eval.after=false",
