@@ -15,9 +15,10 @@ import time
 
 import pytest
 import torch
+from actor_helpers import make_run
+from helpers import commit_rollouts, rollout_bytes, wait_until
 from transformers import AutoModelForCausalLM
 
-from actor_helpers import make_run
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex, write_consumed
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint
@@ -25,7 +26,6 @@ from echo2.data.rollouts import RolloutLimits
 from echo2.data.store import open_store
 from echo2.data.weights import unique_state_dict
 from echo2.learner.collector import RolloutCollector
-from helpers import commit_rollouts, rollout_bytes, wait_until
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0), max_groups=2)
@@ -97,7 +97,7 @@ def test_junk_from_one_actor_does_not_stop_another_actors_flow_control(tiny_mode
         actor.version = 1  # the learner is at version 1 now: the window is v0..v1
         assert actor._has_capacity()
     finally:
-        actor.receiver.close()
+        actor.source.close()
 
 
 def test_files_the_collection_in_progress_judged_do_not_hold_the_fleet_back(tmp_path):

@@ -1,11 +1,11 @@
 """The actor loop: follow the latest policy, generate groups, score them, commit Arrow files.
 
     loop:
-        if the receiver has a newer policy version whole and verified: swap to it
-            (it is received in the background from the parent relay peer or the store, chunk by
-            chunk, each checked against the signed manifest; see echo2/broadcast/; a sparse delta
-            is applied to the weights held here, or the version rebuilt from its keyframe, and
-            every tensor checked against the signed hashes before the swap: reconstruct.py)
+        if a newer policy version is ready to load: swap to it
+            (broadcast/weight_source.py, one call: the version is received in the background from
+            the parent relay peer or the store, chunk by chunk, each checked against the signed
+            manifest; a sparse delta is rebuilt and every tensor checked against the signed hashes,
+            a LoRA adapter merged into its base or handed to an engine that applies it itself)
         if a batch started now would be too stale when the learner next collects, or the
             fleet already has enough usable batches waiting: sleep                    (flow control)
         draw groups_per_batch problems; the task plays G episodes of each with the engine
@@ -22,37 +22,34 @@ stop a cloud actor, which would bill on). It never imports Prefect or the learne
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import random
 import shutil
 import signal
 import tempfile
-import _thread
 import time
 import zlib
 from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load as st_load
 from transformers import AutoTokenizer
 
-from echo2.data.relay_tokens import token_from_env
-from echo2.data.run_key import public_key_of
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay_tls import relay_tls
-from echo2.broadcast.reconstruct import Reconstructor
+from echo2.broadcast.weight_source import ReadyVersion, VersionRejected, WeightSource
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
-from echo2.data.delta import DeltaRejected
 from echo2.data.ledger import ConsumedIndex
-from echo2.data.lora import merge_lora
+from echo2.data.relay_tokens import token_from_env
 from echo2.data.rollouts import Rollout, encode_rollouts
+from echo2.data.run_key import public_key_of
 from echo2.data.store import ObjectStore
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
-from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.learner_watch import LearnerWatch
+from echo2.rollout.machine import machine_broadcast
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task
 
@@ -108,11 +105,11 @@ class Actor:
         broadcast = machine_broadcast(self.config.broadcast, preemption_source=r.preemption_source,
                                       preemption_endpoint=r.preemption_endpoint)
         # across hosts the relay speaks mutual TLS with this actor's certificate ($ECHO2_RELAY_TLS) and run.json's CA
-        self.receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
-                                       broadcast, staleness=self.config.train.staleness, run_id=self.run_id,
-                                       tls=relay_tls(broadcast, run, actor_id))
-        # rebuilds sparse delta versions from what it holds or from a keyframe, each link verified
-        self.reconstructor = Reconstructor(self.receiver.manifest, self.receiver.fetch_blocking)
+        receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
+                                  broadcast, staleness=self.config.train.staleness, run_id=self.run_id,
+                                  tls=relay_tls(broadcast, run, actor_id))
+        # hands over each new version ready to load: full, a rebuilt delta, a merged or native LoRA adapter
+        self.source = WeightSource(receiver, lora=self.config.train.lora_rank > 0)
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
@@ -126,10 +123,6 @@ class Actor:
         """How long loading the version in use into the engine took."""
         self.previous_batch_seconds: float | None = None
         """The previous batch's whole turn: swap, flow control, sampling, scoring, encoding, commit."""
-        self._base: tuple[int, dict[str, torch.Tensor]] | None = None
-        """(version, full weights) that adapter versions are merged into, where the engine does not apply them."""
-        self._engine_base_version: int | None = None
-        """The full version whose weights the engine holds now (None: a merged adapter version)."""
         self.seq = 0
         self._stopping = False
         self._committing = False
@@ -193,7 +186,7 @@ class Actor:
             self._closing = True  # a second signal must not cut the clean-up short
             if watcher is not None:
                 watcher.close()
-            self.receiver.close()
+            self.source.close()
             if self.engine is not None:
                 self.engine.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -204,74 +197,39 @@ class Actor:
 
     # -- steps -----------------------------------------------------------------------------
     def _follow_policy(self) -> bool:
-        """Swap to a newer version once the receiver has all of it, verified (generation goes on
-        meanwhile), and, for a sparse delta, once it rebuilds the learner's tensors bit for bit;
-        whether it swapped."""
-        buffer = self.receiver.poll()
-        if buffer is None:
-            return False
-        t0 = time.time()
-        files = buffer.files()
-        native_adapter = (buffer.manifest.get("weights") == "lora" and self.engine is not None
-                          and self.engine.native_lora)  # the engine applies it on top of its base itself
+        """Swap to a newer version once it is ready to load (received whole and verified in the background
+        while generation goes on; a sparse delta rebuilt bit for bit); whether it swapped."""
+        native_lora = self.engine is not None and self.engine.native_lora  # it applies adapters on its base itself
         try:
-            weights = None if native_adapter else self._weights_of(buffer.manifest, files)
-        except DeltaRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
-            log.error("not swapping to v%d: %s (still on v%s)", buffer.version, exc, self.version)
+            ready = self.source.poll(native_lora=native_lora)
+        except VersionRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
+            log.error("not swapping to v%d: %s (still on v%s)", exc.version, exc.reason, self.version)
+            return False
+        if ready is None:
             return False
         if self.engine is None:
-            model_dir = self._workdir / "model"
-            model_dir.mkdir(parents=True, exist_ok=True)
-            model_files = {e["name"]: files[e["name"]] for e in buffer.manifest["files"] if e["kind"] == "aux"}
-            for name, data in (model_files or self.reconstructor.model_files or {}).items():
-                (model_dir / name).write_bytes(data)  # plain names only: the receiver checked them
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            self._build_engine(model_dir)
-        if weights is None:
-            self._load_adapter(buffer.manifest, files)
-        else:
-            self.engine.load_weights(weights.items())
-            self._engine_base_version = buffer.manifest["version"] if buffer.manifest.get("weights") != "lora" else None
-        self.version = buffer.version
-        created = buffer.manifest.get("created_at")
+            self._build_engine(ready)
+        if ready.weights is not None:
+            self.engine.load_weights(ready.weights.items())
+        if ready.adapter is not None:
+            self.engine.load_lora(ready.adapter.tensors, version=ready.version, rank=ready.adapter.rank,
+                                  alpha=ready.adapter.alpha)
+        self.version = ready.version
+        created = ready.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
-        self.fetch_seconds = self.receiver.last_fetch_seconds
-        self.swap_seconds = time.time() - t0
-        how = f", {self.reconstructor.route} in {self.reconstructor.seconds:.2f}s" if self.reconstructor.route != "full" else ""
+        self.fetch_seconds = ready.fetch_seconds
+        self.swap_seconds = time.time() - ready.received_at
+        how = f", {ready.route} in {ready.rebuild_seconds:.2f}s" if ready.route != "full" else ""
         log.info("now generating with policy v%d (loaded in %.1fs%s)", self.version, self.swap_seconds, how)
         return True
 
-    def _load_adapter(self, manifest: dict, files: dict[str, bytes]) -> None:
-        """Load an adapter version into an engine that applies it itself (``native_lora``): its base
-        is loaded once, each adapter on top of it."""
-        base_version = manifest["base_version"]
-        if self._engine_base_version != base_version:
-            log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
-            base = self.receiver.fetch_blocking(base_version)
-            self.engine.load_weights(_shard_tensors(base.manifest, base.files()).items())
-            self._engine_base_version = base_version
-        self.engine.load_lora(_shard_tensors(manifest, files), version=manifest["version"],
-                              rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
-
-    def _weights_of(self, manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
-        """Full weights of a received version; a LoRA version is merged into its base version, a
-        sparse delta (or a keyframe of a delta run) goes through the reconstructor."""
-        if manifest.get("weights") == "delta" or "tensors" in manifest:
-            return self.reconstructor.weights(manifest, files)
-        self.reconstructor.route = "full"
-        tensors = _shard_tensors(manifest, files)
-        if manifest.get("weights") != "lora":
-            if self.config.train.lora_rank > 0 and not (self.engine is not None and self.engine.native_lora):
-                self._base = (manifest["version"], tensors)  # later adapter versions apply to it
-            return tensors
-        base_version = manifest["base_version"]
-        if self._base is None or self._base[0] != base_version:
-            log.info("fetching base v%d for adapter v%d", base_version, manifest["version"])
-            base = self.receiver.fetch_blocking(base_version)
-            self._base = (base_version, self._weights_of(base.manifest, base.files()))
-        return merge_lora(self._base[1], tensors, rank=manifest["lora_rank"], alpha=manifest["lora_alpha"])
-
-    def _build_engine(self, model_dir: Path) -> None:
+    def _build_engine(self, first: ReadyVersion) -> None:
+        """The engine and tokenizer, from the model files of the first version (or of its keyframe)."""
+        model_dir = self._workdir / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in first.model_files.items():
+            (model_dir / name).write_bytes(data)  # plain names only: the receiver checked them
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if self.engine_factory is not None:
             self.engine = self.engine_factory(model_dir, self.tokenizer)
         else:
@@ -344,11 +302,6 @@ class Actor:
         self.seq += 1
         if self._stopping:
             raise _Stop()
-
-
-def _shard_tensors(manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
-    """The tensors of a version's shards (verified bytes: safetensors, never pickle)."""
-    return {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
 
 
 def run_actor(run_url: str, actor_id: str, store_options: dict, parent_pid: int | None = None, *,
