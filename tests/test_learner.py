@@ -4,13 +4,13 @@ import math
 
 import pytest
 import torch
+from helpers import rollout_bytes
 
 from echo2.config import TrainConfig
 from echo2.data.rollouts import decode_rollouts
 from echo2.learner.columns import step_columns
-from echo2.learner.packing import Ragged, StepColumns, assemble_packed
 from echo2.learner.learner import Learner
-from helpers import rollout_bytes
+from echo2.learner.packing import Ragged, StepColumns, assemble_packed
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -132,26 +132,26 @@ def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, 
     import subprocess
     import sys
 
+    from conftest import REPO
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from transformers import AutoModelForCausalLM
 
     from echo2.config import BroadcastConfig
     from echo2.data.run_folder import create_run
     from echo2.data.store import open_store
-    from echo2.learner.publisher import publish
-    from conftest import REPO
+    from echo2.learner.publisher import Publisher
 
     cfg = TrainConfig(lr=5e-2, lora_rank=4, lora_alpha=8.0)
     learner = Learner(tiny_model, cfg, temperature=1.0)
     store = open_store(str(tmp_path / "run"))
     key = Ed25519PrivateKey.generate()
     create_run(store, "lora", {}, key=key, echo2_version="test")  # export checks versions with run.json's key
-    publish_args = dict(extra_files=learner.extra_files, train=cfg, broadcast=BroadcastConfig(mode="store"),
-                        key=key)
-    publish(store, 0, *learner.policy_version_tensors(), **publish_args)
+    publisher = Publisher(store, train=cfg, broadcast=BroadcastConfig(mode="store"), key=key,
+                          extra_files=learner.extra_files)
+    publisher.publish(0, *learner.policy_version_tensors())
     for _ in range(2):
         learner.train_step([decode_rollouts(rollout_bytes(0, reward=lambda g, s: float(s == 0)))])
-    publish(store, 2, *learner.policy_version_tensors(), **publish_args)
+    publisher.publish(2, *learner.policy_version_tensors())
     b = [v for k, v in learner.adapter_tensors().items() if "lora_B" in k]
     assert any(t.abs().sum() > 0 for t in b)
 

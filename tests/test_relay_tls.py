@@ -14,21 +14,27 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+from relay_helpers import env_of_a_launched_actor, make_version, slow_store_reader
+from relay_helpers import poll_until as _poll_until
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, RelayServer
 from echo2.broadcast.relay_tls import RelayTLS, relay_tls, tls_enabled
 from echo2.config import BroadcastConfig, Config, ConfigError, load_config
 from echo2.data import layout
-from echo2.data.relay_certs import (RELAY_TLS_ENV, ActorCertificate, BadRelayCertificate, RelayCA, ca_of_run,
-                                    identity_name)
+from echo2.data.relay_certs import (
+    RELAY_TLS_ENV,
+    ActorCertificate,
+    BadRelayCertificate,
+    RelayCA,
+    ca_of_run,
+    identity_name,
+)
 from echo2.data.relay_tokens import RelayAuth, mint
 from echo2.data.run_folder import create_run
 from echo2.data.run_key import KEY_ENV, public_key_of, run_key
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version
-
-from relay_helpers import env_of_a_launched_actor, make_version, poll_until as _poll_until, slow_store_reader
 
 RUN = "r1"
 
@@ -233,13 +239,15 @@ def test_a_revoked_actor_is_refused_by_certificate_from_the_version_that_revokes
 def test_the_learner_gives_no_children_to_a_revoked_actor(run):
     from echo2.broadcast.topology import register
     from echo2.config import TrainConfig
-    from echo2.learner.publisher import publish
+    from echo2.data.ledger import write_event
+    from echo2.learner.publisher import Publisher
 
     store, key = run
     for actor in ("a0", "a1", "a2"):
+        write_event(store, "launch", actor)  # the fleet launched all three
         register(store, actor, f"https://10.0.0.{actor[1]}:8443", 0)  # all three alive
-    manifest = publish(store, 1, {"w": torch.ones(8)}, {}, extra_files={}, train=TrainConfig(), key=key,
-                       broadcast=BroadcastConfig(), revoked={"a1"})
+    publisher = Publisher(store, train=TrainConfig(), broadcast=BroadcastConfig(), key=key, extra_files={})
+    manifest, _ = publisher.publish(1, {"w": torch.ones(8)}, {}, revoked={"a1"})
     assert sorted(p["id"] for p in manifest["relay"]["peers"]) == ["a0", "a2"] and manifest["revoked"] == ["a1"]
 
 
@@ -280,7 +288,8 @@ def test_actors_get_their_own_certificate_and_the_ca_key_is_never_in_the_store_e
     for what, secret in _secret_forms(key).items():
         assert secret.encode() not in in_store + in_logs, what
         assert secret not in caplog.text and secret not in env[RELAY_TLS_ENV], what
-    assert env[RELAY_TLS_ENV].encode() not in in_store  # the actor's own key is a secret too (its log shows it: the test printed it)
+    # the actor's own key is a secret too (its log shows it: the test printed it)
+    assert env[RELAY_TLS_ENV].encode() not in in_store
 
 
 def test_a_resumed_learner_issues_certificates_of_the_same_ca(run, monkeypatch):

@@ -42,26 +42,12 @@ log = logging.getLogger("echo2.learner")
 
 
 def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str],
-                fleet: LaunchedActors | None = None) -> dict:
-    """The relay section; ``fleet``: the actors the run's fleet launched (None: no fleet, peers as registered)."""
+                fleet: LaunchedActors) -> dict:
+    """The relay section; ``fleet``: the actors the run's fleet launched (no other peer gets into the plan)."""
     if broadcast.mode != "relay":
         return {"fanout": broadcast.fanout, "roots": broadcast.roots, "peers": []}
     return relay_plan(store, version, fanout=broadcast.fanout, roots=broadcast.roots,
-                      max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=None if fleet is None else fleet())
-
-
-def publish(store: ObjectStore, version: int, tensors: dict[str, torch.Tensor], meta: dict, *,
-            extra_files: dict[str, bytes], train: TrainConfig, broadcast: BroadcastConfig,
-            key: Ed25519PrivateKey, revoked: Collection[str] = ()) -> dict:
-    """Commit ``version`` as a full version (signed with ``key``, the learner's Ed25519 key), move
-    LATEST to it, collect garbage; returns the manifest. ``revoked``: actors whose relay tokens peers
-    refuse from this version on."""
-    manifest = publish_version(store, version, tensors, extra_files=extra_files, shard_mb=train.shard_mb,
-                               chunk_size=int(broadcast.chunk_mb * 2**20), key=key,
-                               meta={"relay": _relay_plan(store, version, broadcast, revoked),
-                                     "revoked": sorted(revoked), **meta})
-    collect_garbage(store, version, train)
-    return manifest
+                      max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=fleet())
 
 
 def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, cache: dict[int, dict] | None = None) -> None:
