@@ -3,10 +3,10 @@
 import os
 import signal
 
-import flows.train
 import pytest
 from typer.testing import CliRunner
 
+import flows.train
 from echo2.cli import app
 
 QUICKSTART = "configs/quickstart.yaml"
@@ -123,3 +123,32 @@ def test_sigterm_to_echo2_chaos_stops_every_process_of_its_scenarios(tmp_path):
     assert chaos.returncode == 143 and "interrupted" in output, output[-3000:]
     # stopped, not left to run on: a learner the suite had left behind would have finished its 8 steps
     assert not (run / "reports" / "summary.json").exists()
+
+
+def test_version_prints_the_package_version():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    import echo2
+
+    proc = subprocess.run([sys.executable, "-m", "echo2", "--version"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout == f"echo2 {echo2.__version__}\n", proc.stdout + proc.stderr
+
+
+def test_python_dash_m_echo2_is_the_echo2_command():
+    """``python -m echo2`` (echo2/__main__.py) runs the same app as the ``echo2`` script: its commands listed."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    proc = subprocess.run([sys.executable, "-m", "echo2", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    assert "python -m echo2" in proc.stdout
+    for command in ("run", "learner", "actor", "export", "eval", "report", "audit", "chaos", "plan", "prices",
+                    "bench", "fleet"):
+        assert f" {command} " in proc.stdout, (command, proc.stdout)

@@ -474,7 +474,7 @@ def test_an_actor_uploads_echo2s_source_alone_whatever_folder_the_learner_runs_i
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     outside = [f for f in files if not allowed_source_file(f)]
     assert not outside, f"the actor's workdir holds files outside echo2's source: {outside[:10]}"
-    assert {"pyproject.toml", "echo2/rollout/actor.py", "echo2/cli.py"} <= set(files)
+    assert {"pyproject.toml", "echo2/rollout/actor.py", "echo2/cli/__init__.py"} <= set(files)
     for path in root.rglob("*"):
         assert path.suffix not in (".key", ".pem") and not path.is_symlink()
         if path.is_file():

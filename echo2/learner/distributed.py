@@ -301,8 +301,9 @@ def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
 
 @contextmanager
 def stop_signals_deferred():
-    """SIGINT and SIGTERM received inside the block reach the handlers in place (``_CtrlC``, Prefect's) once it
-    has ended, each once. Python runs a handler in the main thread only, so elsewhere this changes nothing."""
+    """SIGINT and SIGTERM received inside the block reach the handlers in place (``echo2.cli.common.CtrlC``,
+    Prefect's) once it has ended, each once. Python runs a handler in the main thread only, so elsewhere this changes
+    nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,5 +1,5 @@
-"""``echo2 bench``: benchmarks that print ratios measured side by side (registered on the CLI in
-``echo2/cli.py``; each also has its ``make bench-NAME``)."""
+"""``echo2 bench``: benchmarks that print ratios measured side by side (each also has its ``make bench-NAME``);
+the benchmarks themselves are in ``echo2/bench/``."""
 
 from __future__ import annotations
 
@@ -9,26 +9,16 @@ from typing import List, Optional
 
 import typer
 
+from echo2.cli.common import fail, quiet_transformers
 from echo2.errors import Echo2InputError
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured side by side.")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 @bench_app.command("broadcast")
 def bench_broadcast(
-    receivers: Optional[List[int]] = typer.Option(None, "--receivers", help="Receiver counts (repeatable; default 2 4 8 16)."),
+    receivers: Optional[List[int]] = typer.Option(None, "--receivers",
+                                                  help="Receiver counts (repeatable; default 2 4 8 16)."),
     size_mb: float = typer.Option(256.0, "--size-mb", help="Payload (one policy version) in MB."),
     link_mbit: float = typer.Option(200.0, "--link-mbit", help="Every node's uplink, the store's too."),
     chunk_mb: float = typer.Option(1.0, "--chunk-mb", help="Chunk size: smaller chunks fill a long chain sooner."),
@@ -71,7 +61,8 @@ def bench_broadcast(
     for r in results:
         over_tls = [f"{r['relay_tls_s']:.2f}", f"{r['tls_over_plain']:.2f}"] if tls else []
         table.add_row(str(r["receivers"]), f"{r['relay_s']:.2f}", f"{r['store_only_s']:.2f}", f"{r['ideal_s']:.2f}",
-                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", *over_tls, str(r["verified"]))
+                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", *over_tls,
+                      str(r["verified"]))
     Console().print(table)
     by_n = {r["receivers"]: r for r in results}
     if 4 in by_n and 16 in by_n:
@@ -83,12 +74,12 @@ def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: floa
     from echo2.bench.delta import json_lines, print_delta, run_delta_bench
     from echo2.data.store import StoreError
 
-    _quiet_transformers()
+    quiet_transformers()
     try:
         result = run_delta_bench(steps=steps, receivers=receivers, link_mbit=link_mbit, chunk_mb=chunk_mb,
                                  shaped=shaped, from_run=from_run, progress=lambda line: typer.echo(line, err=True))
     except (StoreError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         for obj in json_lines(result):
             typer.echo(json.dumps(obj))
@@ -105,7 +96,7 @@ def bench_overlap(
     """Capacity model vs the real learner and actors on a timing workload: utilization, predicted and measured."""
     from echo2.bench.overlap import print_table, run_overlap_bench, summary_line
 
-    _quiet_transformers()
+    quiet_transformers()
     results = run_overlap_bench(quick=quick, keep=keep, progress=lambda line: typer.echo(line, err=True))
     if as_json:
         typer.echo(json.dumps(results, indent=1))
@@ -116,16 +107,24 @@ def bench_overlap(
 
 @bench_app.command("cost")
 def bench_cost(
-    rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second", help="R: rollouts (completions) per second the fleet must make."),
-    model_params: float = typer.Option(4.0, "--model-params", help="Model size in billions (speeds interpolated between profiled sizes)."),
+    rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second",
+                                              help="R: rollouts (completions) per second the fleet must make."),
+    model_params: float = typer.Option(4.0, "--model-params",
+                                       help="Model size in billions (speeds interpolated between profiled sizes)."),
     completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per rollout."),
     source: str = typer.Option("snapshot", "--source", help="Price source: snapshot, aws, skypilot."),
-    reclaim_rate: Optional[List[str]] = typer.Option(None, "--reclaim-rate", help="Reclaims per instance-hour: KEY=RATE, KEY = spot, on-demand, provider, provider:market or offer (repeatable)."),
-    cap: Optional[List[str]] = typer.Option(None, "--cap", help="Instances per offer at most: KEY=N, same keys (repeatable)."),
-    recovery_seconds: float = typer.Option(600.0, "--recovery-seconds", help="Work lost per reclaim: until a replacement produces."),
+    reclaim_rate: Optional[List[str]] = typer.Option(None, "--reclaim-rate", help="Reclaims per instance-hour: "
+                                                     "KEY=RATE, KEY = spot, on-demand, provider, provider:market or "
+                                                     "offer (repeatable)."),
+    cap: Optional[List[str]] = typer.Option(None, "--cap",
+                                            help="Instances per offer at most: KEY=N, same keys (repeatable)."),
+    recovery_seconds: float = typer.Option(600.0, "--recovery-seconds",
+                                           help="Work lost per reclaim: until a replacement produces."),
     max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for activation's fleet."),
-    measured_run: Optional[List[str]] = typer.Option(None, "--measured-run", help="Earlier run whose measured speeds replace the profiles' (repeatable)."),
-    sweep: bool = typer.Option(True, "--sweep/--no-sweep", help="Also both figures at 8, 32, 128, 512, 1024 rollouts/s."),
+    measured_run: Optional[List[str]] = typer.Option(None, "--measured-run", help="Earlier run whose measured speeds "
+                                                     "replace the profiles' (repeatable)."),
+    sweep: bool = typer.Option(True, "--sweep/--no-sweep",
+                               help="Also both figures at 8, 32, 128, 512, 1024 rollouts/s."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput."""
@@ -137,12 +136,10 @@ def bench_cost(
                                 recovery_seconds=recovery_seconds, budget_usd_per_hour=max_usd_per_hour,
                                 measured_runs=measured_run, sweep=SWEEP if sweep else None)
     except Echo2InputError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     typer.echo(json.dumps(result, indent=1)) if as_json else print_cost(result)
     if result["activation_usd_per_hour"] is None:
         raise typer.Exit(1)
-
-
 
 
 @bench_app.command("learner")
@@ -176,7 +173,7 @@ def bench_learner(
     """echo2's training step (packed, chunked log-probs) vs the old padded full-logits step: memory, tokens/s."""
     from echo2.bench.learner import build, run_and_report, table_rows
 
-    _quiet_transformers()
+    quiet_transformers()
     try:
         chosen, opts = build(device=device, model_config=model_config, layers=layers, vocab=vocab, hidden=hidden,
                              completion_tokens=completion_tokens or [512, 2048, 8192], mixed=mixed, cases=cases,
@@ -185,7 +182,7 @@ def bench_learner(
                              baseline_micro_batch=baseline_micro_batch, memory_budget_mb=memory_budget_mb,
                              steps=steps, warmup=warmup, seed=seed)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     def rich_table(results: list[dict]) -> None:
         from rich.console import Console

@@ -1,0 +1,63 @@
+"""``echo2``: the command line (``python -m echo2`` too). One module per command or group of commands:
+
+    echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]                          run.py
+    echo2 learner CONFIG [--nproc P] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT]   run.py (torchrun)
+    echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)          actor.py
+    echo2 export RUN [--step N] DIR                                                         export.py
+    echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]             eval.py
+    echo2 report RUN                                        (cost report from the ledger)   report.py
+    echo2 audit RUN [--json]                                (every rollout file accounted)  report.py
+    echo2 chaos [--scenario S] [--quick]                    (the chaos suite)               chaos.py
+    echo2 plan, echo2 prices, echo2 fleet down RUN          (capacity, prices, clusters)    fleet.py
+    echo2 bench broadcast|overlap|cost|learner              (benchmarks)                    bench.py
+
+Bad input (config, model, store) prints one line and exits 2 (``common.fail``). No module here imports Prefect,
+the flows or the learner at module level (they are imported inside the commands), so an actor's ``echo2`` never
+loads them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+import echo2
+from echo2.cli import actor, bench, chaos, export, report, run
+from echo2.cli import eval as eval_
+from echo2.fleet import commands as fleet  # moves to echo2/cli/fleet.py next
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="echo2: distributed RL post-training with bounded staleness.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"echo2 {echo2.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Optional[bool] = typer.Option(None, "--version", callback=_print_version, is_eager=True,
+                                           help="Print echo2's version and exit."),
+) -> None:
+    pass
+
+
+app.command("run")(run.run)
+app.command("learner")(run.learner)
+app.command("actor")(actor.actor)
+app.command("export")(export.export)
+app.command("eval")(eval_.eval_policy)
+app.command("report")(report.report_costs)
+app.command("audit")(report.audit)
+app.add_typer(bench.bench_app, name="bench")
+app.command("chaos")(chaos.chaos)
+app.command("plan")(fleet.plan_fleet)
+app.command("prices")(fleet.prices_table)
+app.add_typer(fleet.fleet_app, name="fleet")
+
+
+def main() -> None:
+    app()

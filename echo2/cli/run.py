@@ -1,0 +1,197 @@
+"""``echo2 run`` and ``echo2 learner``: resolve the run, then the echo2-train flow in this process, or the learner's
+processes under torchrun (``echo2/learner/torchrun.py``) with the flow in rank 0. Prefect is imported only here,
+and only inside the commands, so actors never load it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional
+
+import typer
+
+from echo2.cli.common import CtrlC, fail, need_learner_extra, prepare_flow_process, setup_logging
+from echo2.errors import Echo2InputError
+
+if TYPE_CHECKING:  # the launcher's helpers are imported where used: an actor's `echo2` imports no echo2.learner
+    from echo2.learner.torchrun import Rendezvous
+
+
+def run(
+    config: Path = typer.Argument(..., help="YAML config, e.g. configs/quickstart.yaml."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set train.lr=1e-5 (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run (run.id, or the newest unfinished one) "
+                                                        "from its last checkpoint."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the resolved config; start nothing."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+) -> None:
+    """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
+    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=None)
+
+
+def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, verbose: bool, *,
+            rdzv_endpoint: str | None, rdzv_timeout: float | None) -> None:
+    """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
+    with ``train.nnodes > 1``)."""
+    from echo2.config import dump_config
+    from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, Rendezvous, write_rank_file
+
+    prepare_flow_process(verbose)
+    need_learner_extra("echo2 run")
+    from echo2.launch import resolve_launch
+
+    try:
+        cfg = resolve_launch(config, overrides, resume, dry_run=dry_run)
+        if dry_run:
+            typer.echo(dump_config(cfg), nl=False)
+            return
+        if cfg.train.nnodes > 1 and rdzv_endpoint is None:
+            raise Echo2InputError(f"train.nnodes is {cfg.train.nnodes}: start the learner with `echo2 learner CONFIG "
+                                  f"--nnodes {cfg.train.nnodes} --node-rank R --rdzv-endpoint HOST:PORT` on each "
+                                  "node, HOST:PORT on node 0")
+        rendezvous = Rendezvous(cfg.train.nnodes, 0, rdzv_endpoint, rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
+    except Echo2InputError as exc:
+        fail(str(exc))
+    if cfg.train.nproc * cfg.train.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
+        _torchrun(cfg.train.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose)
+    _run_flow(cfg, f"echo2 run {config}", resume, verbose)
+
+
+def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = False) -> None:
+    """The echo2-train flow in this process (``rank_0``: of a learner under torchrun), with progress, and what to
+    print or exit with."""
+    from flows.api_server import start_prefect_api
+
+    try:  # a signal before the flow starts: Prefect's temporary server is stopped at exit all the same
+        # comes up while torch and transformers import (flows.train)
+        prefect_api_ready = start_prefect_api(own_session=rank_0)
+        from echo2.progress import RichReporter, make_reporter, set_reporter
+
+        # a live bar in a terminal; one plain flushed line per step when stdout is a file or a pipe
+        reporter = make_reporter()
+        setup_logging(verbose, reporter.console if isinstance(reporter, RichReporter) else None)
+        set_reporter(reporter)
+        from flows.train import train
+
+        prefect_api_ready()
+        summary = train(config=cfg.model_dump(mode="json"), resume=resume)
+    except BaseException as exc:
+        if CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
+            typer.echo(f"interrupted: every actor was stopped; continue with `{rerun} --resume "
+                       f"--set run.id={cfg.run.id}`", err=True)
+            raise typer.Exit(CtrlC.exit_code()) from None
+        if isinstance(exc, Echo2InputError):
+            fail(str(exc))
+        if isinstance(exc, TimeoutError):  # no rollouts arrived: say so plainly, the logs have the rest
+            fail(str(exc), code=1)
+        raise
+    before, after = summary["eval_before"], summary["eval_after"]
+    typer.echo(json.dumps(summary, indent=1))
+    if before is not None and after is not None:
+        metric = summary.get("eval_metric", "accuracy")
+        name = "held-out greedy accuracy" if metric == "accuracy" else f"held-out {metric}"
+        typer.echo(f"{name}: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
+                   f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
+        metrics = summary.get("eval_metrics", {})
+        shown = set(metrics.get("before", {})) & set(metrics.get("after", {}))
+        for key in sorted(k for k in shown if k not in ("n", "k", "score", metric) and not k.endswith(".hands")):
+            b, a = metrics["before"][key], metrics["after"][key]
+            typer.echo(f"  {key}: {b:.3f} -> {a:.3f} ({a - b:+.3f})")
+
+
+def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool, verbose: bool) -> None:
+    """Run this node's ``nproc`` learner processes under ``torchrun`` (``echo2/learner/torchrun.py``) and exit
+    with its code; they start from ``rank_file`` (private, removed once they have formed the group, else here)."""
+    import subprocess
+
+    from echo2.learner.torchrun import never_joined, torchrun_command
+
+    program = ["-m", "echo2.cli", "learner", "--rank-config", str(rank_file), *(["--resume"] if resume else []),
+               *(["-v"] if verbose else [])]
+    proc = subprocess.Popen(torchrun_command(nproc, rendezvous, program))
+    try:
+        forwarded = False
+        while True:  # torchrun passes a signal on to every rank: rank 0 checkpoints, then releases the others
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C reached the whole process group; a SIGTERM only us, once is enough
+                if CtrlC.signum == signal.SIGTERM and not forwarded:
+                    proc.send_signal(signal.SIGTERM)
+                    forwarded = True
+    finally:
+        never_formed = rank_file.exists()
+        rank_file.unlink(missing_ok=True)
+    if CtrlC.pressed:  # as the one-process learner exits (130, 143), whatever torchrun made of the signal
+        raise typer.Exit(CtrlC.exit_code())
+    if code != 0 and never_formed and rendezvous.nnodes > 1:
+        fail(never_joined(rendezvous), code=1)  # last, under torchrun's traceback
+    raise typer.Exit(code)
+
+
+def learner(
+    config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`), the same on every node."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint (node 0)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (train.nproc)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes of the learner (train.nnodes)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node: 0 resolves the run and runs the flow, the "
+                                                          "others only follow."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT on node 0 where the nodes "
+                                                                              "meet (needed with --nnodes > 1)."),
+    rdzv_timeout: Optional[float] = typer.Option(None, "--rdzv-timeout", show_default="600",
+                                                 help="Seconds to wait for every node at the rendezvous before "
+                                                      "failing."),
+    rank_config: Optional[Path] = typer.Option(None, "--rank-config", hidden=True,
+                                               help="Inside torchrun: the file this node's processes start from."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+) -> None:
+    """The learner on N processes (torchrun, FSDP), on this node or several; rank 0 runs the echo2-train flow."""
+    if rank_config is not None:
+        _learner_process(rank_config, resume, verbose)
+        return
+    if config is None:  # the launcher of a node
+        fail("echo2 learner needs a config file")
+    overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else []),
+                 *([f"train.nnodes={nnodes}"] if nnodes else [])]
+    if node_rank == 0:  # resolve the run once, then torchrun (or the flow here, on one process)
+        _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout)
+        return
+    _follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout, verbose)
+
+
+def _follower_node(config: Path, overrides: list[str], node_rank: int, rdzv_endpoint: str | None,
+                   rdzv_timeout: float | None, verbose: bool) -> None:
+    """Node 1..N-1: resolves no run and never opens the store (``torchrun.prepare_follower_node``)."""
+    from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, RendezvousFailed, prepare_follower_node
+
+    CtrlC.install()
+    try:
+        nproc, rendezvous, rank_file = prepare_follower_node(config, overrides, node_rank, rdzv_endpoint,
+                                                              rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
+    except Echo2InputError as exc:
+        fail(str(exc), code=1 if isinstance(exc, RendezvousFailed) else 2)
+    except KeyboardInterrupt:
+        raise typer.Exit(CtrlC.exit_code()) from None
+    _torchrun(nproc, rendezvous, rank_file, False, verbose)
+
+
+def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
+    """One process under torchrun: rank 0 runs the flow on the run's config; every other rank, on this node or
+    another, follows rank 0 (``distributed.start_process``) and returns when it says stop."""
+    from echo2.learner.distributed import release_followers, start_process
+
+    cfg = start_process(rank_config, on_follow=lambda: setup_logging(verbose))
+    if cfg is None:
+        return
+    prepare_flow_process(verbose)
+    rerun = f"echo2 learner CONFIG --nproc {cfg.train.nproc}"
+    if cfg.train.nnodes > 1:
+        rerun += f" --nnodes {cfg.train.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
+                 f"{os.environ.get('MASTER_PORT')}"
+    try:
+        _run_flow(cfg, rerun, resume, verbose, rank_0=True)
+    finally:
+        release_followers()
