@@ -112,7 +112,7 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml Makefile
 	@if $(VLLM_VENV)/bin/python -c "import prefect" 2>/dev/null; then echo "prefect is installed in $(VLLM_VENV)"; exit 1; fi
 	touch $@
 
-# then a whole run: the learner and Prefect in .venv, the actors in VLLM_VENV (fleet.local.actor_python)
+# then a whole run: the learner and Prefect in .venv, the actors in VLLM_VENV (fleet.actor_python)
 test-vllm: setup $(VLLM_VENV)/bin/.installed
 	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_engine.py tests/test_actor_env.py
 	ECHO2_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest tests/test_e2e_vllm.py

@@ -122,11 +122,11 @@ def env_of_a_launched_actor(store, key, tmp_path, names, **fleet_kwargs):
     import json
     import sys
 
-    from echo2.config import FleetConfig
+    from echo2.config import LocalFleetConfig
     from echo2.fleet.manager import make_fleet
 
     show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {tuple(names)!r}}}))"
-    fleet = make_fleet(FleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
+    fleet = make_fleet(LocalFleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,
                        actor_command=[sys.executable, "-c", show], **fleet_kwargs)
     try:
         fleet.start()

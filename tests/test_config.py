@@ -36,9 +36,10 @@ def test_every_field_has_a_docstring():
                 walk(sub, f"{prefix}{name}.")
 
     walk(Config)
-    from echo2.config import CheckpointOpponentConfig, MathColumnsConfig, PokerTaskConfig
+    from echo2.config import (CheckpointOpponentConfig, LocalFleetConfig, MathColumnsConfig, PokerTaskConfig,
+                              SkyPilotFleetConfig)
 
-    assert {PokerTaskConfig, CheckpointOpponentConfig, MathColumnsConfig} <= seen
+    assert {PokerTaskConfig, CheckpointOpponentConfig, MathColumnsConfig, LocalFleetConfig, SkyPilotFleetConfig} <= seen
 
 
 def test_overrides_are_parsed_as_yaml_values():
@@ -95,6 +96,37 @@ def test_fleet_size_is_a_number_or_auto():
         load_config(None, ["fleet.actors=0"])
     with pytest.raises(ConfigError, match="fleet.actors"):
         load_config(None, ["fleet.actors=many"])
+
+
+def test_fleet_is_a_union_on_backend_with_each_backends_fields_beside_the_shared_ones():
+    from echo2.config import LocalFleetConfig, SkyPilotFleetConfig
+
+    fleet = load_config(None, ["fleet.reclaim_rate=2", "fleet.actors=3"]).fleet
+    assert isinstance(fleet, LocalFleetConfig) and fleet.backend == "local" and fleet.reclaim_rate == 2
+    fleet = load_config(None, ["fleet.backend=skypilot", "store.url=s3://b/e", "fleet.credentials_role_arn=arn:x",
+                               "fleet.providers=[runpod]", "fleet.gpus=[L4]", "fleet.actors=3"]).fleet
+    assert isinstance(fleet, SkyPilotFleetConfig) and fleet.gpus == ["L4"] and fleet.actors == 3
+    # a field of the other backend is unknown, and named where it is written (not under the union's tag)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["fleet.gpus=[L4]"])
+    assert "fleet.gpus: unknown key (fleet.backend: local)" in str(err.value)
+    with pytest.raises(ConfigError, match="fleet.backend must be one of local, skypilot"):
+        load_config(None, ["fleet.backend=kubernetes"])
+
+
+def test_a_fleet_subsection_of_old_is_refused_in_one_line_that_says_where_its_fields_went(tmp_path):
+    """``fleet.local:`` and ``fleet.skypilot:`` were subsections until FleetConfig became a union on ``backend``."""
+    old = tmp_path / "old.yaml"
+    old.write_text("fleet:\n  backend: local\n  actors: 2\n  local:\n    reclaim_rate: 0.4\n    seed: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(old)
+    message = str(err.value)
+    assert "\n" not in message
+    assert ("fleet.local is no longer a subsection: write its fields (reclaim_rate, seed) directly under fleet, "
+            "beside fleet.backend: local (e.g. fleet.reclaim_rate)") in message
+    with pytest.raises(ConfigError, match=r"fleet.skypilot is no longer a subsection: write its fields \(gpus\) "
+                                          r"directly under fleet, beside fleet.backend: skypilot"):
+        load_config(None, ["fleet.backend=skypilot", "fleet.skypilot.gpus=[L4]"])
 
 
 def test_every_shipped_config_validates():

@@ -227,20 +227,20 @@ def test_the_audit_counts_fleet_failures_as_the_real_manager_records_them(tmp_pa
     """The events come from the real fleet manager and local backend, with real processes (one exits 0,
     one exits 3), not from a hand-made ledger: the audit's rules must fit what the manager writes, which
     is a ``crashed`` event for a nonzero exit and an ``exited`` event, with no exit code, for code 0."""
-    from echo2.config import FleetConfig
+    from echo2.config import LocalFleetConfig
     from echo2.fleet.backend import ActorLaunch
     from echo2.fleet.local import LocalBackend
     from echo2.fleet.manager import FleetManager
 
     store = new_run(tmp_path / "fleet")
     first = iter(["raise SystemExit(0)", "raise SystemExit(3)"])  # the two first actors; replacements wait
-    backend = LocalBackend(FleetConfig().local, tmp_path / "logs")
+    backend = LocalBackend(LocalFleetConfig(), tmp_path / "logs")
 
     def spec(actor_id, offer):
         body = next(first, "import time\nwhile True: time.sleep(0.1)")
         return ActorLaunch(actor_id, store.url, [sys.executable, "-c", body], offer=offer)
 
-    fleet = FleetManager(backend, FleetConfig(actors=2, max_restarts=3), store, launch_spec=spec)
+    fleet = FleetManager(backend, LocalFleetConfig(actors=2, max_restarts=3), store, launch_spec=spec)
     fleet.start()
     try:
         for proc in list(backend.procs.values()):

@@ -380,9 +380,9 @@ def test_reclaimed_actors_lose_no_rollout_are_replaced_and_a_priced_run_is_bille
     every one replaced, every committed rollout file accounted for, and local actors priced as a catalog
     offer so the cost report is realistic and says its prices are simulated."""
     echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=spot", *TINY,
-                                    "fleet.actors=2", "train.max_steps=8", "fleet.local.reclaim_rate=4",
-                                    "fleet.local.reclaim_burst=0.3", "fleet.local.notice_s=1", "fleet.local.seed=3",
-                                    "fleet.local.price_as=aws/g6.xlarge@us-east-1", "fleet.learner_usd_per_hour=1.5",
+                                    "fleet.actors=2", "train.max_steps=8", "fleet.reclaim_rate=4",
+                                    "fleet.reclaim_burst=0.3", "fleet.notice_s=1", "fleet.seed=3",
+                                    "fleet.price_as=aws/g6.xlarge@us-east-1", "fleet.learner_usd_per_hour=1.5",
                                     "eval.before=false", "eval.after=false"), timeout=600)
     run = tmp_path / "runs" / "spot"
     audit = json.loads(echo2("audit", str(run), "--json").stdout)

@@ -1,5 +1,5 @@
 """A whole run with vLLM actors: the learner and the Prefect flow in this environment, the actors in an
-actor-only one with vLLM (``fleet.local.actor_python``). ``make test-vllm`` runs it with
+actor-only one with vLLM (``fleet.actor_python``). ``make test-vllm`` runs it with
 ``ECHO2_VLLM_PYTHON=.venv-vllm/bin/python``; skipped without it."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_a_run_with_vllm_actors_trains_and_swaps_versions_in_place(tmp_path):
             "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_step=2",
             "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",
             "rollout.engine={kind: vllm, dtype: float32, enforce_eager: true, kv_cache_gib: 0.25}",
-            f"fleet.local.actor_python={VLLM_PYTHON}"]
+            f"fleet.actor_python={VLLM_PYTHON}"]
     proc = subprocess.run([sys.executable, "-m", "echo2.cli", "run", str(REPO / "configs" / "quickstart.yaml"),
                            *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, timeout=600,
                           cwd=REPO)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from echo2.config import FleetConfig, LocalFleetConfig
+from echo2.config import LocalFleetConfig
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.data.ledger import read_events
 from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
@@ -54,7 +54,7 @@ OFFERS = [Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1
 def manager(tmp_path, backend, **fleet):
     store = FsspecStore(str(tmp_path / "run"), {})
     spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
-    return FleetManager(backend, FleetConfig(**fleet), store, launch_spec=spec, offers=OFFERS), store
+    return FleetManager(backend, LocalFleetConfig(**fleet), store, launch_spec=spec, offers=OFFERS), store
 
 
 def kinds(store):
@@ -73,7 +73,7 @@ def test_cheapest_offer_first_and_the_next_one_when_it_has_no_capacity(tmp_path)
     launches = [e for e in events if e["kind"] == "launch"]
     assert {e["price_usd_per_hour"] for e in launches} == {0.30} and all(e["cluster"] for e in launches)
     assert fleet.usd_per_hour() == pytest.approx(0.60)
-    again = FleetManager(FakeCloud(no_capacity={"g2-standard-4"}), FleetConfig(actors=2), store,
+    again = FleetManager(FakeCloud(no_capacity={"g2-standard-4"}), LocalFleetConfig(actors=2), store,
                          launch_spec=fleet.launch_spec, offers=OFFERS, unavailable_retry_s=0)
     again.start()  # with no wait it is asked at every launch
     assert sum(e["kind"] == "unavailable" for e in read_events(store)) == 3
@@ -108,7 +108,7 @@ def test_the_budget_is_never_exceeded(tmp_path):
 def test_reclaim_injector_takes_real_processes_and_the_manager_replaces_them(tmp_path, monkeypatch):
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     store = FsspecStore(str(tmp_path / "run"), {})
-    config = FleetConfig(actors=2, local=LocalFleetConfig(reclaim_rate=60.0, notice_s=0.5, seed=1))  # ~1/s each
+    config = LocalFleetConfig(actors=2, reclaim_rate=60.0, notice_s=0.5, seed=1)  # ~1/s each
     fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True),
                        actor_command=SLEEPER)
     fleet.start()
@@ -136,7 +136,7 @@ def test_an_actor_whose_credentials_expire_is_replaced_before_they_do(tmp_path):
     lifetimes = iter([60.0, 3600.0])  # the first actor's scoped credentials end within the margin
     spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer,  # noqa: E731
                                                expires_at=time.time() + next(lifetimes))
-    fleet = FleetManager(cloud, FleetConfig(actors=1, max_restarts=0), store, launch_spec=spec, offers=OFFERS)
+    fleet = FleetManager(cloud, LocalFleetConfig(actors=1, max_restarts=0), store, launch_spec=spec, offers=OFFERS)
     fleet.start()
     first = fleet.slots[0].actor_id
     fleet.reconcile()
@@ -153,7 +153,7 @@ def test_an_ended_actor_is_released_and_a_launch_names_interchangeable_offers_wi
     dear = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="eu-west-1", spot=True,
                  usd_per_hour=0.9, on_demand_usd_per_hour=1.2)
     spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
-    fleet = FleetManager(cloud, FleetConfig(actors=1, max_usd_per_hour=0.5), store, launch_spec=spec,
+    fleet = FleetManager(cloud, LocalFleetConfig(actors=1, max_usd_per_hour=0.5), store, launch_spec=spec,
                          offers=[*OFFERS, dear], alternatives=7)
     fleet.start()
     # cheapest (GCP) first; the AWS L4 is interchangeable and fits; the eu-west-1 one would exceed the budget
@@ -164,13 +164,13 @@ def test_an_ended_actor_is_released_and_a_launch_names_interchangeable_offers_wi
 
 
 def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch):
-    """``fleet.local.actor_python``: local actors in an actor-only environment (vLLM's), the learner in its own."""
+    """``fleet.actor_python``: local actors in an actor-only environment (vLLM's), the learner in its own."""
     import sys
 
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     store = FsspecStore(str(tmp_path / "run"), {})
     for python, expected in ((None, sys.executable), ("/opt/actor-env/bin/python", "/opt/actor-env/bin/python")):
-        config = FleetConfig(local=LocalFleetConfig(actor_python=python))
+        config = LocalFleetConfig(actor_python=python)
         fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True))
         spec = fleet.launch_spec("a0", None)  # an unpriced local actor
         assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]
@@ -225,7 +225,7 @@ def test_a_throttled_sts_delays_a_launch_and_never_ends_the_run(tmp_path):
                            expires_at=creds.expires_at.timestamp())
 
     cloud = FakeCloud()
-    fleet = FleetManager(cloud, FleetConfig(actors=1), store, launch_spec=spec, offers=OFFERS)
+    fleet = FleetManager(cloud, LocalFleetConfig(actors=1), store, launch_spec=spec, offers=OFFERS)
     fleet.start()
     assert fleet.slots == [] and cloud.launched == [] and kinds(store) == []  # nothing requested, nothing billed
     assert fleet.reconcile()["actors_alive"] == 1
@@ -264,7 +264,7 @@ while True:
     store = FsspecStore(str(tmp_path / "run"), {})
     backend = LocalBackend(LocalFleetConfig(), tmp_path / "logs")
     spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, [sys.executable, "-c", body], offer=offer)  # noqa: E731
-    fleet = FleetManager(backend, FleetConfig(actors=3), store, launch_spec=spec)
+    fleet = FleetManager(backend, LocalFleetConfig(actors=3), store, launch_spec=spec)
     fleet.start()
     try:
         wait_until(lambda: len(list(up.iterdir())) == 3, 60, "every actor to have its handler in place")
@@ -302,7 +302,7 @@ def test_a_local_actor_gets_only_the_environment_it_needs(tmp_path, monkeypatch,
             str(tmp_path / "env.json")]
     # on moto's S3 on loopback, whose client reads the AWS_* credentials of the environment
     store = request.getfixturevalue("s3_store").child("runs/r") if s3 else FsspecStore(str(tmp_path / "run"), {})
-    fleet = make_fleet(FleetConfig(), store, store_options={"endpoint_url": "http://127.0.0.1:9"},
+    fleet = make_fleet(LocalFleetConfig(), store, store_options={"endpoint_url": "http://127.0.0.1:9"},
                        log_dir=tmp_path / "logs", run_key=run_key("r", create=True), actor_command=dump)
     fleet.start()
     try:

@@ -14,7 +14,7 @@ import pytest
 
 sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud extra: pip install -e '.[cloud]')")
 
-from echo2.config import ConfigError, FleetConfig, SkyPilotFleetConfig, load_config  # noqa: E402
+from echo2.config import ConfigError, SkyPilotFleetConfig, load_config  # noqa: E402
 from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
 from echo2.fleet import skypilot_trust  # noqa: E402
@@ -227,7 +227,7 @@ def manager(tmp_path, api, *, offers=(L4_EAST, L4_WEST, L4_GCP, A10G), sky_confi
     store = FsspecStore(str(tmp_path / "run"), {})
     make = lambda actor_id, offer: spec(actor_id, offer, ())  # noqa: E731
     backend = backend_with(api, **(sky_config or {}))
-    return FleetManager(backend, FleetConfig(backend="local", **fleet), store, launch_spec=make, offers=list(offers),
+    return FleetManager(backend, SkyPilotFleetConfig(**fleet), store, launch_spec=make, offers=list(offers),
                         alternatives=7, unavailable_retry_s=3600), store, backend
 
 
@@ -286,7 +286,7 @@ def test_a_cluster_gone_is_a_reclaim_or_a_crash_as_the_cloud_says(tmp_path, offl
     reasons = {}
     backend = SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0), run_id=RUN, api=api,
                               end_reason=lambda launched, name: reasons[name])
-    fleet = FleetManager(backend, FleetConfig(actors=2, max_restarts=1), store,
+    fleet = FleetManager(backend, SkyPilotFleetConfig(actors=2, max_restarts=1), store,
                          launch_spec=lambda a, o: spec(a, o, ()), offers=[L4_GCP])
     fleet.start()
     for slot in fleet.slots:
@@ -369,12 +369,12 @@ def test_fleet_down_finds_every_cluster_of_the_run_by_its_label(offline_optimize
 
 
 def test_a_skypilot_fleet_needs_a_store_every_actor_can_reach(tmp_path):
-    role = f"fleet.skypilot.credentials_role_arn={ROLE}"
+    role = f"fleet.credentials_role_arn={ROLE}"
     with pytest.raises(ConfigError, match=r"skypilot needs a store every actor can reach \(s3:// or gs://\)"):
         load_config(None, ["fleet.backend=skypilot", f"store.url={tmp_path}", role])
     cfg = load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", role,
-                             "fleet.skypilot.providers=[aws]", "fleet.skypilot.aws_node_profile=echo2-actor-node"])
-    assert cfg.fleet.skypilot.spot and cfg.fleet.skypilot.relay_port == 8443
+                             "fleet.providers=[aws]", "fleet.aws_node_profile=echo2-actor-node"])
+    assert cfg.fleet.spot and cfg.fleet.relay_port == 8443
 
 
 def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s3_store, s3_server, tmp_path):
@@ -392,9 +392,9 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
                                                       "Principal": {"AWS": "arn:aws:iam::123456789012:root"}}]}
     role_arn = iam.create_role(RoleName="echo2-actor-fleet", AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
     store = s3_store.child(f"runs/{RUN}")
-    config = FleetConfig(backend="skypilot", actors=2, skypilot=SkyPilotFleetConfig(
-        gpus=["L4", "A10G"], providers=["aws"], aws_node_profile="echo2-actor-node", credentials_role_arn=role_arn,
-        credentials_hours=1, sts_endpoint_url=s3_server))
+    config = SkyPilotFleetConfig(
+        actors=2, gpus=["L4", "A10G"], providers=["aws"], aws_node_profile="echo2-actor-node",
+        credentials_role_arn=role_arn, credentials_hours=1, sts_endpoint_url=s3_server)
     options = {"endpoint_url": s3_server, "key": "learner-key", "client_kwargs": {"aws_secret_access_key": "x"}}
     fleet = make_fleet(config, store, store_options=options, log_dir=tmp_path, run_key=run_key(RUN, create=True),
                        run_id=RUN, model_params_b=0.135)
@@ -560,7 +560,7 @@ def test_credential_files_no_setting_keeps_home_stop_the_backend(tmp_path, monke
 
 
 def test_a_skypilot_fleet_without_scoped_actor_credentials_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match="fleet.backend skypilot needs fleet.skypilot.credentials_role_arn") as err:
+    with pytest.raises(ConfigError, match="fleet.backend skypilot needs fleet.credentials_role_arn") as err:
         load_config(None, ["fleet.backend=skypilot", "store.url=s3://bucket/echo2"])
     assert "\n" not in str(err.value).strip()
 
@@ -625,7 +625,7 @@ def test_a_spot_notice_then_the_machine_gone_is_a_reclaim_and_replaced_not_a_cra
         store = FsspecStore(str(tmp_path / "run"), {})
         backend = SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0), run_id=RUN, api=api,
                                   end_reason=lambda launched, name: cloud_end_reason(launched, name, ec2_client=ec2))
-        fleet = FleetManager(backend, FleetConfig(actors=1, max_restarts=0), store,
+        fleet = FleetManager(backend, SkyPilotFleetConfig(actors=1, max_restarts=0), store,
                              launch_spec=lambda a, o: spec(a, o, ()), offers=[L4_EAST])
         fleet.start()
         taken = []
@@ -660,7 +660,7 @@ def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, of
     other.launch(spec("actor0-bbbbbb", L4_GCP, ()))
     wait_for(lambda: len(api.table) == 3, "three clusters up")
     # the learner dies here (nothing stops its fleet); a resumed learner starts a fleet on the same run
-    resumed = FleetManager(backend_with(api), FleetConfig(actors=2), store, launch_spec=fleet.launch_spec,
+    resumed = FleetManager(backend_with(api), SkyPilotFleetConfig(actors=2), store, launch_spec=fleet.launch_spec,
                            offers=[L4_GCP])
     resumed.start()
     wait_for(lambda: all(cluster_name(RUN, a) in api.downs for a in old), "the old clusters downed")
@@ -755,31 +755,31 @@ def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_retur
 
 # --- the VM's own identity (issue 18, item 2) ----------------------------------------------------------
 
-VOID = "fleet.skypilot.allow_broad_vm_identity: true, which voids the actor trust boundary"
+VOID = "fleet.allow_broad_vm_identity: true, which voids the actor trust boundary"
 
 
 def test_a_vm_identity_broader_than_the_actors_credentials_is_refused_in_one_line_each():
     """On AWS, SkyPilot attaches its skypilot-v1 instance profile (S3 and EC2 full access) unless remote_identity
     names one; on GCP 0.14 always attaches its skypilot-v1 service account: an actor there reaches the whole
     bucket through its machine's metadata, whatever its scoped credentials say. It used to be a warning."""
-    base = ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", f"fleet.skypilot.credentials_role_arn={ROLE}"]
-    cases = {("fleet.skypilot.providers=[aws,gcp]", "fleet.skypilot.aws_node_profile=echo2-actor-node"):
-             "fleet.skypilot.providers includes gcp: SkyPilot gives every GCP VM its skypilot-v1 service account",
-             (): "fleet.skypilot.providers (unset: every provider) includes gcp",
-             ("fleet.skypilot.providers=[aws]",): "fleet.skypilot.aws_node_profile is not set: every AWS VM would "
+    base = ["fleet.backend=skypilot", "store.url=s3://bucket/echo2", f"fleet.credentials_role_arn={ROLE}"]
+    cases = {("fleet.providers=[aws,gcp]", "fleet.aws_node_profile=echo2-actor-node"):
+             "fleet.providers includes gcp: SkyPilot gives every GCP VM its skypilot-v1 service account",
+             (): "fleet.providers (unset: every provider) includes gcp",
+             ("fleet.providers=[aws]",): "fleet.aws_node_profile is not set: every AWS VM would "
                                                   "run under SkyPilot's skypilot-v1 instance profile"}
     for settings, refusal in cases.items():
         with pytest.raises(ConfigError, match=re.escape(refusal)) as err:
             load_config(None, [*base, *settings])
         assert "\n" not in str(err.value).strip() and VOID in str(err.value)
         # the backend refuses the same, for a fleet config built without Config's checks
-        fleet = load_config(None, [*base, *settings, "fleet.skypilot.allow_broad_vm_identity=true"]).fleet.skypilot
+        fleet = load_config(None, [*base, *settings, "fleet.allow_broad_vm_identity=true"]).fleet
         with pytest.raises(ValueError, match=re.escape(refusal)):
             SkyPilotBackend(fleet.model_copy(update={"allow_broad_vm_identity": False}), run_id=RUN)
     # what is allowed: AWS under the node profile, clouds whose VMs hold no cloud identity, and the opt-out
-    load_config(None, [*base, "fleet.skypilot.providers=[aws,lambda]", "fleet.skypilot.aws_node_profile=echo2-actor-node"])
-    load_config(None, [*base, "fleet.skypilot.providers=[runpod]"])
-    assert load_config(None, [*base, "fleet.skypilot.allow_broad_vm_identity=true"]).fleet.skypilot.providers is None
+    load_config(None, [*base, "fleet.providers=[aws,lambda]", "fleet.aws_node_profile=echo2-actor-node"])
+    load_config(None, [*base, "fleet.providers=[runpod]"])
+    assert load_config(None, [*base, "fleet.allow_broad_vm_identity=true"]).fleet.providers is None
 
 
 def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_launch_request(

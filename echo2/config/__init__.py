@@ -16,16 +16,34 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from echo2.config._base import ConfigError, _Section
 from echo2.config.engines import EngineConfig, TransformersEngineConfig, VllmEngineConfig
-from echo2.config.fleet import (AwsPricesConfig, FleetConfig, LocalFleetConfig, PriceSourceConfig,
-                                SkyPilotFleetConfig, SkyPilotPricesConfig, SnapshotPricesConfig)
-from echo2.config.tasks import (ArithmeticTaskConfig, CallStationOpponentConfig, CheckpointOpponentConfig,
-                                EquityOpponentConfig, MathColumnsConfig, MathTaskConfig, PokerTaskConfig,
-                                OpponentConfig, RandomOpponentConfig, TaskConfig)
+from echo2.config.fleet import (
+    AwsPricesConfig,
+    FleetConfig,
+    FleetConfigBase,
+    LocalFleetConfig,
+    PriceSourceConfig,
+    SkyPilotFleetConfig,
+    SkyPilotPricesConfig,
+    SnapshotPricesConfig,
+)
+from echo2.config.tasks import (
+    ArithmeticTaskConfig,
+    CallStationOpponentConfig,
+    CheckpointOpponentConfig,
+    EquityOpponentConfig,
+    MathColumnsConfig,
+    MathTaskConfig,
+    OpponentConfig,
+    PokerTaskConfig,
+    RandomOpponentConfig,
+    TaskConfig,
+)
 
 __all__ = [
     "ArithmeticTaskConfig", "AwsPricesConfig", "BroadcastConfig", "CallStationOpponentConfig",
     "CheckpointOpponentConfig", "Config", "ConfigError", "EngineConfig", "EquityOpponentConfig", "EvalConfig",
-    "FleetConfig", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig", "OpponentConfig", "PokerTaskConfig",
+    "FleetConfig", "FleetConfigBase", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig",
+    "OpponentConfig", "PokerTaskConfig",
     "PriceSourceConfig", "RandomOpponentConfig", "RolloutConfig", "RunConfig", "SkyPilotFleetConfig",
     "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig",
     "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "dump_config",
@@ -44,9 +62,11 @@ class RunConfig(_Section):
 
 class StoreConfig(_Section):
     url: str = "."
-    """Object store root: a path or ``file://``, ``memory://``, ``s3://bucket/prefix``. Runs live under ``{url}/runs/``."""
+    """Object store root: a path or ``file://``, ``memory://``, ``s3://bucket/prefix``. Runs live under
+    ``{url}/runs/``."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """fsspec storage options (for S3: ``endpoint_url``, ``client_kwargs``...). Credentials come from the environment."""
+    """fsspec storage options (for S3: ``endpoint_url``, ``client_kwargs``...). Credentials come from the
+    environment."""
     retry_s: float = Field(120.0, gt=0)
     """How long a store operation retries transient errors (connection lost, 503 SlowDown, 500) before it
     fails: the learner and every actor ride out an outage of the store this long."""
@@ -54,7 +74,8 @@ class StoreConfig(_Section):
 
 class ModelConfig(_Section):
     name: str = "smollm2-135m-instruct"
-    """The policy to train: a local Hugging Face directory, a Hugging Face id, or the embedded ``smollm2-135m-instruct``."""
+    """The policy to train: a local Hugging Face directory, a Hugging Face id, or the embedded
+    ``smollm2-135m-instruct``."""
 
 
 class RolloutConfig(_Section):
@@ -156,7 +177,8 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     """Checkpoints kept; older ones are deleted after a newer one is committed."""
     lora_rank: int = Field(0, ge=0)
-    """Train a LoRA adapter of this rank instead of all weights (0 = full fine-tuning); only the adapter is published."""
+    """Train a LoRA adapter of this rank instead of all weights (0 = full fine-tuning); only the adapter is
+    published."""
     lora_alpha: float = Field(32.0, gt=0)
     """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B @ A."""
     lora_target_modules: str | list[str] = "all-linear"
@@ -248,7 +270,8 @@ class EvalConfig(_Section):
 
 class BroadcastConfig(_Section):
     mode: Literal["relay", "store"] = "relay"
-    """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the store."""
+    """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the
+    store."""
     chunk_mb: float = Field(8.0, gt=0)
     """Chunk size: the unit of verification (sha256 in the manifest), transfer and pipelining."""
     fanout: int = Field(1, ge=1)
@@ -303,8 +326,9 @@ class Config(_Section):
     """Learner: GRPO, staleness, publishing, checkpoints."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out greedy evaluation."""
-    fleet: FleetConfig = Field(default_factory=FleetConfig)
-    """Actor fleet."""
+    fleet: FleetConfig = Field(default_factory=LocalFleetConfig)
+    """Actor fleet: ``{backend: local, ...}`` (the default) or ``{backend: skypilot, ...}``, the shared fields and
+    the backend's own side by side."""
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     """How policy versions reach the actors."""
 
@@ -323,8 +347,8 @@ class Config(_Section):
         if self.fleet.backend == "skypilot" and not self.store.url.startswith(("s3://", "gs://", "gcs://")):
             raise ValueError(f"fleet.backend skypilot needs a store every actor can reach (s3:// or gs://), "
                              f"got store.url {self.store.url!r}")
-        if self.fleet.skypilot.credentials_role_arn and not self.store.url.startswith("s3://"):
-            raise ValueError(f"fleet.skypilot.credentials_role_arn mints S3 credentials, but store.url is "
+        if self.fleet.backend == "skypilot" and self.fleet.credentials_role_arn and not self.store.url.startswith("s3://"):
+            raise ValueError(f"fleet.credentials_role_arn mints S3 credentials, but store.url is "
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
         if self.train.nproc * self.train.nnodes > 1 and self.train.lora_rank > 0:
             raise ValueError("train.nproc > 1 or train.nnodes > 1 shards full fine-tuning only: LoRA "
@@ -332,11 +356,11 @@ class Config(_Section):
         if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
             raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
                              "open to the internet (use auto or on)")
-        if self.fleet.backend == "skypilot" and not self.fleet.skypilot.credentials_role_arn:
-            raise ValueError("fleet.backend skypilot needs fleet.skypilot.credentials_role_arn: actors run on "
+        if self.fleet.backend == "skypilot" and not self.fleet.credentials_role_arn:
+            raise ValueError("fleet.backend skypilot needs fleet.credentials_role_arn: actors run on "
                              "machines we do not own and get only scoped, expiring store credentials "
                              "(infra/iam/README.md)")
-        if self.fleet.backend == "skypilot" and (broad := self.fleet.skypilot.broad_vm_identity()):
+        if self.fleet.backend == "skypilot" and (broad := self.fleet.broad_vm_identity()):
             raise ValueError(broad)
         if self.fleet.min_actors > self.fleet.max_actors:
             raise ValueError(f"fleet.min_actors ({self.fleet.min_actors}) must not exceed fleet.max_actors "
@@ -404,10 +428,18 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         msg = err["msg"]
+        backend = None
+        if err["loc"][:1] == ("fleet",) and len(err["loc"]) > 2 and err["loc"][1] in ("local", "skypilot"):
+            # pydantic puts the union member's tag in the path; fleet's tags read like the fleet.local: and
+            # fleet.skypilot: subsections of old, so name the field where it is written, and the backend beside
+            backend = err["loc"][1]
+            loc = ".".join(["fleet", *(str(p) for p in err["loc"][2:])])
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
             msg = f"{msg} (got {err['input']!r})"
+        if backend:
+            msg = f"{msg} (fleet.backend: {backend})"
         parts.append(f"{loc}: {msg}")
     return f"invalid config {source}: " + "; ".join(parts)
 

@@ -1,10 +1,16 @@
-"""Fleet and price sections (``fleet.*``; ``echo2/fleet/``)."""
+"""Fleet and price sections (``fleet.*``; ``echo2/fleet/``).
+
+``fleet`` is a union on ``backend``, as ``rollout.engine`` is on ``kind`` and ``task`` on ``name``: the fields
+every backend shares (``FleetConfigBase``: actors, budgets, prices, the learner's silence) and the backend's own
+(``LocalFleetConfig``: the reclaim injector...; ``SkyPilotFleetConfig``: offers, ports, credentials...) side by
+side under ``fleet:``.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from echo2.config._base import _Section
 
@@ -34,12 +40,51 @@ class SkyPilotPricesConfig(_Section):
     """SkyPilot clouds to list (None = every cloud of its catalog). Needs the ``cloud`` extra."""
 
 
-PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig, Field(discriminator="source")]
+PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig,
+                              Field(discriminator="source")]
 """Where offers and prices come from (``echo2/fleet/price_sources/``): ``snapshot`` (the dated
 catalog under ``infra/prices/``), ``aws`` (live spot prices, boto3) or ``skypilot`` (its catalog)."""
 
 
-class LocalFleetConfig(_Section):
+class FleetConfigBase(_Section):
+    """What every fleet backend shares: how many actors, their budget and prices, when actors give up."""
+
+    backend: Literal["local", "skypilot"]
+    """Where actors run: ``local`` = OS processes on this machine; ``skypilot`` = one SkyPilot cluster per
+    actor on spot GPUs across clouds (``pip install -e '.[cloud]'``, cloud credentials, an s3:// or gs://
+    store; see ``echo2/fleet/backends/skypilot.py``). Each has its own fields beside the shared ones."""
+    actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
+    """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
+    batch time over the first steps, and grow to the smallest fleet the capacity model
+    (``echo2/fleet/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
+    within ``max_actors`` and ``max_usd_per_hour``."""
+    min_actors: int = Field(1, ge=1)
+    """With ``actors: auto``: the fleet the run starts with, before anything is measured."""
+    max_actors: int = Field(4, ge=1)
+    """With ``actors: auto``: never more actors than this (on one machine, actors share its cores)."""
+    target_utilization: float = Field(0.95, gt=0, le=1)
+    """With ``actors: auto``: the learner utilization the fleet is sized for."""
+    max_restarts: int = Field(3, ge=0)
+    """A crashed actor is replaced up to this many times per slot (a reclaimed one always is)."""
+    max_usd_per_hour: float | None = Field(None, gt=0)
+    """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
+    prices: PriceSourceConfig = Field(default_factory=SnapshotPricesConfig)
+    """Price source for activation and cost figures: ``{source: snapshot|aws|skypilot, ...}``."""
+    learner_usd_per_hour: float | None = Field(None, ge=0)
+    """What the learner's machine costs per hour, for the cost report (None: the report lists the learner
+    unpriced rather than guess)."""
+    learner_silence_s: float = Field(1800.0, gt=0)
+    """An actor stops (exit 0) after this long without a sign of its learner: no new ``policy/LATEST`` and no
+    new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
+    billing (its cluster then downs itself, ``fleet.idle_minutes_to_autodown``); keep it well above the
+    longest gap between two steps (an evaluation included)."""
+
+
+class LocalFleetConfig(FleetConfigBase):
+    """``fleet.backend: local`` (the default): actors are processes on this machine, with a reclaim injector."""
+
+    backend: Literal["local"] = "local"
+    """OS processes on this machine (``echo2/fleet/backends/local.py``)."""
     reclaim_rate: float = Field(0.0, ge=0)
     """Reclaim injector: expected reclaims per actor per minute (Poisson), as a spot market would
     take machines away; 0 = never. Each reclaimed actor is replaced by the fleet manager."""
@@ -61,7 +106,13 @@ class LocalFleetConfig(_Section):
     ``.venv-vllm/bin/python`` with ``rollout.engine.kind: vllm`` (README "vLLM actors")."""
 
 
-class SkyPilotFleetConfig(_Section):
+
+
+class SkyPilotFleetConfig(FleetConfigBase):
+    """``fleet.backend: skypilot``: one SkyPilot cluster per actor; which offers, ports, autodown, credentials."""
+
+    backend: Literal["skypilot"] = "skypilot"
+    """One SkyPilot cluster per actor (``echo2/fleet/backends/skypilot.py``)."""
     task_file: str | None = None
     """SkyPilot task YAML of one actor (None = the shipped ``infra/skypilot/actor.yaml``: setup installs
     echo2's actor environment, run starts ``echo2 actor``). Its ``resources`` are the base every candidate
@@ -107,61 +158,59 @@ class SkyPilotFleetConfig(_Section):
     True VOIDS THE ACTOR TRUST BOUNDARY: any actor can then read and overwrite the whole bucket (other actors'
     rollouts, policy versions, checkpoints, the ledger) and act on the cloud account through its machine's
     metadata server, whatever its scoped credentials say. Only for actors you trust as much as the learner."""
+    credentials_hours: float = Field(6.0, ge=0.25, le=12)
+    """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
+    sts_endpoint_url: str | None = None
+    """STS endpoint (None = AWS's own; tests point it at moto)."""
 
     def broad_vm_identity(self) -> str | None:
         """Why actor VMs would hold a broad cloud identity (one line), or None; ``allow_broad_vm_identity`` opts out."""
         if self.allow_broad_vm_identity:
             return None
         providers = {p.lower() for p in self.providers} if self.providers else None  # None: every provider
-        named = "fleet.skypilot.providers " + ("includes {0}" if providers else "(unset: every provider) includes {0}")
-        void = "or set fleet.skypilot.allow_broad_vm_identity: true, which voids the actor trust boundary"
+        named = "fleet.providers " + ("includes {0}" if providers else "(unset: every provider) includes {0}")
+        void = "or set fleet.allow_broad_vm_identity: true, which voids the actor trust boundary"
         if providers is None or "gcp" in providers:
-            return (f"{named.format('gcp')}: SkyPilot gives every GCP VM its skypilot-v1 service account (storage.admin, "
-                    f"compute.admin), so an actor there is not held to its scoped credentials: list providers "
-                    f"without gcp (e.g. [aws]), {void}")
+            return (f"{named.format('gcp')}: SkyPilot gives every GCP VM its skypilot-v1 service account "
+                    f"(storage.admin, compute.admin), so an actor there is not held to its scoped credentials: "
+                    f"list providers without gcp (e.g. [aws]), {void}")
         if "aws" in providers and not self.aws_node_profile:
-            return ("fleet.skypilot.aws_node_profile is not set: every AWS VM would run under SkyPilot's skypilot-v1 "
+            return ("fleet.aws_node_profile is not set: every AWS VM would run under SkyPilot's skypilot-v1 "
                     "instance profile (AmazonS3FullAccess, AmazonEC2FullAccess), so an actor there is not held to "
                     "its scoped credentials: create the node profile of infra/iam/README.md and name it, leave aws "
-                    f"out of fleet.skypilot.providers, {void}")
+                    f"out of fleet.providers, {void}")
         return None
-    credentials_hours: float = Field(6.0, ge=0.25, le=12)
-    """Lifetime of an actor's scoped credentials and relay token; an actor is replaced before they expire."""
-    sts_endpoint_url: str | None = None
-    """STS endpoint (None = AWS's own; tests point it at moto)."""
 
 
-class FleetConfig(_Section):
-    backend: Literal["local", "skypilot"] = "local"
-    """Where actors run: ``local`` = OS processes on this machine; ``skypilot`` = one SkyPilot cluster per
-    actor on spot GPUs across clouds (``pip install -e '.[cloud]'``, cloud credentials, an s3:// or gs://
-    store; see ``echo2/fleet/skypilot.py``)."""
-    local: LocalFleetConfig = Field(default_factory=LocalFleetConfig)
-    """The local backend: processes on this machine, and its reclaim injector."""
-    skypilot: SkyPilotFleetConfig = Field(default_factory=SkyPilotFleetConfig)
-    """The SkyPilot backend: which offers, ports, autodown, credentials."""
-    actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
-    """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
-    batch time over the first steps, and grow to the smallest fleet the capacity model
-    (``echo2/fleet/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
-    within ``max_actors`` and ``max_usd_per_hour``."""
-    min_actors: int = Field(1, ge=1)
-    """With ``actors: auto``: the fleet the run starts with, before anything is measured."""
-    max_actors: int = Field(4, ge=1)
-    """With ``actors: auto``: never more actors than this (on one machine, actors share its cores)."""
-    target_utilization: float = Field(0.95, gt=0, le=1)
-    """With ``actors: auto``: the learner utilization the fleet is sized for."""
-    max_restarts: int = Field(3, ge=0)
-    """A crashed actor is replaced up to this many times per slot (a reclaimed one always is)."""
-    max_usd_per_hour: float | None = Field(None, gt=0)
-    """Budget: the fleet never runs workers costing more than this per hour (None = no cap; local actors cost 0)."""
-    prices: PriceSourceConfig = Field(default_factory=SnapshotPricesConfig)
-    """Price source for activation and cost figures: ``{source: snapshot|aws|skypilot, ...}``."""
-    learner_usd_per_hour: float | None = Field(None, ge=0)
-    """What the learner's machine costs per hour, for the cost report (None: the report lists the learner
-    unpriced rather than guess)."""
-    learner_silence_s: float = Field(1800.0, gt=0)
-    """An actor stops (exit 0) after this long without a sign of its learner: no new ``policy/LATEST`` and no
-    new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
-    billing (its cluster then downs itself, ``skypilot.idle_minutes_to_autodown``); keep it well above the
-    longest gap between two steps (an evaluation included)."""
+_SECTIONS_MOVED = {"local": LocalFleetConfig, "skypilot": SkyPilotFleetConfig}
+
+
+def _no_backend_sections(value: Any) -> Any:
+    """A config of before the union (``fleet.local:`` / ``fleet.skypilot:`` subsections) is refused in one line that
+    says where its fields went, rather than as an unknown key."""
+    if isinstance(value, dict):
+        for name, cls in _SECTIONS_MOVED.items():
+            if name in value:
+                given = value[name]
+                fields = sorted(given) if isinstance(given, dict) and given else sorted(
+                    set(cls.model_fields) - set(FleetConfigBase.model_fields))
+                raise ValueError(f"fleet.{name} is no longer a subsection: write its fields ({', '.join(fields)}) "
+                                 f"directly under fleet, beside fleet.backend: {name} (e.g. fleet.{fields[0]})")
+    return value
+
+
+def _fleet_backend(value: Any) -> str | None:
+    """The backend of a fleet mapping: ``local`` when absent (the default fleet)."""
+    if isinstance(value, dict):
+        return value.get("backend", "local")
+    return getattr(value, "backend", None)
+
+
+FleetConfig = Annotated[
+    Annotated[LocalFleetConfig, Tag("local")] | Annotated[SkyPilotFleetConfig, Tag("skypilot")],
+    Discriminator(_fleet_backend, custom_error_type="fleet_backend",
+                  custom_error_message="fleet.backend must be one of local, skypilot"),
+    BeforeValidator(_no_backend_sections),
+]
+"""Where actors run (``echo2/fleet/backends/``, built by ``make_backend``), chosen by ``fleet.backend``:
+``local`` or ``skypilot``; the shared fields of ``FleetConfigBase`` and each backend's own, all under ``fleet:``."""

@@ -14,7 +14,7 @@ for an s3:// store and none for a local one), then its launch's env and secrets.
 secret otherwise (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*_KEY*`` ...): not the operator's other
 cloud keys, not ``ECHO2_SECRETS`` (where the learner keeps run keys) or ``ECHO2_RUN_KEY``.
 
-Reclaims (``fleet.local.reclaim_rate`` > 0): a Poisson process, ``reclaim_rate`` reclaims per actor
+Reclaims (``fleet.reclaim_rate`` > 0): a Poisson process, ``reclaim_rate`` reclaims per actor
 per minute; each reclaim takes one running actor, and with probability ``reclaim_burst`` every
 other running actor at the same moment too (spot pools are reclaimed in bursts). A reclaimed actor
 gets SIGTERM (the notice: it stops taking work and commits or drops its batch), then SIGKILL after

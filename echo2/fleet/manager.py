@@ -383,7 +383,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
         from echo2.fleet.credentials import mint_actor_credentials
         from echo2.fleet.skypilot import SkyPilotBackend
 
-        sk = config.skypilot
+        sk = config
         offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
         backend = SkyPilotBackend(sk, run_id=run_id)
         env = {"ECHO2_STORE_OPTIONS": json.dumps(public_store_options(store_options))}
@@ -404,8 +404,8 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
 
     from echo2.fleet.local import LocalBackend
 
-    backend = LocalBackend(config.local, log_dir, seed=seed + config.local.seed)
-    command = actor_command or [config.local.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
+    backend = LocalBackend(config, log_dir, seed=seed + config.seed)
+    command = actor_command or [config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
 
     def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
         return ActorLaunch(actor_id=actor_id, run_url=store.url,

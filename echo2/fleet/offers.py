@@ -1,6 +1,6 @@
 """Which offers a run's fleet launches actors on, from ``fleet.prices`` and the worker profiles.
 
-- ``local``: this machine, free; or every actor priced as one catalog offer (``fleet.local.price_as``),
+- ``local``: this machine, free; or every actor priced as one catalog offer (``fleet.price_as``),
   so a local run's cost report shows what its hours would have cost there ("simulated prices").
 - ``skypilot``: every catalog offer of a provider SkyPilot launches on, in the configured market, whose
   GPU is profiled and fits the model (``activation.candidates``: the same speeds, fit rule and reclaim
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from echo2.config import FleetConfig
+from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
 from echo2.errors import Echo2InputError
 from echo2.fleet.backend import Offer
 
@@ -27,28 +27,28 @@ def _catalog(config: FleetConfig):
     return make_price_source(config.prices).offers()
 
 
-def local_offers(config: FleetConfig) -> list[Offer] | None:
+def local_offers(config: LocalFleetConfig) -> list[Offer] | None:
     """None (this machine, free), or the one catalog offer every local actor is priced as."""
-    name = config.local.price_as
+    name = config.price_as
     if name is None:
         return None
-    spot = config.local.price_as_spot
+    spot = config.price_as_spot
     for offer in _catalog(config):
         if offer.name == name:
             try:
                 return [Offer.from_catalog(offer, spot, simulated=True)]
             except ValueError as exc:
-                raise Echo2InputError(f"fleet.local.price_as: {exc}") from None
-    raise Echo2InputError(f"fleet.local.price_as: no offer {name!r} in the {config.prices.source} price source "
+                raise Echo2InputError(f"fleet.price_as: {exc}") from None
+    raise Echo2InputError(f"fleet.price_as: no offer {name!r} in the {config.prices.source} price source "
                           f"(`echo2 prices --json` lists their names)")
 
 
-def skypilot_offers(config: FleetConfig, model_params_b: float) -> list[Offer]:
+def skypilot_offers(config: SkyPilotFleetConfig, model_params_b: float) -> list[Offer]:
     """The catalog offers SkyPilot actors may land on, each with its expected tokens/s."""
     from echo2.fleet.activation import candidates
     from echo2.fleet.prices import DEFAULT_PROFILES, load_profiles
 
-    sk = config.skypilot
+    sk = config
     wanted = {p.lower() for p in sk.providers} if sk.providers else set(SKYPILOT_PROVIDERS)
     offers = [o for o in _catalog(config) if o.provider.lower() in wanted and o.provider.lower() in SKYPILOT_PROVIDERS
               and not o.instance_type.startswith("gpu-only:")]  # a GPU without its host VM is not launchable
@@ -56,7 +56,7 @@ def skypilot_offers(config: FleetConfig, model_params_b: float) -> list[Offer]:
     cands = candidates(offers, load_profiles(DEFAULT_PROFILES), model_params_b, markets=(market,), gpus=sk.gpus)
     out = [Offer.from_catalog(c.offer, c.spot, tokens_per_second=c.expected_throughput) for c in cands]
     if not out:
-        raise Echo2InputError(f"fleet.skypilot: no {market} offer of {', '.join(sk.gpus or ['any GPU'])} on "
+        raise Echo2InputError(f"fleet: no {market} offer of {', '.join(sk.gpus or ['any GPU'])} on "
                               f"{', '.join(sorted(wanted))} in the {config.prices.source} price source fits a "
                               f"{model_params_b:g}B model")
     return out

@@ -240,7 +240,7 @@ class SkyPilotBackend(FleetBackend):
             if broad:
                 raise ValueError(broad)
             if config.allow_broad_vm_identity:
-                log.warning("fleet.skypilot.allow_broad_vm_identity is set: actor VMs may hold SkyPilot's skypilot-v1 "
+                log.warning("fleet.allow_broad_vm_identity is set: actor VMs may hold SkyPilot's skypilot-v1 "
                             "identity, and an actor on one is not held to its scoped credentials")
             api = SkySdk(config.aws_node_profile)
             skypilot_trust.check_no_credentials_travel()

@@ -16,8 +16,8 @@ def reclaims(workdir: Path, quick: bool = False) -> dict:
     for notice in (1.0, 0.0):
         name = f"notice{notice:g}"
         settings = h.sets(f"model.name={model}", f"store.url={workdir}", f"run.id={name}", *h.TINY, "fleet.actors=3",
-                          f"train.max_steps={8 if quick else 16}", "fleet.local.reclaim_rate=2",
-                          "fleet.local.reclaim_burst=0.4", f"fleet.local.notice_s={notice}", "fleet.local.seed=7",
+                          f"train.max_steps={8 if quick else 16}", "fleet.reclaim_rate=2",
+                          "fleet.reclaim_burst=0.4", f"fleet.notice_s={notice}", "fleet.seed=7",
                           "fleet.max_restarts=5")
         code = h.run_cli(["run", h.QUICKSTART, *settings],
                          workdir, workdir / f"{name}.log", timeout=900)
