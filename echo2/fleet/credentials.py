@@ -202,7 +202,8 @@ THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledExc
 def transient_aws_error(exc: BaseException) -> bool:
     """Whether an AWS client error passes by itself: no connection, a timeout, a throttle, a 5xx."""
     try:
-        from botocore.exceptions import ClientError, ConnectionError as NoConnection, HTTPClientError
+        from botocore.exceptions import ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as NoConnection
     except ImportError:
         return False
     if isinstance(exc, (NoConnection, HTTPClientError)):
@@ -216,7 +217,8 @@ def transient_aws_error(exc: BaseException) -> bool:
 def split_store_url(url: str, run_id: str) -> tuple[str, str]:
     """``s3://bucket/prefix/runs/<run>`` -> (bucket, prefix): what ``actor_policy`` scopes."""
     if not url.startswith("s3://"):
-        raise ValueError(f"scoped credentials are minted for s3:// stores only, not {url!r} (GCS: see infra/iam/README.md)")
+        raise ValueError(f"scoped credentials are minted for s3:// stores only, not {url!r} "
+                         "(GCS: see infra/iam/README.md)")
     bucket, _, path = url[len("s3://"):].partition("/")
     tail = f"{layout.RUNS}/{run_id}"
     path = path.strip("/")

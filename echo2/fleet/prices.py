@@ -109,8 +109,8 @@ def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool | None = True
         if (offer.price(spot) if spot is not None else offer.price(True) or offer.price(False)) is not None:
             offers.append(offer)
     if not offers:
-        raise Echo2InputError(f"price catalog {path} has no offer with a{'' if spot is None else ' spot' if spot else 'n on-demand'}"
-                              " price")
+        market = "" if spot is None else " spot" if spot else "n on-demand"
+        raise Echo2InputError(f"price catalog {path} has no offer with a{market} price")
     return offers
 
 
@@ -178,7 +178,8 @@ def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
         except (TypeError, ValueError):
             table = {}
         if not table or any(k <= 0 or v <= 0 or not math.isfinite(v) for k, v in table.items()):
-            raise Echo2InputError(f"profiles {path}: workers.{name}.tokens_per_second must map sizes > 0 to tokens/s > 0")
+            raise Echo2InputError(f"profiles {path}: workers.{name}.tokens_per_second must map sizes > 0 "
+                                  "to tokens/s > 0")
         profile = Profile(str(name), table, str(entry.get("source", "")), tuple(entry.get("aliases") or ()))
         for key in (profile.name, *profile.aliases):
             profiles[gpu_key(str(key))] = profile
