@@ -23,9 +23,8 @@ from typing import Optional
 import typer
 
 import echo2
-from echo2.cli import actor, bench, chaos, export, report, run
+from echo2.cli import actor, bench, chaos, export, fleet, report, run
 from echo2.cli import eval as eval_
-from echo2.fleet import commands as fleet  # moves to echo2/cli/fleet.py next
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="echo2: distributed RL post-training with bounded staleness.")
