@@ -33,7 +33,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+import echo2
+
+PROJECT_ROOT = Path(echo2.__file__).resolve().parents[1]
 """The source checkout the learner runs from (a wheel install has no source to stage: ``ActorSourceMissing``)."""
 PACKAGES = ("echo2", "infra")
 """The folders whose ``.py`` files the actor installs: infra/ is the package ``echo2._infra`` (setup.py), and
