@@ -58,8 +58,8 @@ def main(root: Path) -> None:
     import sky
 
     from echo2.config import SkyPilotFleetConfig
-    from echo2.fleet.backend import ActorLaunch, Offer
-    from echo2.fleet.skypilot import build_task
+    from echo2.fleet.backends.base import ActorLaunch, Offer
+    from echo2.fleet.backends.skypilot import build_task
     from echo2.fleet.skypilot_trust import launch_config, remove_staged, stage_actor_source
 
     east = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,

@@ -228,8 +228,8 @@ def test_the_audit_counts_fleet_failures_as_the_real_manager_records_them(tmp_pa
     one exits 3), not from a hand-made ledger: the audit's rules must fit what the manager writes, which
     is a ``crashed`` event for a nonzero exit and an ``exited`` event, with no exit code, for code 0."""
     from echo2.config import LocalFleetConfig
-    from echo2.fleet.backend import ActorLaunch
-    from echo2.fleet.local import LocalBackend
+    from echo2.fleet.backends.base import ActorLaunch
+    from echo2.fleet.backends.local import LocalBackend
     from echo2.fleet.manager import FleetManager
 
     store = new_run(tmp_path / "fleet")

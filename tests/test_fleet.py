@@ -11,7 +11,7 @@ import pytest
 from echo2.config import LocalFleetConfig
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.data.ledger import read_events
-from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
+from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
 from echo2.fleet.costs import fleet_usd
 from echo2.fleet.manager import FleetFailed, FleetManager, make_fleet
 from echo2.data.run_key import run_key
@@ -242,7 +242,7 @@ def test_stop_tells_every_actor_to_stop_before_it_waits_for_any(tmp_path):
     time, the first waits out its grace and is killed."""
     import json as json_
 
-    from echo2.fleet.local import LocalBackend
+    from echo2.fleet.backends.local import LocalBackend
     from helpers import wait_until
 
     told, up = tmp_path / "told", tmp_path / "up"

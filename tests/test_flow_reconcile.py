@@ -12,7 +12,7 @@ import flows.train as train
 from echo2.config import load_config
 from echo2.data.ledger import read_events
 from echo2.data.store import open_store
-from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetBackend
+from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetBackend
 from echo2.fleet.manager import FleetManager
 from echo2.learner.run import LearnerRun
 

@@ -1,4 +1,4 @@
-"""The SkyPilot fleet backend (echo2/fleet/skypilot.py) on SkyPilot's real Task, Resources, YAML schema and
+"""The SkyPilot fleet backend (echo2/fleet/backends/skypilot.py) on SkyPilot's real Task, Resources, YAML schema and
 optimizer, over the fixture catalog that tests/conftest.py seeds; with a test double only where SkyPilot would
 reach a cloud (launch, status, job status, down: ``FakeLaunchApi``, which also drops requests on demand and
 plays a spot notice), and moto's EC2 telling a spot reclaim from a crash."""
@@ -18,9 +18,9 @@ from echo2.config import ConfigError, SkyPilotFleetConfig, load_config  # noqa: 
 from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
 from echo2.fleet import skypilot_trust  # noqa: E402
-from echo2.fleet.backend import ActorLaunch, ActorState, Offer  # noqa: E402
+from echo2.fleet.backends.base import ActorLaunch, ActorState, Offer  # noqa: E402
 from echo2.fleet.manager import FleetManager  # noqa: E402
-from echo2.fleet.skypilot import (DEFAULT_TASK_FILE, RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task,  # noqa: E402
+from echo2.fleet.backends.skypilot import (DEFAULT_TASK_FILE, RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task,  # noqa: E402
                                   cloud_end_reason, cluster_name, fleet_down, load_task_config, offer_of, run_label)
 from echo2.fleet.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
 
@@ -520,7 +520,7 @@ def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credential
     from sky.server.requests import payloads
     from sky.utils import annotations, registry, schemas
 
-    from echo2.fleet.skypilot import SkySdk
+    from echo2.fleet.backends.skypilot import SkySdk
 
     monkeypatch.setattr(annotations, "is_on_api_server", False)  # what SkyPilot's client-API wrapper sets
 
@@ -720,7 +720,7 @@ def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_retur
     only while that launch is under way. SkyPilot's SDK module is stubbed at the network call."""
     from sky.utils import annotations
 
-    from echo2.fleet.skypilot import SkySdk
+    from echo2.fleet.backends.skypilot import SkySdk
 
     monkeypatch.setattr(annotations, "is_on_api_server", False)
     cancelled, answer = [], threading.Event()

@@ -187,7 +187,7 @@ def test_a_revoked_actor_is_refused_by_peers_from_the_version_that_revokes_it(ru
 
 
 def test_the_fleet_revokes_every_actor_that_ended_or_was_retired(tmp_path):
-    from echo2.fleet.backend import ActorState, ActorStatus
+    from echo2.fleet.backends.base import ActorState, ActorStatus
     from test_fleet import FakeCloud, manager
 
     cloud = FakeCloud()

@@ -33,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from echo2.data import layout
-from echo2.fleet.backend import FleetApiError
+from echo2.fleet.backends.base import FleetApiError
 
 MIN_DURATION_S = 900
 MAX_DURATION_S = 43200

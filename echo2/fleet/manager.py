@@ -51,7 +51,8 @@ from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
 from echo2.data.store import ObjectStore
 from echo2.data.ledger import read_events
-from echo2.fleet.backend import ActorLaunch, ActorState, CapacityError, FleetApiError, FleetBackend, Offer
+from echo2.fleet.backends import (ActorLaunch, ActorState, CapacityError, FleetApiError, FleetBackend, Offer,
+                                  make_backend)
 from echo2.fleet.autosize import due as autosize_due
 from echo2.fleet.costs import fleet_usd
 
@@ -379,38 +380,41 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
         return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at),
                 RELAY_TLS_ENV: relay_ca.issue(actor_id, expires_at)}
 
+    # the offers before the backend: a fleet that fits no offer stops here, before a backend has started its
+    # threads (the reclaim injector) or staged a workdir (SkyPilot)
+    if config.backend == "skypilot":
+        offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
+    else:
+        offers = local_offers(config)
+    backend = make_backend(config, run_id=run_id, log_dir=log_dir, seed=seed)
+
     if config.backend == "skypilot":
         from echo2.fleet.credentials import mint_actor_credentials
-        from echo2.fleet.skypilot import SkyPilotBackend
 
-        sk = config
-        offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
-        backend = SkyPilotBackend(sk, run_id=run_id)
         env = {"ECHO2_STORE_OPTIONS": json.dumps(public_store_options(store_options))}
 
         def launch_spec(actor_id: str, offer: Offer) -> ActorLaunch:
-            expires, secrets_ = time.time() + sk.credentials_hours * 3600, {}
-            if sk.credentials_role_arn:
-                creds = mint_actor_credentials(store.url, run_id, actor_id, role_arn=sk.credentials_role_arn,
-                                               hours=sk.credentials_hours, sts_endpoint_url=sk.sts_endpoint_url)
+            expires, secrets_ = time.time() + config.credentials_hours * 3600, {}
+            if config.credentials_role_arn:
+                creds = mint_actor_credentials(store.url, run_id, actor_id, role_arn=config.credentials_role_arn,
+                                               hours=config.credentials_hours, sts_endpoint_url=config.sts_endpoint_url)
                 secrets_.update(creds.env)
                 expires = min(expires, creds.expires_at.timestamp())
-            secrets_.update(relay_secrets(actor_id, expires))  # both stop working together: the actor is replaced before
+            # both stop working together: the actor is replaced before
+            secrets_.update(relay_secrets(actor_id, expires))
             return ActorLaunch(actor_id=actor_id, run_url=store.url, command=["echo2", "actor"], env=env,
                                secrets=secrets_, offer=offer, expires_at=expires)
 
         return FleetManager(backend, config, store, launch_spec=launch_spec, offers=offers,
-                            alternatives=sk.any_of - 1, unavailable_retry_s=sk.unavailable_retry_s)
+                            alternatives=config.any_of - 1, unavailable_retry_s=config.unavailable_retry_s)
 
-    from echo2.fleet.local import LocalBackend
-
-    backend = LocalBackend(config, log_dir, seed=seed + config.seed)
     command = actor_command or [config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
 
     def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
         return ActorLaunch(actor_id=actor_id, run_url=store.url,
-                           command=[*command, "--run", store.url, "--actor-id", actor_id, "--parent-pid", str(os.getpid())],
+                           command=[*command, "--run", store.url, "--actor-id", actor_id,
+                                    "--parent-pid", str(os.getpid())],
                            env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, offer=offer,
                            secrets=relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
 
-    return FleetManager(backend, config, store, launch_spec=local_spec, offers=local_offers(config))
+    return FleetManager(backend, config, store, launch_spec=local_spec, offers=offers)

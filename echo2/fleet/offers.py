@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
 from echo2.errors import Echo2InputError
-from echo2.fleet.backend import Offer
+from echo2.fleet.backends.base import Offer
 
 SKYPILOT_PROVIDERS = ("aws", "azure", "cudo", "do", "fluidstack", "gcp", "hyperbolic", "ibm", "lambda", "mithril",
                       "nebius", "oci", "paperspace", "primeintellect", "runpod", "scp", "seeweb", "shadeform", "vast",

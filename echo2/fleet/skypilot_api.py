@@ -1,4 +1,4 @@
-"""SkyPilot as the SkyPilot backend (``skypilot.py``) reaches it: ``SkyApi``, the calls that go to SkyPilot's API
+"""SkyPilot as the SkyPilot backend (``backends/skypilot.py``) reaches it: ``SkyApi``, the calls that go to SkyPilot's API
 server (and through it, the clouds), and ``SkySdk``, those calls through SkyPilot's client SDK. The tests put
 a test double in ``SkySdk``'s place (no cloud is reachable from here)."""
 

@@ -2,7 +2,8 @@
 
 A backend launches one actor from an ``ActorLaunch``, tells its state, and terminates it. Desired
 against actual (how many, which offer, replacing the reclaimed, the budget, the ledger events) is
-the manager's (``manager.py``), the same for every backend, so a new cloud is one file here.
+the manager's (``echo2/fleet/manager.py``), the same for every backend, so a new cloud is one file beside this
+one (the steps are in ``__init__.py``).
 """
 
 from __future__ import annotations

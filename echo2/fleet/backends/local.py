@@ -35,7 +35,7 @@ import threading
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
-from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetBackend
+from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetBackend
 
 log = logging.getLogger("echo2.fleet")
 

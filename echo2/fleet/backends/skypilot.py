@@ -3,7 +3,7 @@
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
-        workdir   = echo2's source staged alone (skypilot_trust.py), never the folder the learner runs in
+        workdir   = echo2's source staged alone (``echo2/fleet/skypilot_trust.py``), never the folder the learner runs in
         config    = remote_identity: NO_UPLOAD for every cloud: no operator credentials on the VM
         envs      = run URL, actor id, store options (never credentials), relay bind/advertise, and the
                     preemption source of the cloud (AWS/GCP metadata)
@@ -22,7 +22,7 @@
         cluster UP, job running or pending    -> RUNNING, with the offer SkyPilot took among any_of
         cluster UP, job ended                 -> CRASHED (FAILED, CANCELLED ...); SUCCEEDED is EXITED once
                                                  the cluster stayed up exit_hold_s after it
-        cluster gone, or no longer UP         -> ask the cloud why (reclaims.py): RECLAIMED or CRASHED;
+        cluster gone, or no longer UP         -> ask the cloud why (``fleet/reclaims.py``): RECLAIMED or CRASHED;
                                                  after a clean exit (a spot notice, then the machine
                                                  taken) RECLAIMED where the cloud says so, else EXITED
         a status request that fails           -> retried (bounded, logged); then FleetApiError, and the
@@ -36,8 +36,9 @@
                             a cancelled flow run has Prefect's 30 s grace for its checkpoint and teardown
     `echo2 fleet down RUN`  downs every cluster labelled with the run: teardown after a learner crash
 
-Everything SkyPilot is reached through ``SkyApi`` (``skypilot_api.py``: launch, clusters, job status, down,
-cancel a launch): ``SkySdk`` is the real one. The tests put a test double there (no cloud is reachable from here) and exercise
+Everything SkyPilot is reached through ``SkyApi`` (``echo2/fleet/skypilot_api.py``: launch, clusters, job status,
+down, cancel a launch): ``SkySdk`` is the real one. The tests put a test double there (no cloud is reachable from
+here) and exercise
 SkyPilot's real ``Task`` and ``Resources`` objects, its YAML schema and its optimizer on a fixture
 catalog. Nothing in this file has run against a real cloud account.
 
@@ -63,7 +64,7 @@ import yaml
 from echo2 import shipped
 from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
-from echo2.fleet.backend import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
+from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
 from echo2.fleet.reclaims import cloud_end_reason
 from echo2.fleet.skypilot_api import (Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable,  # noqa: F401
                                       SkySdk, import_sky)

@@ -1,0 +1,51 @@
+"""Fleet backends: where actors run. ``make_backend`` builds the one ``fleet.backend`` names.
+
+* ``base.py``: the ``FleetBackend`` interface (launch one actor, poll it, terminate it), what it is given
+  (``ActorLaunch``, ``Offer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
+  ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
+  (``echo2/fleet/manager.py``), the same for every backend.
+* ``local.py`` (``fleet.backend: local``): OS processes on this machine, with a reclaim injector.
+* ``skypilot.py`` (``fleet.backend: skypilot``): one SkyPilot cluster per actor, spot GPUs across clouds.
+
+The SkyPilot backend's two support modules stay in ``echo2/fleet/``, beside this folder:
+``skypilot_api.py`` (every call into SkyPilot's SDK, behind ``SkyApi`` so tests put a double there) and
+``skypilot_trust.py`` (the actor trust boundary: what an actor VM may be given and what it uploads). They are
+not backends, so this folder holds only the interface, the factory and one file per backend; and the trust
+boundary keeps the path that ``docs/security.md`` and ``infra/`` point reviewers at.
+
+Adding a backend is three steps, as for tasks, engines and price sources:
+
+1. its config class in ``echo2/config/fleet.py``: a subclass of ``FleetConfigBase`` with its own
+   ``backend: Literal["name"]`` and its own fields, added to the ``FleetConfig`` union (and to
+   ``FleetConfigBase.backend``'s names);
+2. one file here, ``echo2/fleet/backends/<name>.py``, a ``FleetBackend`` that imports the interface from
+   ``base.py``, never from here;
+3. one branch in ``make_backend`` below, from its config class to its backend (and, where its actors need
+   another launch spec or offers than the local ones, its branch in ``manager.make_fleet``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
+from echo2.fleet.backends.base import (ActorLaunch, ActorState, ActorStatus, CapacityError, FleetApiError,
+                                       FleetBackend, Offer)
+
+
+def make_backend(config: FleetConfig, *, run_id: str, log_dir: Path, seed: int = 0) -> FleetBackend:
+    """The backend of a ``fleet`` config: ``run_id`` labels a cloud backend's machines, ``log_dir`` holds local
+    actors' logs, ``seed`` (the run's) plus ``fleet.seed`` seeds the local reclaim injector."""
+    if isinstance(config, LocalFleetConfig):
+        from echo2.fleet.backends.local import LocalBackend
+
+        return LocalBackend(config, log_dir, seed=seed + config.seed)
+    if isinstance(config, SkyPilotFleetConfig):
+        from echo2.fleet.backends.skypilot import SkyPilotBackend
+
+        return SkyPilotBackend(config, run_id=run_id)
+    raise ValueError(f"no fleet backend for config {type(config).__name__}")
+
+
+__all__ = ["ActorLaunch", "ActorState", "ActorStatus", "CapacityError", "FleetApiError", "FleetBackend", "Offer",
+           "make_backend"]
