@@ -1,15 +1,15 @@
 """``echo2``: the command line (``python -m echo2`` too). One module per command or group of commands:
 
-    echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]                          run.py
-    echo2 learner CONFIG [--nproc P] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT]   run.py (torchrun)
-    echo2 actor --run STORE/runs/ID --actor-id ID          (started by the fleet)          actor.py
-    echo2 export RUN [--step N] DIR                                                         export.py
-    echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]             eval.py
-    echo2 report RUN                                        (cost report from the ledger)   report.py
-    echo2 audit RUN [--json]                                (every rollout file accounted)  report.py
-    echo2 chaos [--scenario S] [--quick]                    (the chaos suite)               chaos.py
-    echo2 plan, echo2 prices, echo2 fleet down RUN          (capacity, prices, clusters)    fleet.py
-    echo2 bench broadcast|overlap|cost|learner              (benchmarks)                    bench.py
+    run.py      echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
+                echo2 learner CONFIG [--nproc P] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT]  (torchrun)
+    actor.py    echo2 actor --run STORE/runs/ID --actor-id ID                  (started by the fleet)
+    export.py   echo2 export RUN [--step N] DIR
+    eval.py     echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]
+    report.py   echo2 report RUN; echo2 audit RUN [--json]                     (from the run's ledger)
+    chaos.py    echo2 chaos [--scenario S] [--quick]                           (the chaos suite)
+    fleet.py    echo2 plan; echo2 prices; echo2 fleet down RUN                 (capacity, prices, clusters)
+    bench.py    echo2 bench broadcast|overlap|cost|learner                     (benchmarks)
+    common.py   what they share: fail(), the set-up of a process that runs the flow, logging
 
 Bad input (config, model, store) prints one line and exits 2 (``common.fail``). No module here imports Prefect,
 the flows or the learner at module level (they are imported inside the commands), so an actor's ``echo2`` never
@@ -36,7 +36,7 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback()  # the app's own options; without a docstring, so the app's help stays the text above
 def _options(
     version: Optional[bool] = typer.Option(None, "--version", callback=_print_version, is_eager=True,
                                            help="Print echo2's version and exit."),
