@@ -4,7 +4,7 @@ A scenario fails (``failed``) when it lost or double-used a rollout file, when a
 version, when a run did not finish, when it detected fewer faults than it injected, when a secret was
 found where it must never be, or when a property it checks beyond those did not hold (``broken``). The
 command exits 1 when any scenario failed. ``--quick`` runs the small sizes; the full ones are what the
-README's reliability table shows.
+reliability table in docs/reliability.md shows.
 
 Interrupted (Ctrl-C, or SIGTERM: ``command.py`` makes it the same), the suite stops every process its
 scenarios started -- runs in sessions of their own, their actors and Prefect servers, hostile actors --

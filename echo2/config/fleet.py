@@ -103,7 +103,7 @@ class LocalFleetConfig(FleetConfigBase):
     actor_python: str | None = None
     """Python interpreter that runs the local actors (``PY -m echo2.cli actor``); None: the learner's own.
     Point it at an actor-only environment for an engine that cannot live beside Prefect, e.g.
-    ``.venv-vllm/bin/python`` with ``rollout.engine.kind: vllm`` (README "vLLM actors")."""
+    ``.venv-vllm/bin/python`` with ``rollout.engine.kind: vllm`` (docs/vllm.md)."""
 
 
 

@@ -1,4 +1,4 @@
-"""Key names of the run layout (DESIGN.md, "Object store layout"): the only module that spells a key.
+"""Key names of the run layout (docs/architecture.md, "Object store layout"): the only module that spells a key.
 
 Keys are relative to the run root ``{store}/runs/{run_id}/`` unless said otherwise. The parse
 helpers return None for a key outside the layout, so whatever an actor writes under an odd name

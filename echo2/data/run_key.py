@@ -1,6 +1,6 @@
 """The run's keys: the learner's signing key, and the public key actors verify versions with.
 
-Actors run on machines we do not own (DESIGN.md, "Trust boundaries"), so the key that signs
+Actors run on machines we do not own (docs/architecture.md, "Trust boundaries"), so the key that signs
 policy versions is one no actor holds: an Ed25519 private key only the learner has, from
 ``$ECHO2_RUN_KEY`` (a resumed or remote learner; tests) or else a 0600 file in the secrets
 folder, created once by the learner. Both hold the 32-byte seed as 64 hex digits. The private

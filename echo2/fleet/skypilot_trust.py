@@ -1,5 +1,5 @@
 """What a SkyPilot actor VM gets from the operator: echo2's source and the actor's own scoped secrets,
-nothing else (DESIGN.md, "Trust boundaries").
+nothing else (docs/architecture.md, "Trust boundaries").
 
 SkyPilot's defaults would hand an untrusted VM much more:
 
@@ -125,7 +125,7 @@ def api_server_is_local() -> bool:
 def check_no_credentials_travel() -> None:
     """Refuse, in one line, a launch that would copy credential files no setting can keep home."""
     if not api_server_is_local():
-        return  # a remote API server's files are its operator's to keep clean (README, "Spot actors")
+        return  # a remote API server's files are its operator's to keep clean (docs/fleet.md, "Spot actors")
     leaked = files_uploaded_anyway()
     if leaked:
         raise RuntimeError(f"SkyPilot would copy {', '.join(leaked)} to every actor VM (its clouds have no "

