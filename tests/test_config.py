@@ -36,8 +36,13 @@ def test_every_field_has_a_docstring():
                 walk(sub, f"{prefix}{name}.")
 
     walk(Config)
-    from echo2.config import (CheckpointOpponentConfig, LocalFleetConfig, MathColumnsConfig, PokerTaskConfig,
-                              SkyPilotFleetConfig)
+    from echo2.config import (
+        CheckpointOpponentConfig,
+        LocalFleetConfig,
+        MathColumnsConfig,
+        PokerTaskConfig,
+        SkyPilotFleetConfig,
+    )
 
     assert {PokerTaskConfig, CheckpointOpponentConfig, MathColumnsConfig, LocalFleetConfig, SkyPilotFleetConfig} <= seen
 

@@ -9,12 +9,12 @@ import time
 import pytest
 
 from echo2.config import LocalFleetConfig
-from echo2.data.store.fsspec_store import FsspecStore
 from echo2.data.ledger import read_events
+from echo2.data.run_key import run_key
+from echo2.data.store.fsspec_store import FsspecStore
 from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
 from echo2.fleet.costs import fleet_usd
 from echo2.fleet.manager import FleetFailed, FleetManager, make_fleet
-from echo2.data.run_key import run_key
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 
@@ -171,7 +171,8 @@ def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch
     store = FsspecStore(str(tmp_path / "run"), {})
     for python, expected in ((None, sys.executable), ("/opt/actor-env/bin/python", "/opt/actor-env/bin/python")):
         config = LocalFleetConfig(actor_python=python)
-        fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True))
+        fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs",
+                           run_key=run_key("r", create=True))
         spec = fleet.launch_spec("a0", None)  # an unpriced local actor
         assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]
 
@@ -242,8 +243,9 @@ def test_stop_tells_every_actor_to_stop_before_it_waits_for_any(tmp_path):
     time, the first waits out its grace and is killed."""
     import json as json_
 
-    from echo2.fleet.backends.local import LocalBackend
     from helpers import wait_until
+
+    from echo2.fleet.backends.local import LocalBackend
 
     told, up = tmp_path / "told", tmp_path / "up"
     told.mkdir()
@@ -284,9 +286,10 @@ def test_a_local_actor_gets_only_the_environment_it_needs(tmp_path, monkeypatch,
     import json as json_
     import os
 
+    from helpers import wait_until
+
     from echo2.data.relay_certs import RELAY_TLS_ENV
     from echo2.data.relay_tokens import RELAY_TOKEN_ENV
-    from helpers import wait_until
 
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     if not s3:  # the operator's AWS keys, of no use to an actor of a local store

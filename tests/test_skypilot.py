@@ -15,13 +15,25 @@ import pytest
 sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud extra: pip install -e '.[cloud]')")
 
 from echo2.config import ConfigError, SkyPilotFleetConfig, load_config  # noqa: E402
-from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
+from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.fleet import skypilot_trust  # noqa: E402
 from echo2.fleet.backends.base import ActorLaunch, ActorState, Offer  # noqa: E402
+from echo2.fleet.backends.skypilot import (  # noqa: E402
+    DEFAULT_TASK_FILE,
+    RUN_LABEL,
+    Cluster,
+    Launched,
+    SkyPilotBackend,
+    build_task,
+    cloud_end_reason,
+    cluster_name,
+    fleet_down,
+    load_task_config,
+    offer_of,
+    run_label,
+)
 from echo2.fleet.manager import FleetManager  # noqa: E402
-from echo2.fleet.backends.skypilot import (DEFAULT_TASK_FILE, RUN_LABEL, Cluster, Launched, SkyPilotBackend, build_task,  # noqa: E402
-                                  cloud_end_reason, cluster_name, fleet_down, load_task_config, offer_of, run_label)
 from echo2.fleet.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
 
 RUN = "run-20261201-191000-ab12"
@@ -40,7 +52,8 @@ TLS_SECRET = "e2rc1.relay-cert-and-k3y"
 
 def spec(actor_id="actor0-abc123", offer=L4_EAST, alternatives=(L4_WEST, L4_GCP)) -> ActorLaunch:
     return ActorLaunch(actor_id, f"s3://bucket/prefix/runs/{RUN}", ["echo2", "actor"],
-                       env={"ECHO2_STORE_OPTIONS": "{}"}, secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": TLS_SECRET},
+                       env={"ECHO2_STORE_OPTIONS": "{}"},
+                       secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": TLS_SECRET},
                        offer=offer,
                        alternatives=alternatives)
 
@@ -77,7 +90,8 @@ class FakeLaunchApi:
     candidate: a cluster that is UP with its job RUNNING; the test then plays the clouds (capacity, job
     ends, reclaims) on ``table`` and ``jobs``. ``hold`` keeps launches in flight until it is set.
     ``calls`` records launches returned, downs and launch cancellations in the order they reached the "API server".
-    ``fail(call, times, exc)`` makes the next ``times`` calls of ``launch``, ``clusters`` or ``job_status`` raise ``exc``
+    ``fail(call, times, exc)`` makes the next ``times`` calls of ``launch``, ``clusters`` or ``job_status`` raise
+    ``exc``
     (a dropped request); ``spot_notice`` and ``take`` play a reclaim the way it reaches SkyPilot: the actor
     exits 0 on its notice (job SUCCEEDED), then the machine goes (``ec2``: a moto EC2 client whose instance,
     tagged as SkyPilot tags it, is terminated with the spot state reason)."""
@@ -187,7 +201,8 @@ def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_sec
     for r in task.resources:
         assert r.use_spot and r.ports == ["8443"] and r.accelerators == {"L4": 1} and r.disk_size == 100
         assert r.labels == {RUN_LABEL: RUN, "echo2-actor": "actor0-abc123"}
-    assert task.envs["ECHO2_RUN_URL"] == f"s3://bucket/prefix/runs/{RUN}" and task.envs["ECHO2_ACTOR_ID"] == "actor0-abc123"
+    assert task.envs["ECHO2_RUN_URL"] == f"s3://bucket/prefix/runs/{RUN}"
+    assert task.envs["ECHO2_ACTOR_ID"] == "actor0-abc123"
     assert task.envs["ECHO2_RELAY_HOST"] == "0.0.0.0" and task.envs["ECHO2_RELAY_PORT"] == "8443"
     assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto" and task.envs["ECHO2_ADVERTISE_HOST"] == "auto"
     # the secret travels as a SkyPilot secret only: never an env, and redacted where SkyPilot shows the task
@@ -401,7 +416,8 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     assert fleet.backend.name == "skypilot" and fleet.alternatives == 7
     # catalog offers SkyPilot can launch on the providers named, spot, ranked
     offers = fleet.offers
-    assert offers and {o.provider for o in offers} == {"aws"} and all(o.spot and o.gpu in ("L4", "A10G") for o in offers)
+    assert offers and {o.provider for o in offers} == {"aws"}
+    assert all(o.spot and o.gpu in ("L4", "A10G") for o in offers)
     assert [o.usd_per_throughput for o in offers] == sorted(o.usd_per_throughput for o in offers)
     launch = fleet.launch_spec("actor0-abc123", offers[0])
     assert set(launch.secrets) == {RELAY_TOKEN_ENV, RELAY_TLS_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -487,7 +503,8 @@ def test_an_actor_uploads_echo2s_source_alone_whatever_folder_the_learner_runs_i
 
 def test_a_task_file_may_not_upload_local_files():
     with pytest.raises(ValueError, match="remove `workdir`"):
-        SkyPilotBackend(SkyPilotFleetConfig(), run_id=RUN, api=FakeLaunchApi(), task_config={"workdir": ".", "run": "true"})
+        SkyPilotBackend(SkyPilotFleetConfig(), run_id=RUN, api=FakeLaunchApi(),
+                        task_config={"workdir": ".", "run": "true"})
     with pytest.raises(ValueError, match=r"file_mounts may name buckets .* not ~/keys: ~/.config/echo2/keys"):
         SkyPilotBackend(SkyPilotFleetConfig(), run_id=RUN, api=FakeLaunchApi(),
                         task_config={"file_mounts": {"~/keys": "~/.config/echo2/keys"}, "run": "true"})
@@ -544,7 +561,8 @@ def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credential
     sdk.sky = Sdk()
     with pytest.raises(sky.exceptions.ApiServerConnectionError):
         sdk.launch(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source), "e2-x", idle_minutes=10)
-    assert sent[1]["aws"] == {"remote_identity": "echo2-actor-node"} and sent[1]["gcp"]["remote_identity"] == "NO_UPLOAD"
+    assert sent[1]["aws"] == {"remote_identity": "echo2-actor-node"}
+    assert sent[1]["gcp"]["remote_identity"] == "NO_UPLOAD"
 
 
 def test_credential_files_no_setting_keeps_home_stop_the_backend(tmp_path, monkeypatch):
@@ -668,7 +686,8 @@ def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, of
     terminated = events(store, "terminated")
     assert sorted(e["actor_id"] for e in terminated) == sorted(old)
     assert all(e["reason"] == "left by the learner before the resume" for e in terminated)
-    assert set(old) <= resumed.revoked and len(resumed.slots) == 2 and not set(old) & {s.actor_id for s in resumed.slots}
+    assert set(old) <= resumed.revoked and len(resumed.slots) == 2
+    assert not set(old) & {s.actor_id for s in resumed.slots}
     resumed.stop()
     fleet.stop()
 
@@ -819,7 +838,8 @@ def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_th
     from sky.provision.aws import instance as aws_instance
 
     policy = json.loads((DEFAULT_TASK_FILE.parents[1] / "iam" / "actor-node-policy.json").read_text())
-    granted = {a for st in policy["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    granted = {a for st in policy["Statement"]
+               for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
     assert {a.split(":")[0] for a in granted} == {"ec2"} and not {"ec2:RunInstances", "ec2:CreateTags"} & granted
     terminate = next(st for st in policy["Statement"] if "ec2:TerminateInstances" in st["Action"])
     assert terminate["Condition"]["StringLike"] == {"aws:ResourceTag/ray-cluster-name": "e2-*"}

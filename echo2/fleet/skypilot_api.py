@@ -1,6 +1,6 @@
-"""SkyPilot as the SkyPilot backend (``backends/skypilot.py``) reaches it: ``SkyApi``, the calls that go to SkyPilot's API
-server (and through it, the clouds), and ``SkySdk``, those calls through SkyPilot's client SDK. The tests put
-a test double in ``SkySdk``'s place (no cloud is reachable from here)."""
+"""SkyPilot as the SkyPilot backend (``backends/skypilot.py``) reaches it: ``SkyApi``, the calls that go to
+SkyPilot's API server (and through it, the clouds), and ``SkySdk``, those calls through SkyPilot's client SDK.
+The tests put a test double in ``SkySdk``'s place (no cloud is reachable from here)."""
 
 from __future__ import annotations
 

@@ -29,8 +29,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
-from echo2.fleet.backends.base import (ActorLaunch, ActorState, ActorStatus, CapacityError, FleetApiError,
-                                       FleetBackend, Offer)
+from echo2.fleet.backends.base import (
+    ActorLaunch,
+    ActorState,
+    ActorStatus,
+    CapacityError,
+    FleetApiError,
+    FleetBackend,
+    Offer,
+)
 
 
 def make_backend(config: FleetConfig, *, run_id: str, log_dir: Path, seed: int = 0) -> FleetBackend:

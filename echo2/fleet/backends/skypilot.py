@@ -3,7 +3,8 @@
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
-        workdir   = echo2's source staged alone (``echo2/fleet/skypilot_trust.py``), never the folder the learner runs in
+        workdir   = echo2's source staged alone (``echo2/fleet/skypilot_trust.py``), never the folder the
+                    learner runs in
         config    = remote_identity: NO_UPLOAD for every cloud: no operator credentials on the VM
         envs      = run URL, actor id, store options (never credentials), relay bind/advertise, and the
                     preemption source of the cloud (AWS/GCP metadata)
@@ -66,8 +67,7 @@ from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
 from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
 from echo2.fleet.reclaims import cloud_end_reason
-from echo2.fleet.skypilot_api import (Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable,  # noqa: F401
-                                      SkySdk, import_sky)
+from echo2.fleet.skypilot_api import Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable, SkySdk, import_sky  # noqa: F401
 
 log = logging.getLogger("echo2.fleet")
 
@@ -180,8 +180,8 @@ def _refuse_uploads(config: dict) -> None:
     local = [f"{dst}: {src}" for dst, src in (config.get("file_mounts") or {}).items()
              if not (isinstance(src, str) and "://" in src)]
     if local:
-        raise ValueError(f"SkyPilot task file: file_mounts may name buckets (s3://, gs://) only, not {'; '.join(local)}: "
-                         "local files would be copied to machines we do not own")
+        raise ValueError(f"SkyPilot task file: file_mounts may name buckets (s3://, gs://) only, not "
+                         f"{'; '.join(local)}: local files would be copied to machines we do not own")
 
 
 def _plain_resources(config: dict) -> dict:
@@ -353,7 +353,8 @@ class SkyPilotBackend(FleetBackend):
             return retrying(call, *args)
         except Exception as exc:
             if transient(exc):
-                raise FleetApiError(f"SkyPilot {what} failed {API_ATTEMPTS} times: {type(exc).__name__}: {exc}") from exc
+                raise FleetApiError(f"SkyPilot {what} failed {API_ATTEMPTS} times: "
+                                    f"{type(exc).__name__}: {exc}") from exc
             raise
 
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
@@ -401,7 +402,8 @@ class SkyPilotBackend(FleetBackend):
         names = {cluster_name(self.run_id, actor_id) for actor_id in actor_ids}
         label = run_label(self.run_id)
         try:
-            names |= {c.name for c in self._ask("sky.status", self.api.clusters, None) if c.labels.get(RUN_LABEL) == label}
+            clusters = self._ask("sky.status", self.api.clusters, None)
+            names |= {c.name for c in clusters if c.labels.get(RUN_LABEL) == label}
         except FleetApiError as exc:  # the ledger's names still go; `echo2 fleet down RUN` finds the rest
             log.warning("could not list the run's clusters (%s); downing the %d the ledger names", exc, len(names))
         names -= {a.cluster for a in self.actors.values()}
