@@ -400,8 +400,8 @@ def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
 def test_a_skypilot_cluster_on_gcp_is_a_reclaim_when_gcp_preempted_its_instance(compute):
     from google.auth.credentials import AnonymousCredentials
 
-    from echo2.fleet.reclaims import gcp_operations_client
     from echo2.fleet.backends.skypilot import Launched, cloud_end_reason
+    from echo2.fleet.reclaims import gcp_operations_client
 
     client = gcp_operations_client(zonal=False, api_endpoint=compute.url, credentials=AnonymousCredentials())
     launched = Launched(1, "gcp", "europe-west4", "g2-standard-4", True)
