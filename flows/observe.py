@@ -9,8 +9,13 @@ import base64
 import time
 
 from prefect import get_client, get_run_logger
-from prefect.artifacts import (TableArtifact, create_markdown_artifact, create_progress_artifact,
-                               create_table_artifact, update_progress_artifact)
+from prefect.artifacts import (
+    TableArtifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.runtime import flow_run
 
@@ -96,7 +101,8 @@ class RunWatch:
         if curves_png:
             chart = f"\n![reward and lag](data:image/png;base64,{base64.b64encode(curves_png).decode()})\n"
         create_markdown_artifact(
-            f"# {self.run_id}\n\nheld-out {_metric_name(summary)} **{summary['eval_before']} -> {summary['eval_after']}** "
+            f"# {self.run_id}\n\nheld-out {_metric_name(summary)} "
+            f"**{summary['eval_before']} -> {summary['eval_after']}** "
             f"in {summary['steps']} steps, {summary['wall_seconds']:.0f} s\n\n{cost_md}\n{chart}",
             key=_key(self.run_id, "cost-report"), description="cost report and reward curve")
         self.log.info("run %s finished at %s", self.run_id, time.strftime("%H:%M:%S"))

@@ -43,17 +43,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from echo2.config import FleetConfig
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.data.ledger import write_event
+from echo2.config import FleetConfig
+from echo2.data.ledger import read_events, write_event
 from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
-from echo2.data.relay_tokens import RELAY_TOKEN_ENV, mint as mint_relay_token
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV
+from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.store import ObjectStore
-from echo2.data.ledger import read_events
-from echo2.fleet.backends import (ActorLaunch, ActorState, CapacityError, FleetApiError, FleetBackend, Offer,
-                                  make_backend)
 from echo2.fleet.autosize import due as autosize_due
+from echo2.fleet.backends import (
+    ActorLaunch,
+    ActorState,
+    CapacityError,
+    FleetApiError,
+    FleetBackend,
+    Offer,
+    make_backend,
+)
 from echo2.fleet.costs import fleet_usd
 
 log = logging.getLogger("echo2.fleet")
