@@ -1,4 +1,5 @@
-"""DESIGN.md's layer rules as a test: the import-linter contracts of pyproject.toml hold."""
+"""The import rules as tests: the layers and the import-linter contracts of pyproject.toml hold, no two
+modules import each other (directly or around a loop), and no interface (``base.py``) imports its siblings."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-import echo2
+import grimp
 from conftest import REPO
+
+import echo2
 
 CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 
@@ -33,9 +36,49 @@ def test_every_top_level_module_has_a_layer():
     assert "flows" in named and set(CONFIG["root_packages"]) == {"echo2", "flows"}
 
 
+def _graph() -> grimp.ImportGraph:
+    """Every import among echo2's and flows' modules, lazy ones (inside functions) included: a loop
+    closed at call time is still a loop to a reader. No cache: the test sees the tree as it is."""
+    return grimp.build_graph(*CONFIG["root_packages"], cache_dir=None)
+
+
+def test_no_two_modules_import_each_other():
+    """No import loop among echo2's and flows' modules, direct (a ↔ b) or around a longer loop: every
+    direct import a → b is checked for a way back from b to a, so every loop is found through one of
+    its imports. A package's ``__init__`` counts as a module: an implementation that imports its
+    interface from the package that builds it (``from echo2.x import Base``) closes a loop too."""
+    graph = _graph()
+    loops = {}
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back:
+                loops.setdefault(frozenset(back), " -> ".join((importer, *back)))
+    assert not loops, "import loops (import the interface from base.py, pass a record, not the object):\n" + \
+        "\n".join(sorted(loops.values()))
+
+
+def test_no_base_module_imports_its_siblings():
+    """An interface (``base.py``) never imports the implementations beside it, nor its own package (whose
+    ``__init__`` builds them): the implementations import it, so that would be a loop. Every ``base.py``
+    in echo2 is checked, so a new package's interface is covered without naming it here."""
+    graph = _graph()
+    bases = sorted(".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "echo2").rglob("base.py"))
+    assert "echo2.tasks.base" in bases
+    wrong = {}
+    for base in bases:
+        package = base.rpartition(".")[0]
+        family = {package} | graph.find_descendants(package)
+        siblings = sorted((graph.find_modules_directly_imported_by(base) & family) - {base})
+        if siblings:
+            wrong[base] = siblings
+    assert not wrong, f"base.py imports its siblings or its own package: {wrong}"
+
+
 def _closure(requirements: list[str], extras: tuple[str, ...] = ()) -> set[str]:
     """Every distribution a set of requirements pulls in, transitively, as the installed metadata says."""
     from importlib.metadata import PackageNotFoundError, requires
+
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
