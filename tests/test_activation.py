@@ -189,6 +189,7 @@ def test_full_catalog_activation_is_exact_and_beats_the_baseline():
         assert fleet.types_searched < len(cands) / 5  # merging and dominance leave a few dozen types
 
 
+@pytest.mark.e2e
 def test_cli_bench_cost_json_has_the_documented_keys():
     proc = subprocess.run([sys.executable, "-m", "echo2.cli", "bench", "cost", "--rollouts-per-second", "64", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -211,6 +212,7 @@ def test_cli_bench_cost_json_has_the_documented_keys():
     assert not math.isnan(out["seconds"])
 
 
+@pytest.mark.e2e
 def test_cli_bench_cost_table_prints_both_figures_and_the_ratio():
     proc = subprocess.run([sys.executable, "-m", "echo2.cli", "bench", "cost", "--reclaim-rate", "spot=0.5"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -14,6 +14,7 @@ from echo2.data.rollouts import decode_rollouts
 from echo2.data.weights import unique_state_dict
 
 
+@pytest.mark.e2e
 def test_the_actor_entry_point_runs_with_prefect_unimportable(tiny_model, tmp_path, monkeypatch):
     tensors = unique_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
     config = {"rollout": {"engine": {"kind": "transformers", "batch_size": 4}, "group_size": 2, "groups_per_batch": 1,

@@ -7,10 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 from echo2.data.store import open_store
 
 from test_delta_versions import make_publisher, publish_all, versions
+
+pytestmark = pytest.mark.e2e
 
 
 def test_delta_bench_prints_one_object_per_version_then_the_relay(tmp_path):

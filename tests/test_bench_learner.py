@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -24,6 +25,7 @@ TINY = ["--vocab", "97", "--hidden", "16", "--prompt-tokens", "4", "--groups", "
 KEYS = {"case", "tokens", "peak_mb", "tokens_per_s", "baseline_tokens_per_s", "padding_fraction"}
 
 
+@pytest.mark.e2e
 def test_json_has_one_object_per_case_with_the_interface_keys():
     cases = bench.make_cases(completion_tokens=[8], mixed=(4, 20), prompt_tokens=4, groups=2, group_size=2)
     config = bench.cpu_model_config(vocab=97, hidden=16)
@@ -130,6 +132,7 @@ GPU_PATH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.e2e
 def test_the_gpu_path_needs_only_torch_and_transformers():
     proc = subprocess.run([sys.executable, "-c", GPU_PATH], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

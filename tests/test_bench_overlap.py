@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from typer.testing import CliRunner
 
 from echo2.bench.overlap import Point, Settings, print_table, run_overlap_bench, summary_line
 from echo2.cli import app
 
 
+@pytest.mark.e2e
 def test_one_point_through_the_harness(tmp_path):
     settings = Settings(train_seconds=0.3, batch_seconds=0.1, ballast_mb=0.5, warmup_steps=1, measured_steps=3)
     secrets_before = os.environ.get("ECHO2_SECRETS")

@@ -106,6 +106,7 @@ def test_parent_dying_mid_transfer(store):
         pfut.cancel()
 
 
+@pytest.mark.e2e
 def test_stalled_parent_is_left_for_the_store(store):
     manifest, files = make_version(store)
     url, stop = raw_peer(None)

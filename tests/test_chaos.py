@@ -26,6 +26,7 @@ from echo2.chaos.scenarios.learner_kill import learner_kills
 from echo2.data.store import open_store
 
 
+@pytest.mark.e2e
 def test_sigkill_during_checkpoints_publishes_and_steps_always_resumes(tiny_model, tmp_path):
     """The learner SIGKILLed mid-checkpoint, mid-publish and mid-step (failpoints at random passes), resumed
     each time: it finishes, LATEST never names an uncommitted version, every rollout file is in the ledger once."""
@@ -122,6 +123,7 @@ def test_every_hostile_rollout_file_is_quarantined_with_its_reason(fuzz_context,
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(fuzz.KINDS), min_size=3, max_size=8).map(lambda k: ["unreadable", *k]),
        seed=st.integers(0, 2**31))
+@pytest.mark.e2e
 def test_every_hostile_object_on_s3_is_quarantined_with_its_reason(fuzz_context, s3_server, kinds, seed):
     """On S3 (moto's server): the same kinds and ``unreadable``, a valid file stored as GLACIER (HEAD works,
     GET and copy are refused), which the collection must set aside instead of failing on it."""
@@ -141,6 +143,7 @@ def test_every_hostile_object_on_s3_is_quarantined_with_its_reason(fuzz_context,
     _judged_as_expected(sel, cases)
 
 
+@pytest.mark.e2e
 def test_store_operations_ride_out_a_faulty_store_and_an_outage(s3_server):
     """10% of S3 requests failing (503 SlowDown, 500, dropped connections) and a 5 s outage: every put, get
     and list still succeeds, the objects are what was written, and the proxy counts each failed request as
@@ -179,6 +182,7 @@ def test_store_operations_ride_out_a_faulty_store_and_an_outage(s3_server):
         proxy.stop()
 
 
+@pytest.mark.e2e
 def test_echo2_chaos_prints_one_json_object_per_scenario_and_exits_by_the_result(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "echo2.cli", "chaos", "--scenario", "bad-input", "--json",
                            "--keep", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -192,6 +196,7 @@ def test_echo2_chaos_prints_one_json_object_per_scenario_and_exits_by_the_result
     assert bad.returncode == 2 and "unknown scenario nope" in bad.stderr
 
 
+@pytest.mark.e2e
 def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_model, tmp_path):
     """``hostile-store`` at its small size: one actor with its own scoped credentials on moto's S3 (IAM
     enforced) writes GLACIER rollout and peer objects, a huge object and peer record, replies that hang the
@@ -211,6 +216,7 @@ def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_mod
     assert not failed(row)
 
 
+@pytest.mark.e2e
 def test_bad_peers_hostile_peer_with_a_launched_actors_credentials_is_left_and_nothing_bad_is_loaded(tiny_model,
                                                                                                    tmp_path):
     """``bad-peers`` at its small size: an attacker holding one launched actor's credentials registers that

@@ -90,6 +90,7 @@ def tagged_pids(tag: str) -> list[int]:
     return out
 
 
+@pytest.mark.e2e
 def test_sigterm_to_echo2_chaos_stops_every_process_of_its_scenarios(tmp_path):
     """`kill` (or a CI job's timeout) on `echo2 chaos` stops what its scenarios started as Ctrl-C does: their
     runs live in sessions of their own, so the default action of SIGTERM used to leave each scenario's

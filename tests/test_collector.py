@@ -268,6 +268,7 @@ def test_an_actor_file_is_read_once_bounded_and_quarantined_unread(tmp_path):
     assert reads.reads == [(replaced, limit + 1)] + [(key, limit + 1) for key in honest]
 
 
+@pytest.mark.e2e
 def test_a_store_outage_while_reading_a_file_quarantines_nothing(s3_server, s3_store):
     """The store going down while a file is read propagates (the flow retries it), and blames no file.
     The outage is the fault-injecting proxy's (503, 500, resets), begun as the collector reads a file."""

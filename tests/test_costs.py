@@ -282,6 +282,7 @@ def echo2(*args):
                           timeout=120)
 
 
+@pytest.mark.e2e
 def test_audit_and_report_through_the_cli(tmp_path, clock):
     bad = tmp_path / "runs" / "bad"
     audit_fixture(bad)

@@ -323,6 +323,7 @@ def test_enforced_by_moto(auth_server):
     denied(s3.delete_object, Key=key(layout.LATEST))
 
 
+@pytest.mark.e2e
 def test_actor_store_calls_work_with_scoped_credentials(auth_server):
     """What the actor really does, through FsspecStore (s3fs) with the scoped keys: all pass; a
     learner-only write fails."""

@@ -18,6 +18,8 @@ from echo2.data.weights import unique_state_dict
 from helpers import teach_sums, wait_until
 from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 8
 
 

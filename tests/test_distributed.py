@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 
 from conftest import REPO
+
+pytestmark = pytest.mark.e2e
 
 SCRIPT = str(REPO / "tests" / "distributed_step.py")
 ATOL = 1e-5

@@ -18,6 +18,8 @@ from conftest import REPO
 from echo2.data.store import open_store
 from helpers import ledger_audit, reap_session, wait_until
 
+pytestmark = pytest.mark.e2e
+
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 TINY = ["train.max_steps=4", "train.checkpoint_every=2", "rollout.group_size=4", "rollout.groups_per_batch=2",
         "train.groups_per_step=2", "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10",

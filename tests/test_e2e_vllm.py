@@ -17,7 +17,10 @@ from echo2.bench.tiny_model import make_tiny_model
 
 VLLM_PYTHON = os.environ.get("ECHO2_VLLM_PYTHON")
 
-pytestmark = pytest.mark.skipif(not VLLM_PYTHON, reason="set ECHO2_VLLM_PYTHON to a Python with vLLM (make test-vllm)")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not VLLM_PYTHON, reason="set ECHO2_VLLM_PYTHON to a Python with vLLM (make test-vllm)"),
+]
 
 
 def test_a_run_with_vllm_actors_trains_and_swaps_versions_in_place(tmp_path):

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -44,6 +45,7 @@ def test_engine_refuses_weights_that_do_not_fit(tiny_model):
         engine.load_weights([("model.embed_tokens.weight", torch.zeros(3, 3))])
 
 
+@pytest.mark.e2e
 def test_actor_side_never_imports_prefect():
     code = ("import sys, echo2.cli, echo2.rollout.actor, echo2.rollout.engines.transformers; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('prefect', 'flows') "

@@ -105,6 +105,7 @@ def test_the_budget_is_never_exceeded(tmp_path):
     assert len(cloud.terminated) == 2 and kinds(store).count("terminated") == 2
 
 
+@pytest.mark.e2e
 def test_reclaim_injector_takes_real_processes_and_the_manager_replaces_them(tmp_path, monkeypatch):
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     store = FsspecStore(str(tmp_path / "run"), {})

@@ -18,6 +18,8 @@ from echo2.data.store import is_transient, open_store
 from echo2.learner.collector import RolloutCollector
 from flows.train import collect_rollouts
 
+pytestmark = pytest.mark.e2e
+
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
 

@@ -255,6 +255,7 @@ def test_the_learner_caps_a_file_at_its_batch_and_bans_after_the_configured_coun
         run.sink.close()
 
 
+@pytest.mark.e2e
 def test_a_dead_fleet_still_ends_the_run_though_junk_keeps_arriving(tmp_path):
     """Junk judged at every poll is no sign of life: with no usable file, NoRollouts as before (a guard
     on the timeout, which now runs from the last usable file rather than from the collection's start)."""

@@ -125,6 +125,7 @@ def test_a_non_finite_step_changes_no_weight_and_says_so(tiny_model):
     assert all(torch.equal(before[k], after[k]) or torch.isnan(before[k]).any() for k in before)
 
 
+@pytest.mark.e2e
 def test_an_exported_lora_version_computes_what_the_learner_trained(tiny_model, tmp_path):
     """Export of an adapter version (base + (alpha/r) B A, merged by the CLI) gives the learner's own logits.
     The adapter is trained with signal first, so B != 0: a merge that dropped or mis-scaled B A fails."""

@@ -80,6 +80,7 @@ def test_the_silence_is_a_documented_fleet_setting():
         load_config(None, ["fleet.learner_silence_s=0"])
 
 
+@pytest.mark.e2e
 def test_an_actor_whose_learner_is_gone_stops_by_itself(tmp_path, tiny_model):
     """No learner ever writes after version 0: the actor (the real loop, timing workload) exits 0 on its own."""
     store = open_store(str(tmp_path / "store" / "runs" / "r1"))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import REPO
 
 SHORT = ["train.checkpoint_every=1000", "eval.before=false", "eval.after=false"]
@@ -78,6 +79,7 @@ def _stop_mid_run(tiny_model, tmp_path, stop, expected_code: int) -> tuple:
     return run, reached
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_continues(tiny_model, tmp_path):
     """SIGTERM to `echo2 learner --nproc 2` mid-run: rank 0 checkpoints the step it reached (every rank writes its
     shards: the followers ignore the signal torchrun passed them and wait for rank 0), releases them, and the
@@ -98,12 +100,14 @@ def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_conti
     assert json.loads((run / "reports" / "summary.json").read_text())["steps"] == reached + 1
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_a_two_process_learner_with_a_checkpoint(tiny_model, tmp_path):
     """Ctrl-C in a terminal: SIGINT to the launcher's process group (the launcher and torchrun; torchrun starts
     each rank in a session of its own and passes the signal on). Exit 130, with the checkpoint."""
     _stop_mid_run(tiny_model, tmp_path, lambda launcher: os.killpg(launcher.pid, signal.SIGINT), 130)
 
 
+@pytest.mark.e2e
 def test_the_followers_of_a_rank_0_killed_mid_run_exit_on_the_broken_group(tiny_model, tmp_path):
     """The followers ignore SIGTERM, so torchrun cannot end them before its shutdown grace: they must end by
     themselves when rank 0 is gone. Rank 0 is SIGKILLed at step 3's collection (a failpoint) with a grace of

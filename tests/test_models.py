@@ -5,6 +5,8 @@ import pytest
 from echo2.errors import ModelNotFound
 from echo2.models import DEFAULT_MODEL, resolve_model
 
+pytestmark = pytest.mark.e2e
+
 
 def test_local_directory(tiny_model):
     assert resolve_model(str(tiny_model)) == tiny_model.resolve()

@@ -110,6 +110,7 @@ def test_the_learner_recomputes_the_engines_behavior_logprobs_on_the_moe(moe_mod
     test_learner.test_recomputed_logprobs_on_a_packed_batch_equal_the_engines(moe_model)
 
 
+@pytest.mark.e2e
 def test_a_moe_run_publishes_bf16_deltas_that_relaying_actors_load_exactly(moe_model, tmp_path, monkeypatch):
     records = tmp_path / "records"
     records.mkdir()
@@ -221,6 +222,7 @@ def _distributed_step(model_dir, out, nproc: int) -> dict:
     return {m["case"]: m for m in lines if "world" in m}
 
 
+@pytest.mark.e2e
 def test_two_fsdp_ranks_take_the_moe_step_one_process_takes(moe_model, tmp_path):
     """Each decoder layer (attention, router and fused experts together) is one FSDP2 unit, its 3-D expert
     tensors sharded on the expert dimension (2 of the 4 experts a rank): no expert parallelism. Packs, chunked

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from safetensors.torch import load_file
 
 from conftest import REPO
@@ -46,6 +47,7 @@ def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
             reap_session(proc)
 
 
+@pytest.mark.e2e
 def test_a_step_over_two_nodes_updates_the_weights_as_one_process_does(tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -83,6 +85,7 @@ def test_a_step_over_two_nodes_updates_the_weights_as_one_process_does(tiny_mode
     assert moved > 1e-4 and worst < ATOL, (moved, worst)
 
 
+@pytest.mark.e2e
 def test_a_node_whose_peers_never_come_fails_in_one_line_within_its_rendezvous_timeout(tiny_model, tmp_path):
     from test_e2e import QUICKSTART, echo2, sets
 
@@ -103,6 +106,7 @@ def test_a_node_whose_peers_never_come_fails_in_one_line_within_its_rendezvous_t
                                                     f"rendezvous at {endpoint} within 5 s"), proc.stderr[-3000:]
 
 
+@pytest.mark.e2e
 def test_bad_node_options_are_refused_in_one_line(tiny_model, tmp_path):
     from test_e2e import QUICKSTART, echo2, sets
 
@@ -145,6 +149,7 @@ def test_the_learner_task_starts_echo2_learner_on_every_node_with_node_0_as_the_
             "--rdzv-endpoint", "10.0.0.4:29500", "--set", "train.dist_backend=nccl"], proc.stdout
 
 
+@pytest.mark.e2e
 def test_echo2_learner_on_two_nodes_node_1_follows_node_0s_run_through_sigterm_and_resume(tiny_model, tmp_path):
     """`echo2 learner --nnodes 2` end to end. Node 1's launcher is given a store it could not reach and a run id
     of its own: it never opens the store nor resolves a run; its process takes node 0's config from rank 0 and

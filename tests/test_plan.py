@@ -190,6 +190,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, words):
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], proc.stderr
 
 
+@pytest.mark.e2e
 def test_cli_from_run_compares_predicted_with_measured(tmp_path, files):
     """A real tiny run (the overlap benchmark's timing workload: real learner loop and actor
     processes), then `echo2 plan --from-run` on its folder: the fit's numbers, and a plan."""

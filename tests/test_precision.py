@@ -88,6 +88,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_model):
     assert all(v.dtype == torch.float32 for v in tensors.values())
 
 
+@pytest.mark.e2e
 def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
     """2 FSDP2 ranks (gloo) with bf16 + activation checkpointing = one process with the same, within
     BF16_TOLERANCE; fp32 with checkpointing on 2 ranks = fp32 without in one process within 1e-5."""

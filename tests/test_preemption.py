@@ -213,6 +213,7 @@ def _wait(predicate, proc, what: str, limit_s: float = 180.0):
 
 
 @pytest.mark.parametrize("source", ["aws"])
+@pytest.mark.e2e
 def test_actor_leaves_cleanly_on_a_metadata_notice(tmp_path, tiny_model, metadata, source):
     store = _make_run(tmp_path, tiny_model)
     env = {**os.environ, RELAY_TOKEN_ENV: "e2rt1.not.checked-here", preemption.SOURCE_ENV: source,
@@ -278,6 +279,7 @@ def _reason(ec2, iid: str, code: str) -> None:
     ec2_backends[DEFAULT_ACCOUNT_ID]["us-east-1"].get_instance(iid).state_reason = StateReason(f"{code}: x", code)
 
 
+@pytest.mark.e2e
 def test_aws_spot_termination_is_a_reclaim(ec2):
     from echo2.fleet.reclaims import aws_instance_end_reason
 
@@ -304,6 +306,7 @@ def test_aws_spot_request_status_tells_a_reclaim_behind_a_generic_reason(ec2):
     assert aws_instance_end_reason(ec2, iid) == "reclaimed"
 
 
+@pytest.mark.e2e
 def test_aws_user_terminate_and_crash_and_unknown(ec2):
     from echo2.fleet.reclaims import aws_instance_end_reason
 
@@ -384,6 +387,7 @@ def compute():
     fake.close()
 
 
+@pytest.mark.e2e
 def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
     from google.auth.credentials import AnonymousCredentials
 

@@ -17,6 +17,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 
 NO_BROWSER = ("no browser for the UI page test: install one with `sudo apt-get install chromium` "
               "(`make test` does it when run as root) or set ECHO2_CHROMIUM=/path/to/chromium")

@@ -110,6 +110,7 @@ def test_aws_source_parses_moto_spot_prices_and_joins_the_snapshot(tmp_path, s3_
     assert src.describe()["source"] == "aws" and s3_server in src.describe()["detail"]
 
 
+@pytest.mark.e2e
 def test_aws_failures_are_one_line_naming_the_region(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -152,6 +153,7 @@ def test_skypilot_source_without_skypilot_says_how_to_install_it():
         pytest.skip("skypilot is installed: test_skypilot_source_lists_a_seeded_catalog covers it")
 
 
+@pytest.mark.e2e
 def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
     pytest.importorskip("sky", reason="skypilot is not installed (the cloud extra: pip install -e '.[cloud]')")
     home = tmp_path / "home"

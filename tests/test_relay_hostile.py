@@ -452,6 +452,7 @@ def _left(caplog, version):
             if r.getMessage().startswith(f"v{version}: leaving ")]
 
 
+@pytest.mark.e2e
 def test_a_parent_that_holds_every_request_costs_its_children_one_version(store, relay_run, caplog):
     """Before: a holding parent stayed in every plan, and each version its children waited out the hold
     (~33 s at the defaults) before the store. Now both children report it at v1 and it is out of every
@@ -487,6 +488,7 @@ def test_a_parent_that_holds_every_request_costs_its_children_one_version(store,
         stop_evil()
 
 
+@pytest.mark.e2e
 def test_one_childs_report_moves_only_that_child(store, relay_run, caplog):
     """A single report (which a lying child could make about an honest parent) takes nobody out of the
     plan; the reporter alone stops asking that parent."""
@@ -509,6 +511,7 @@ def test_one_childs_report_moves_only_that_child(store, relay_run, caplog):
         stop_evil()
 
 
+@pytest.mark.e2e
 def test_a_trickling_parent_is_left_at_its_body_timeout_and_a_404_is_not_reported(store, caplog):
     """A parent that answers at once and then trickles the body is left once the body falls below the
     lowest acceptable rate (before: at the end of the whole hold allowance, 60 s here). A 404, the honest

@@ -83,6 +83,7 @@ def _close(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_on_2_ranks(
         tiny_model, tmp_path, s3_store, monkeypatch):
     """The 2 ranks write to moto's S3 (each rank its own files), the others to local stores."""

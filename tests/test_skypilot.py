@@ -319,6 +319,7 @@ def test_a_cluster_gone_is_a_reclaim_or_a_crash_as_the_cloud_says(tmp_path, offl
     fleet.stop()
 
 
+@pytest.mark.e2e
 def test_ec2_tells_a_spot_reclaim_from_a_crash_for_a_skypilot_cluster():
     moto = pytest.importorskip("moto")
     import boto3
@@ -433,6 +434,7 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     fleet.stop()
 
 
+@pytest.mark.e2e
 def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp_path):
     """Real SkyPilot end to end short of provisioning: its API server (started, then stopped again),
     its schema check, optimizer and provisioner's dry run, with AWS answered by moto on loopback; and the
@@ -631,6 +633,7 @@ def test_a_dropped_launch_request_is_sent_again_and_never_counts_as_a_crash(tmp_
     fleet.stop()
 
 
+@pytest.mark.e2e
 def test_a_spot_notice_then_the_machine_gone_is_a_reclaim_and_replaced_not_a_crash(tmp_path, offline_optimizer):
     """The actor exits 0 on its notice (job SUCCEEDED), then the cloud takes the machine: a reclaim, three times
     over, with max_restarts 0 (a crash would end the run); EC2 (moto) says why the instance ended."""
@@ -825,6 +828,7 @@ def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_
     backend.close()
 
 
+@pytest.mark.e2e
 def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_the_store(monkeypatch):
     """infra/iam/actor-node-policy.json against the EC2 calls SkyPilot's own autodown makes on the node
     (sky.provision.aws.instance.terminate_instances, run here on moto's EC2 and recorded at botocore): every

@@ -218,6 +218,7 @@ def test_s3_create_retried_inside_the_client_library_succeeds(s3_store, monkeypa
     assert s3_store.get("rollouts/v000001/a-000001.arrow") == b"payload"
 
 
+@pytest.mark.e2e
 def test_one_layer_retries_a_failing_store(s3_server, moto_credentials):
     """echo2's retry loop is the only one: botocore and s3fs make one request per attempt of ours, so a
     dead store surfaces after ``retry_s`` (issue 18, item 11: the layers stacked to over 8 minutes).
@@ -325,6 +326,7 @@ def test_delete_prefix_tidies_its_folders(tmp_path):
     assert (tmp_path / "store" / "policy" / "v000002").is_dir()
 
 
+@pytest.mark.e2e
 def test_unreachable_s3_store_fails_check(monkeypatch):
     from echo2.data.store import StoreError
     from echo2.data.store.fsspec_store import FsspecStore

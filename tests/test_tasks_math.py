@@ -64,6 +64,7 @@ TRICKY = [  # (gold, reply, correct)
 ]
 
 
+@pytest.mark.e2e
 def test_math_verify_on_tricky_cases(grader):
     grades = grader.grade([(gold, reply) for gold, reply, _ in TRICKY])
     assert [g.correct for g in grades] == [c for _, _, c in TRICKY], [
@@ -76,6 +77,7 @@ TOWER = "\\boxed{9^{9^{9^{9^{9}}}}}"
 """A reply that keeps math-verify busy until its own 2 s alarm: it hangs a grader with a shorter limit."""
 
 
+@pytest.mark.e2e
 def test_a_hanging_reply_is_cut_at_the_limit_and_the_warm_spare_takes_over():
     """The real worker and a real hanging reply: no start-up allowance is patched away, none is needed."""
     g = MathGrader(timeout_s=1.0)
@@ -142,6 +144,7 @@ def test_the_grading_budget_must_fit_the_timeouts_it_allows():
                            "task.grade_file_budget_s=1"])
 
 
+@pytest.mark.e2e
 def test_a_file_of_slow_replies_goes_over_the_time_budget():
     """Replies just under the limit each (the tower takes math-verify's 2 s alarm; the limit is 3 s):
     the file is cut off when its time budget is spent, not after every row."""
@@ -257,6 +260,7 @@ def learner_side(tiny_model, tmp_path):
     task.grader.close()
 
 
+@pytest.mark.e2e
 def test_a_file_of_hanging_replies_costs_one_budget_and_bans_its_actor(learner_side):
     """Eight replies that hang the grader, each claiming what a timeout scores: before, each cost the
     learner the limit (and a new worker's start-up allowance) and the file passed; now the file is cut off
@@ -274,6 +278,7 @@ def test_a_file_of_hanging_replies_costs_one_budget_and_bans_its_actor(learner_s
     assert task.grader.replaced == 2  # two hanging replies graded (the budget's one, then one too many), not eight
 
 
+@pytest.mark.e2e
 def test_one_reply_that_times_out_sets_its_file_aside_without_a_ban(learner_side):
     """A grading timeout on either side is no lie: the file is set aside and its actor keeps going."""
     task, tok, store, collector = learner_side

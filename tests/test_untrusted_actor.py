@@ -80,6 +80,7 @@ def _canonical(manifest: dict) -> bytes:
                       separators=(",", ":")).encode()
 
 
+@pytest.mark.e2e
 def test_an_actor_cannot_publish_a_version_the_others_accept(run):
     store, learner_key = run
     record = store.get_json(layout.RUN_JSON)
