@@ -125,4 +125,5 @@ def _from_hf_cache(model_id: str) -> Path:
 
         return Path(snapshot_download(model_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
     except Exception as exc:  # any hub/cache failure means the same thing to the user
-        raise ModelNotFound(f"model {model_id!r} not found locally and could not be downloaded ({type(exc).__name__})") from exc
+        raise ModelNotFound(f"model {model_id!r} not found locally and could not be downloaded "
+                            f"({type(exc).__name__})") from exc

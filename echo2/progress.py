@@ -29,8 +29,8 @@ class Reporter:
         pass  # the learner logs every evaluation itself
 
     def step(self, metrics: dict, fleet: dict) -> None:
-        log.info("step %d: reward %.3f, lag mean %.2f max %d, %d completions, %.1fs", metrics["step"], metrics["reward"],
-                 metrics["lag_mean"], metrics["lag_max"], metrics["rollouts"], metrics["seconds"])
+        log.info("step %d: reward %.3f, lag mean %.2f max %d, %d completions, %.1fs", metrics["step"],
+                 metrics["reward"], metrics["lag_mean"], metrics["lag_max"], metrics["rollouts"], metrics["seconds"])
 
     def stop(self) -> None:
         pass
@@ -51,7 +51,8 @@ class RichReporter(Reporter):
 
     def start(self, run_id: str, max_steps: int, first_step: int) -> None:
         self.progress.start()
-        self.task_id = self.progress.add_task(run_id, total=max_steps, completed=first_step, status="waiting for rollouts")
+        self.task_id = self.progress.add_task(run_id, total=max_steps, completed=first_step,
+                                              status="waiting for rollouts")
         self._last = time.time()
 
     def eval(self, label: str, result: dict) -> None:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.broadcast.topology import parent_index
 from echo2.data.manifest import chunk_hashes, sign
 from echo2.data.relay_certs import RelayCA
 from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.run_key import public_key_text
-from echo2.broadcast.topology import parent_index
 from echo2.data.weights import sha256
 
 SUBNET = "10.213"  # addresses only inside namespaces this benchmark creates
@@ -221,7 +221,8 @@ def relay_files(files: dict[str, tuple[str, bytes]], receivers: int, link_mbit: 
         "relay_store_chunks": relay["store_chunks"],
         **({"store_only_s": round(baseline["seconds"], 3),
             "store_only_over_relay": round(baseline["seconds"] / relay["seconds"], 3)} if baseline else {}),
-        **({"relay_tls_s": round(over_tls["seconds"], 3), "tls_over_plain": round(over_tls["seconds"] / relay["seconds"], 3),
+        **({"relay_tls_s": round(over_tls["seconds"], 3),
+            "tls_over_plain": round(over_tls["seconds"] / relay["seconds"], 3),
             "relay_tls_store_chunks": over_tls["store_chunks"]} if over_tls else {}),
         "verified": (relay["verified"] and (baseline is None or baseline["verified"])
                      and (over_tls is None or over_tls["verified"]) and (not rebuild or all(relay["rebuilt"]))),

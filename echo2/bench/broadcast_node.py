@@ -114,7 +114,8 @@ def main() -> None:
     parser.add_argument("--origin")
     parser.add_argument("--token-file", type=Path)
     parser.add_argument("--expected-mbit", type=float, default=200.0)
-    parser.add_argument("--base", type=Path, help="a delta's base version (safetensors): rebuild and check after receiving")
+    parser.add_argument("--base", type=Path,
+                        help="a delta's base version (safetensors): rebuild and check after receiving")
     args = parser.parse_args()
     if args.role == "origin":
         run_origin(args.root, args.host, args.port)

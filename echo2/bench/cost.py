@@ -23,8 +23,17 @@ from __future__ import annotations
 import time
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.activation import (CAPS, CAPS_SOURCE, RECLAIM_PER_HOUR, RECLAIM_SOURCE, RECOVERY_SECONDS,
-                                    activate, baseline, candidates, parse_overrides)
+from echo2.fleet.activation import (
+    CAPS,
+    CAPS_SOURCE,
+    RECLAIM_PER_HOUR,
+    RECLAIM_SOURCE,
+    RECOVERY_SECONDS,
+    activate,
+    baseline,
+    candidates,
+    parse_overrides,
+)
 from echo2.fleet.measured import measure_run, with_measurements
 from echo2.fleet.price_sources import make_price_source
 from echo2.fleet.prices import DEFAULT_PROFILES, load_profiles
@@ -50,7 +59,8 @@ def _interpolation(profiles: dict, model_params_b: float) -> str:
 
 def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float = 4.0, completion_tokens: float = 512.0,
                    source: str = "snapshot", source_options: dict | None = None, profiles_path=None,
-                   reclaim: dict | list[str] | None = None, caps: dict | list[str] | None = None, recovery_seconds: float = RECOVERY_SECONDS,
+                   reclaim: dict | list[str] | None = None, caps: dict | list[str] | None = None,
+                   recovery_seconds: float = RECOVERY_SECONDS,
                    budget_usd_per_hour: float | None = None, measured_runs: list[str] | None = None,
                    sweep: tuple[float, ...] | None = None) -> dict:
     """Activation and the baseline for one target, a JSON-ready dict: ``activation_usd_per_hour``,
@@ -59,7 +69,8 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
     rollouts/s too (``sweep``), since where spot pays off depends on the size of the fleet."""
     started = time.perf_counter()
     if not (rollouts_per_second > 0 and model_params_b > 0 and completion_tokens > 0 and recovery_seconds >= 0):
-        raise Echo2InputError("rollouts per second, model size and completion tokens must be > 0, recovery seconds >= 0")
+        raise Echo2InputError("rollouts per second, model size and completion tokens must be > 0, "
+                              "recovery seconds >= 0")
     if isinstance(reclaim, list):  # KEY=VALUE options from the command line
         reclaim = parse_overrides(reclaim, "--reclaim-rate")
     if isinstance(caps, list):
@@ -94,7 +105,8 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
                        "ratio": f.usd_per_hour / g.usd_per_hour if f and g else None,
                        "activation_instances": f and f.instances, "baseline_instances": g and g.instances,
                        "baseline_gpu": g.fleet[0][0].gpu_type if g else None,
-                       "activation_spot_share": f and sum(c.usd_per_hour * n for c, n in f.fleet if c.spot) / f.usd_per_hour,
+                       "activation_spot_share":
+                           f and sum(c.usd_per_hour * n for c, n in f.fleet if c.spot) / f.usd_per_hour,
                        "search_seconds": f and f.search_seconds})
     a = fleet.usd_per_hour if fleet else None
     b = base.usd_per_hour if base else None
@@ -159,14 +171,16 @@ def print_cost(result: dict, console=None) -> None:
         for r in result["sweep"]:
             ok = r["ratio"] is not None
             table.add_row(f"{r['rollouts_per_second']:g}", f"{r['tokens_per_second']:.0f}",
-                          f"{r['activation_usd_per_hour']:.2f}" if ok else "-", f"{r['activation_spot_share']:.0%}" if ok else "-",
+                          f"{r['activation_usd_per_hour']:.2f}" if ok else "-",
+                          f"{r['activation_spot_share']:.0%}" if ok else "-",
                           f"{r['baseline_usd_per_hour']:.2f}" if ok else "-", r["baseline_gpu"] or "-",
                           f"{r['ratio']:.3f}" if ok else "-", f"{r['search_seconds'] * 1000:.0f}" if ok else "-")
         console.print(table)
     if result["ratio"] is not None:
         console.print(f"activation ${result['activation_usd_per_hour']:.4f}/h vs baseline "
                       f"${result['baseline_usd_per_hour']:.4f}/h: ratio {result['ratio']:.3f} "
-                      f"(acceptance <= {result['acceptance_ratio']}: {'met' if result['meets_acceptance'] else 'NOT met'})")
+                      f"(acceptance <= {result['acceptance_ratio']}: "
+                      f"{'met' if result['meets_acceptance'] else 'NOT met'})")
         if result["ratio"] > 1 - 1e-9:  # activation searches every mix, single-type on-demand fleets included
             console.print("the cheapest mix at this rate is itself an on-demand fleet of one type: no mix of these "
                           "offers costs less; spot pays where the cheapest on-demand rows run out (see the sweep)")

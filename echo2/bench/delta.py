@@ -140,7 +140,8 @@ def summarize(rows: list[dict], relay: dict) -> dict:
     out["encode_plus_apply_over_step"] = cost / out["mean_step_seconds"] if steps else None
     out["targets_met"] = {"delta_bytes_le_5pct": out["mean_delta_over_full"] <= 0.05,
                           "relay_le_0.1x": relay["delta_over_full"] <= 0.1,
-                          "encode_apply_le_10pct_step": None if not steps else out["encode_plus_apply_over_step"] <= 0.10,
+                          "encode_apply_le_10pct_step":
+                              None if not steps else out["encode_plus_apply_over_step"] <= 0.10,
                           "bit_exact": out["bit_exact"]}
     return out
 
@@ -171,7 +172,8 @@ def print_delta(result: dict) -> None:
     for col in ("payload", "MB", "relay s", "delta/full"):
         t.add_column(col, justify="right")
     t.add_row("full bf16", f"{relay['full_mb']:.1f}", f"{relay['relay_full_s']:.2f}", "")
-    t.add_row("sparse delta", f"{relay['delta_mb']:.2f}", f"{relay['relay_delta_s']:.2f}", f"{relay['delta_over_full']:.3f}")
+    t.add_row("sparse delta", f"{relay['delta_mb']:.2f}", f"{relay['relay_delta_s']:.2f}",
+              f"{relay['delta_over_full']:.3f}")
     console.print(t)
     s = result["summary"]
     ratio = s["encode_plus_apply_over_step"]

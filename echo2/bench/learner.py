@@ -211,14 +211,15 @@ def _refuse_what_cannot_fit(opts: Options, device_mb: float) -> None:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(to_transformers(opts.model_config)).parameters())
+        params = sum(p.numel()
+                     for p in AutoModelForCausalLM.from_config(to_transformers(opts.model_config)).parameters())
     need = 18 * params / 2**20
     if need > 0.9 * device_mb:
         layers = opts.model_config["num_hidden_layers"]
         fit = max(1, int(layers * 0.6 * device_mb / need))
         raise RuntimeError(f"{params / 1e9:.1f}B parameters need {need / 1024:.0f} GB for fp32 weights, gradients, "
-                           f"AdamW state and bf16 copies, more than this GPU's {device_mb / 1024:.0f} GB holds (one process, no "
-                           f"sharding): try --layers {fit} (of {layers}) for the same shape truncated")
+                           f"AdamW state and bf16 copies, more than this GPU's {device_mb / 1024:.0f} GB holds "
+                           f"(one process, no sharding): try --layers {fit} (of {layers}) for the same shape truncated")
 
 
 def child_main(spec: dict) -> None:
@@ -362,14 +363,16 @@ def target_lines(results: list[dict], *, cuda: bool, model_config: str | None) -
 def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     cuda = any("mfu" in r for r in results)
     headers = ["case", "tokens", "echo2 MB", "baseline MB", "ratio", "echo2 tok/s", "baseline tok/s", "speed-up",
-               "padding echo2/baseline", "baseline rows/mb", "echo2 total MB"] + (["MFU", "GPU peak MB"] if cuda else [])
+               "padding echo2/baseline", "baseline rows/mb",
+               "echo2 total MB"] + (["MFU", "GPU peak MB"] if cuda else [])
     rows = []
     for r in results:
         ran = "baseline_peak_mb" in r
         base_mb = f"{r['baseline_peak_mb']:.0f}" if ran else f"needs ~{r['baseline_need_mb']:.0f}"
         ratio = r.get("baseline_peak_mb", r.get("baseline_need_mb")) / max(r["peak_mb"], 1e-9)
         speed = f"{r['tokens_per_s'] / r['baseline_tokens_per_s']:.2f}x" if ran else "-"
-        rows.append([r["case"], str(r["tokens"]), f"{r['peak_mb']:.0f}", base_mb, f"{ratio:.1f}x{'' if ran else ' est.'}",
+        rows.append([r["case"], str(r["tokens"]), f"{r['peak_mb']:.0f}", base_mb,
+                     f"{ratio:.1f}x{'' if ran else ' est.'}",
                      f"{r['tokens_per_s']:.0f}", f"{r['baseline_tokens_per_s']:.0f}" if ran else "-", speed,
                      f"{r['padding_fraction']:.0%} / " + (f"{r['baseline_padding_fraction']:.0%}" if ran else "-"),
                      str(r["baseline_micro_batch"]) if ran else "-", f"{r['total_peak_mb']:.0f}"]
@@ -396,7 +399,8 @@ def parse_range(text: str) -> tuple[int, int] | None:
 def build(*, device: str, model_config: str | None, layers: int | None, vocab: int, hidden: int,
           completion_tokens: list[int], mixed: str, cases: list[str] | None, prompt_tokens: int, groups: int,
           group_size: int, micro_batch_tokens: int | None, chunk_tokens: int | None, baseline_micro_batch: int | None,
-          memory_budget_mb: float | None, steps: int | None, warmup: int | None, seed: int) -> tuple[list[Case], Options]:
+          memory_budget_mb: float | None, steps: int | None, warmup: int | None,
+          seed: int) -> tuple[list[Case], Options]:
     """Cases and options from the command line's values (shared by ``main`` and ``echo2 bench learner``)."""
     cuda = device == "cuda"
     if group_size < 2:
@@ -404,7 +408,8 @@ def build(*, device: str, model_config: str | None, layers: int | None, vocab: i
                          "learner would leave its rows out and train on nothing")
     if model_config is not None and not cuda:
         raise ValueError("--model-config runs a real architecture: only with --device cuda")
-    config = load_model_config(model_config, layers=layers) if model_config else cpu_model_config(vocab=vocab, hidden=hidden)
+    config = (load_model_config(model_config, layers=layers) if model_config
+              else cpu_model_config(vocab=vocab, hidden=hidden))
     all_cases = make_cases(completion_tokens=completion_tokens, mixed=parse_range(mixed), prompt_tokens=prompt_tokens,
                            groups=groups, group_size=group_size, seed=seed)
     chosen = [c for c in all_cases if not cases or c.name in cases]
@@ -412,7 +417,8 @@ def build(*, device: str, model_config: str | None, layers: int | None, vocab: i
         raise ValueError(f"no case named {', '.join(cases)}: the cases are {', '.join(c.name for c in all_cases)}")
     # CPU defaults: packs of 4,096 tokens (sdpa's block-diagonal mask of a pack is N x N) and chunks of 128
     # tokens (less memory than the learner's 1,024, and no slower here); GPU: the learner's defaults
-    opts = Options(model_config=config, device=device, micro_batch_tokens=micro_batch_tokens or (8192 if cuda else 4096),
+    opts = Options(model_config=config, device=device,
+                   micro_batch_tokens=micro_batch_tokens or (8192 if cuda else 4096),
                    chunk_tokens=chunk_tokens or (1024 if cuda else 128), baseline_micro_batch=baseline_micro_batch,
                    memory_budget_mb=memory_budget_mb, steps=steps or (3 if cuda else 1),
                    warmup=warmup if warmup is not None else (1 if cuda else 0), seed=seed, bf16_checkpointed=cuda)
@@ -427,15 +433,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, help="with --model-config: keep only this many decoder layers")
     parser.add_argument("--vocab", type=int, default=QWEN3_VOCAB, help="CPU model's vocabulary")
     parser.add_argument("--hidden", type=int, default=128, help="CPU model's hidden size")
-    parser.add_argument("--completion-tokens", type=int, action="append", help="fixed-length cases (default 512 2048 8192)")
+    parser.add_argument("--completion-tokens", type=int, action="append",
+                        help="fixed-length cases (default 512 2048 8192)")
     parser.add_argument("--mixed", default="64..4096", help="LOW..HIGH completion tokens of the mixed case, or none")
     parser.add_argument("--cases", action="append", help="run only these cases (names as printed)")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--micro-batch-tokens", type=int, help="echo2's token budget (default 4096 on CPU, 8192 on GPU)")
+    parser.add_argument("--micro-batch-tokens", type=int,
+                        help="echo2's token budget (default 4096 on CPU, 8192 on GPU)")
     parser.add_argument("--chunk-tokens", type=int, help="echo2's logprob chunk (default 128 on CPU, 1024 on GPU)")
-    parser.add_argument("--baseline-micro-batch", type=int, help="baseline rows per micro-batch (default: largest that fits)")
+    parser.add_argument("--baseline-micro-batch", type=int,
+                        help="baseline rows per micro-batch (default: largest that fits)")
     parser.add_argument("--memory-budget-mb", type=float)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
@@ -451,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
                             mixed=args.mixed, cases=args.cases, prompt_tokens=args.prompt_tokens, groups=args.groups,
                             group_size=args.group_size, micro_batch_tokens=args.micro_batch_tokens,
                             chunk_tokens=args.chunk_tokens, baseline_micro_batch=args.baseline_micro_batch,
-                            memory_budget_mb=args.memory_budget_mb, steps=args.steps, warmup=args.warmup, seed=args.seed)
+                            memory_budget_mb=args.memory_budget_mb, steps=args.steps, warmup=args.warmup,
+                            seed=args.seed)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2)
@@ -485,7 +495,8 @@ def run_and_report(cases: list[Case], opts: Options, *, as_json: bool, model_con
 def describe(opts: Options) -> str:
     """One line: the model and the settings the numbers were taken with."""
     c = opts.model_config
-    return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, vocabulary {c['vocab_size']}, "
+    return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+            f"vocabulary {c['vocab_size']}, "
             f"on {opts.device}{' (bf16 autocast, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
             f"echo2: micro_batch_tokens {opts.micro_batch_tokens}, logprob chunk {opts.chunk_tokens}; "
             f"{opts.steps} measured step(s) after {opts.warmup} warm-up; memory = peak above model + grads + AdamW")

@@ -8,8 +8,9 @@ echo2's step (``echo2_step``) is the learner's own code: ``Learner.step_on_colum
 the config and so pydantic): group advantages, rows of groups without signal left out, first-fit-decreasing
 packs of at most ``micro_batch_tokens`` tokens (``pack_by_tokens``), each pack laid out padding-free
 (``assemble_packed``), ``PolicyLogprobs`` (the decoder once, then the head in chunks of ``chunk_tokens``
-tokens, over the loss's tokens only: ``where=mask``) under bf16 autocast when the dtype is bfloat16 (columns and packs are built on the CPU, as the
-learner builds them; on a GPU each pack's tensors are then moved to it), ``policy_loss`` with per-token advantages, backward
+tokens, over the loss's tokens only: ``where=mask``) under bf16 autocast when the dtype is bfloat16 (columns and
+packs are built on the CPU, as the learner builds them; on a GPU each pack's tensors are then moved to it),
+``policy_loss`` with per-token advantages, backward
 per pack, gradient clipping and AdamW. tests/test_bench_learner.py checks that it leaves the same weights as
 ``Learner.step_on_columns``. Activation checkpointing is the Learner's too: torch's composable ``checkpoint``
 on every decoder layer.

@@ -163,7 +163,8 @@ def run_point(s: Settings, p: Point, workdir: Path, model_dir: Path) -> dict:
         "predicted_lag": {str(k): v for k, v in sorted(predicted.lag.items())},
         "steps": fit.steps, "run_seconds": time.time() - started, "run_id": run.run_id,
         # a timing engine whose files the learner refused, or actors overshooting S, would show here
-        "rollouts_quarantined": summary["rollouts_quarantined"], "rollouts_dropped_stale": summary["rollouts_dropped_stale"],
+        "rollouts_quarantined": summary["rollouts_quarantined"],
+        "rollouts_dropped_stale": summary["rollouts_dropped_stale"],
     }
 
 

@@ -147,7 +147,8 @@ class ThrottledStore(ObjectStore):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m echo2.bench.overlap_actor", description=__doc__.split("\n")[0])
     parser.add_argument("--batch-seconds", type=float, required=True, help="G: seconds per batch of the timing engine")
-    parser.add_argument("--read-mbps", type=float, default=0.0, help="MB/s of this actor's reads under policy/ (0: unthrottled)")
+    parser.add_argument("--read-mbps", type=float, default=0.0,
+                        help="MB/s of this actor's reads under policy/ (0: unthrottled)")
     parser.add_argument("--run", required=True)
     parser.add_argument("--actor-id", required=True)
     parser.add_argument("--parent-pid", type=int, default=None)

@@ -46,12 +46,12 @@ from concurrent.futures import Future
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import topology
-from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
-from echo2.data.relay_tokens import RelayAuth
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, VersionBuffer
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.config import BroadcastConfig
 from echo2.data import layout
+from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
+from echo2.data.relay_tokens import RelayAuth
 from echo2.data.store import NotFound, ObjectStore
 from echo2.data.weights import read_manifest
 
@@ -89,7 +89,8 @@ class PolicyReceiver:
         self._pending: tuple[int, Future] | None = None
         self._bad_latest: bytes | None = None  # the malformed LATEST already logged
         self._failed_parents: dict[str, int] = {}
-        """Parent -> the newest version it failed to deliver to us (written on the relay loop, read by the heartbeat)."""
+        """Parent -> the newest version it failed to deliver to us (written on the relay loop, read by the
+        heartbeat)."""
         self._failed_lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -199,7 +200,8 @@ class PolicyReceiver:
             return None
         self.current, self._held_stamp = version, self._pending_stamp
         sources = {s for s in buffer.sources}
-        log.info("v%d received and verified (%d chunks, from %s)", version, len(buffer.chunks), ", ".join(sorted(sources)))
+        log.info("v%d received and verified (%d chunks, from %s)", version, len(buffer.chunks),
+                 ", ".join(sorted(sources)))
         return buffer
 
     def fetch_blocking(self, version: int) -> VersionBuffer:

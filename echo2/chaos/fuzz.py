@@ -141,7 +141,8 @@ def case(kind: str, i: int, rng: random.Random, *, rows: list[Rollout], run_id: 
         return Case(kind, actor, version, _encode(mutate(behavior_logprobs=lp), run_id, actor, version), "logprob")
     if kind in ("token_out_of_vocab", "negative_token"):
         ids = list(rows[r].completion_token_ids)
-        ids[rng.randrange(len(ids))] = vocab + rng.randrange(1, 10**6) if kind == "token_out_of_vocab" else -rng.randrange(1, 99)
+        ids[rng.randrange(len(ids))] = (vocab + rng.randrange(1, 10**6) if kind == "token_out_of_vocab"
+                                        else -rng.randrange(1, 99))
         return Case(kind, actor, version, _encode(mutate(completion_token_ids=ids), run_id, actor, version), "token")
     if kind == "future_version":
         ahead = version + rng.randrange(50, 500)

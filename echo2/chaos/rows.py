@@ -17,7 +17,8 @@ def result_row(name: str, **fields) -> dict:
 
 def audit_row(name: str, run_dir: Path, code: int, **fields) -> dict:
     result = h.audit(str(run_dir))
-    return result_row(name, lost=h.lost(result), finished=code == 0 and bool(result.get("finished")), audit=result, **fields)
+    return result_row(name, lost=h.lost(result), finished=code == 0 and bool(result.get("finished")), audit=result,
+                      **fields)
 
 
 def loaded_versions(run_dir: Path) -> list[tuple[str, int]]:

@@ -173,7 +173,8 @@ class PokerTaskConfig(_Section):
 
 
 def _task_kind(value: Any) -> str | None:
-    """The task of a config mapping: its ``name``, ``arithmetic`` when absent (configs written before tasks had names)."""
+    """The task of a config mapping: its ``name``, ``arithmetic`` when absent (configs written before tasks had
+    names)."""
     if isinstance(value, dict):
         return value.get("name", "arithmetic")
     return getattr(value, "name", None)

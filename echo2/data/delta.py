@@ -337,7 +337,8 @@ def decode_delta(files: list[bytes], base: dict[str, torch.Tensor], table: dict[
     for name, entry in table.items():
         if not isinstance(entry, dict) or not _fits(base[name], entry) or not _is_int(entry.get("changed")):
             raise DeltaRejected(f"{name}: the base does not have the dtype and shape of the delta's table")
-    return [_decode_tensor(name, sections, base[name], table[name]) for name, sections in _streams(files, table).items()]
+    return [_decode_tensor(name, sections, base[name], table[name])
+            for name, sections in _streams(files, table).items()]
 
 
 def apply_delta(base: dict[str, torch.Tensor], files: list[bytes], table: dict[str, dict]) -> None:

@@ -74,7 +74,8 @@ def weight_bytes(manifest: dict) -> int:
 def full_tensors(manifest: dict, files: dict[str, bytes]) -> dict[str, torch.Tensor]:
     """The tensors of a full version's shards, checked against its tensor table when it has one."""
     try:
-        tensors = {k: v for e in manifest["files"] if e["kind"] == "shard" for k, v in st_load(files[e["name"]]).items()}
+        tensors = {k: v for e in manifest["files"] if e["kind"] == "shard"
+                   for k, v in st_load(files[e["name"]]).items()}
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise DeltaRejected(f"v{manifest.get('version')}: a shard does not parse: {str(exc):.200}") from None
     table = manifest.get("tensors")
@@ -97,7 +98,8 @@ def apply_version(tensors: dict[str, torch.Tensor], manifest: dict, files: dict[
     apply_delta(tensors, delta_files(manifest, files), table)
 
 
-def rebuild(chain: list[dict], files_of: FilesOf, start: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def rebuild(chain: list[dict], files_of: FilesOf,
+            start: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The weights at the end of ``chain``. From ``start`` (the weights of ``chain[0]``, changed in
     place) or else from ``chain[0]``'s own files, which must be a full version."""
     tensors = start if start is not None else full_tensors(chain[0], files_of(chain[0]))

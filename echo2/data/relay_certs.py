@@ -130,11 +130,13 @@ class RelayCA:
                 .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                              data_encipherment=False, key_agreement=False, key_cert_sign=False,
                                              crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                      ExtendedKeyUsageOID.CLIENT_AUTH]),
                                critical=False)
                 .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(URI_PREFIX + actor_id),
                                                             x509.DNSName(identity_name(actor_id))]), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(self._ski), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(self._ski),
+                               critical=False)
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(self._key, hashes.SHA256()))
         return ".".join((BUNDLE_PREFIX, _b64(cert.public_bytes(Encoding.DER)),

@@ -135,8 +135,8 @@ def encode_rollouts(
         columns["finish_reason"].append(r.finish_reason)
         columns["generation_seconds"].append(r.generation_seconds)
         columns["created_at"].append(now)
-    schema = ROLLOUT_SCHEMA.with_metadata({**ROLLOUT_SCHEMA.metadata,
-                                           **{f"{MEASURED_PREFIX}{k}": repr(float(v)) for k, v in (measured or {}).items()}})
+    schema = ROLLOUT_SCHEMA.with_metadata(
+        {**ROLLOUT_SCHEMA.metadata, **{f"{MEASURED_PREFIX}{k}": repr(float(v)) for k, v in (measured or {}).items()}})
     table = pa.Table.from_pydict(columns, schema=schema)
     sink = io.BytesIO()
     with ipc.new_file(sink, schema) as writer:
@@ -263,7 +263,8 @@ def _validate(table: pa.Table, *, run_id: str, actor_id: str, expected_version: 
     return table
 
 
-def _check_identity(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int, learner_version: int) -> None:
+def _check_identity(table: pa.Table, *, run_id: str, actor_id: str, expected_version: int,
+                    learner_version: int) -> None:
     runs = set(table.column("run_id").unique().to_pylist())
     if runs != {run_id}:
         raise InvalidRollouts(f"run_id {sorted(runs)[:3]} does not match this run {run_id!r}")
@@ -287,7 +288,8 @@ def _check_lengths_and_bounds(table: pa.Table, limits: RolloutLimits) -> None:
         lens = pc.list_value_length(table.column(name)).to_numpy()
         if not np.array_equal(lens, comp_len):
             row = _first(lens != comp_len)
-            raise InvalidRollouts(f"row {row}: {name} has {lens[row]} entries but the completion has {comp_len[row]} tokens")
+            raise InvalidRollouts(f"row {row}: {name} has {lens[row]} entries but the completion has "
+                                  f"{comp_len[row]} tokens")
     if (comp_len == 0).any():
         raise InvalidRollouts(f"row {_first(comp_len == 0)}: empty completion")
     if (comp_len > limits.max_completion_tokens).any():
@@ -305,7 +307,8 @@ def _check_lengths_and_bounds(table: pa.Table, limits: RolloutLimits) -> None:
         ids = pc.list_flatten(table.column(name)).to_numpy()
         bad = (ids < 0) | (ids >= limits.vocab_size)
         if bad.any():
-            raise InvalidRollouts(f"{name} holds token id {int(ids[bad][0])} outside the vocabulary [0, {limits.vocab_size})")
+            raise InvalidRollouts(f"{name} holds token id {int(ids[bad][0])} outside the vocabulary "
+                                  f"[0, {limits.vocab_size})")
     mask = pc.list_flatten(table.column("completion_mask")).to_numpy()
     if not np.isin(mask, (0, 1)).all():
         raise InvalidRollouts("completion_mask holds values other than 0 and 1")
@@ -345,7 +348,8 @@ def _check_groups(table: pa.Table, limits: RolloutLimits) -> None:
                               f"(rollout.groups_per_batch)")
     sizes = set(stats.column("sample_index_count").to_pylist())
     if sizes != {group_size}:
-        raise InvalidRollouts(f"groups have sizes {sorted(sizes)[:5]}, expected {group_size} (a group_id is one group of one file)")
+        raise InvalidRollouts(f"groups have sizes {sorted(sizes)[:5]}, expected {group_size} "
+                              "(a group_id is one group of one file)")
     if (set(stats.column("sample_index_count_distinct").to_pylist()) != {group_size}
             or min(stats.column("sample_index_min").to_pylist()) != 0
             or max(stats.column("sample_index_max").to_pylist()) != group_size - 1):

@@ -181,7 +181,8 @@ def orphan_after(store: ObjectStore, step: int) -> list[str]:
     for folder in sorted({k.rsplit("/", 1)[0] + "/" for k in late if not k.startswith(layout.LEDGER_CONSUMED)}):
         # never a rollouts folder: an actor of the lost timeline may still commit there (the collector drops
         # such a file, recorded); deleting the folder would delete it unseen
-        if folder not in kept_folders and not folder.startswith(layout.ROLLOUTS):  # a file quarantined by reference stays
+        if (folder not in kept_folders  # a file quarantined by reference stays
+                and not folder.startswith(layout.ROLLOUTS)):
             store.delete_prefix(folder)  # tidy the emptied folders (nothing writes there while the learner is down)
     return late
 

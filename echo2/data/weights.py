@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
-from safetensors.torch import load as st_load
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from echo2.data.manifest import ManifestRejected, check_file_name, check_manifest, chunk_hashes, sign, verify_signature
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
+from echo2.data.manifest import ManifestRejected, check_file_name, check_manifest, chunk_hashes, sign, verify_signature
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -166,7 +166,8 @@ def read_manifest(store: ObjectStore, prefix: str, public_key: Ed25519PublicKey 
 def read_verified(store: ObjectStore, prefix: str, entry: dict) -> bytes:
     data = store.get(f"{prefix}/{entry['name']}")
     if len(data) != entry["size"] or sha256(data) != entry["sha256"]:
-        raise CorruptWeights(f"{prefix}/{entry['name']} does not match its manifest (size {len(data)}, expected {entry['size']})")
+        raise CorruptWeights(f"{prefix}/{entry['name']} does not match its manifest "
+                             f"(size {len(data)}, expected {entry['size']})")
     return data
 
 
@@ -179,7 +180,8 @@ def iter_tensors(store: ObjectStore, prefix: str, manifest: dict) -> Iterable[tu
 
 def download(store: ObjectStore, prefix: str, dest: Path, *, kinds: tuple[str, ...] = ("shard", "aux"),
              public_key: Ed25519PublicKey | None = None) -> dict:
-    """Copy a committed weights folder to ``dest`` (verified; its signature too with ``public_key``). Returns its manifest."""
+    """Copy a committed weights folder to ``dest`` (verified; its signature too with ``public_key``). Returns its
+    manifest."""
     try:
         manifest = read_manifest(store, prefix, public_key)
     except NotFound:

@@ -64,6 +64,7 @@ def _fleet_size(config: Config, store: ObjectStore, history: list[dict]) -> tupl
     n = workers_needed(fit.workload, per_batch, fleet.target_utilization, fleet.max_actors)
     n = max(fleet.min_actors, n)
     w = fit.workload
-    reason = (f"capacity model: T_train {w.train_seconds:.2f}s, {per_batch:.2f}s per batch, D {w.dissemination_seconds:.2f}s, "
+    reason = (f"capacity model: T_train {w.train_seconds:.2f}s, {per_batch:.2f}s per batch, "
+              f"D {w.dissemination_seconds:.2f}s, "
               f"S={w.staleness}: {n} actors for {fleet.target_utilization:.0%} utilization (max {fleet.max_actors})")
     return n, reason

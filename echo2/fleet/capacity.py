@@ -240,8 +240,8 @@ class _Pipeline:
     ones dropped; while short, it lists the store again every ``learner_poll_seconds``), train T,
     publish every k steps. Actor (``rollout/actor.py``), at each turn of its
     loop (when a batch is committed, or at once while idle): swap in a version its receiver has
-    finished (a pause of ``swap_seconds``); start receiving the newest published version if the receiver's rule wants it (one
-    transfer at a time, D seconds; a transfer in progress is kept while it will still be fresh,
+    finished (a pause of ``swap_seconds``); start receiving the newest published version if the receiver's rule
+    wants it (one transfer at a time, D seconds; a transfer in progress is kept while it will still be fresh,
     ``broadcast/receiver.py``); then, flow control permitting, generate a batch: busy G + put, the
     file visible to the learner U after the last token.
     """
@@ -321,7 +321,8 @@ class _Pipeline:
                 return
         latest = self.published
         pending = actor.fetching
-        if latest != actor.version and latest != pending and (pending is None or not pending < latest < pending + w.staleness):
+        if (latest != actor.version and latest != pending
+                and (pending is None or not pending < latest < pending + w.staleness)):
             actor.fetching = latest
             self._at(self.now + w.dissemination_seconds, "fetched", index, latest)
         oldest_usable = self.chosen - w.staleness

@@ -4,7 +4,8 @@ report and ``echo2 report`` can never disagree.
 The only input is what the learner and the fleet (trusted) wrote to ``ledger/events`` -- one
 billing row per worker, from its start (``launch`` or ``requested``; a ``running``/``ready`` of a
 worker never seen before also starts one) to its end (``exited``, ``terminated``, ``reclaimed``,
-``crashed``, or ``unavailable``: the provider had no capacity for a request; a worker with no end is billed until ``now``). Any event of the row may carry its offer:
+``crashed``, or ``unavailable``: the provider had no capacity for a request; a worker with no end is billed until
+``now``). Any event of the row may carry its offer:
 ``backend``, ``provider``, ``gpu``, ``region``, ``spot``, ``price_usd_per_hour``,
 ``on_demand_usd_per_hour``, ``simulated_price``, ``role``; the latest value wins (a ``running`` event
 knows which of a launch's candidate offers was bought). Missing or malformed fields fall back to
@@ -261,7 +262,8 @@ def cost_markdown(report: dict) -> str:
     gain = report["accuracy_points_gained"]
     lines += [f"- {report['hours']:.4f} worker-hours; {report['steps']} steps, "
               f"{report['completions_used']} completions used",
-              f"- per step: {_usd(report['usd_per_step'], 6)}; per 1k rollouts: {_usd(report['usd_per_1k_rollouts'], 6)}",
+              f"- per step: {_usd(report['usd_per_step'], 6)}; "
+              f"per 1k rollouts: {_usd(report['usd_per_1k_rollouts'], 6)}",
               f"- per accuracy point: {_usd(report['usd_per_accuracy_point'], 6)}"
               + (f" ({report['eval_before']:.3f} -> {report['eval_after']:.3f}, {gain:+.1f} points)" if gain is not None
                  else " (no eval before and after)"),

@@ -78,7 +78,8 @@ class RunFit:
                 "dissemination_seconds": w.dissemination_seconds, "upload_seconds": w.upload_seconds,
                 "publish_every": w.publish_every, "max_pending_batches": w.max_pending_batches,
                 "batch_seconds": self.batch_seconds, "measured_utilization": self.measured_utilization,
-                "measured_step_seconds": self.measured_step_seconds, "steps": self.steps, "put_seconds": w.put_seconds, "swap_seconds": w.swap_seconds,
+                "measured_step_seconds": self.measured_step_seconds, "steps": self.steps,
+                "put_seconds": w.put_seconds, "swap_seconds": w.swap_seconds,
                 "end_to_end_dissemination_seconds": self.end_to_end_dissemination_seconds,
                 "measured_lag": {str(k): v for k, v in sorted(self.measured_lag.items())}}
 

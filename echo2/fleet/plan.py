@@ -48,8 +48,15 @@ import random
 from dataclasses import asdict, dataclass, replace
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import (Prediction, Workload, closed_form_step_seconds, min_staleness, predict,
-                                  required_throughput, throughput)
+from echo2.fleet.capacity import (
+    Prediction,
+    Workload,
+    closed_form_step_seconds,
+    min_staleness,
+    predict,
+    required_throughput,
+    throughput,
+)
 from echo2.fleet.prices import Offer, Profile, fits, gpu_key, profile_for
 
 TOLERANCE = 0.02
@@ -80,7 +87,8 @@ def tokens_per_batch(groups_per_batch: int, group_size: int, completion_tokens: 
 
 
 def worker_types(offers: list[Offer], profiles: dict[str, Profile], *, model_params_b: float, batch_tokens: float,
-                 spot: bool = True, gpus: list[str] | None = None, profile_size: float | None = None) -> list[WorkerType]:
+                 spot: bool = True, gpus: list[str] | None = None,
+                 profile_size: float | None = None) -> list[WorkerType]:
     """The cheapest offer of each (GPU, GPU count) that has a profile and fits the model.
 
     ``gpus`` filters by GPU name (spelling-insensitive); ``profile_size`` uses that listed profile
@@ -413,7 +421,8 @@ def simulate_reclaims(mix: Mix | list[tuple[WorkerType, int]], hours: float, rec
             extra, share_extra, mean_extra = k, s, m
             break
     usd_per_hour = sum(t.usd_per_hour for t in base)
-    result = {"hours": hours, "reclaim_rate_per_hour": reclaim_rate_per_hour, "replacement_seconds": replacement_seconds,
+    result = {"hours": hours, "reclaim_rate_per_hour": reclaim_rate_per_hour,
+              "replacement_seconds": replacement_seconds,
               "seed": seed, "trials": trials, "hold": hold, "workers": len(base), "target_throughput": target,
               "expected_reclaims": reclaims / trials, "expected_usd": usd_per_hour * hours, "mean_throughput": mean,
               "share_of_time_at_target": share, "extra_workers": extra, "extra_offer": spare.offer.name}

@@ -34,7 +34,8 @@ def print_plan(out: dict) -> None:
         table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", f"{row['usd_per_hour_each']:.4f}",
                       f"{row['usd_per_hour']:.4f}", f"{row['batch_seconds']:.1f}", f"{row['groups_per_second']:.2f}")
     console.print(table)
-    console.print(f"required {out['required_throughput']:.3f} groups/s ({out['required_tokens_per_second']:.0f} tok/s): "
+    console.print(f"required {out['required_throughput']:.3f} groups/s "
+                  f"({out['required_tokens_per_second']:.0f} tok/s): "
                   f"T={w['train_seconds']:g}s R={w['groups_per_step']} b={w['groups_per_batch']} "
                   f"D={w['dissemination_seconds']:.1f}s U={w['upload_seconds']:g}s k={w['publish_every']} "
                   f"Q={w['max_pending_batches']}")
@@ -51,7 +52,8 @@ def print_plan(out: dict) -> None:
             continue
         fleet = ", ".join(f"{r['count']}x {r['offer']['gpu']}x{r['offer']['gpu_count']}" for r in n["fleet"])
         table.add_row(f"{n['staleness']}{' *' if n is out else ''}", str(n["workers"]), f"{n['usd_per_hour']:.4f}",
-                      f"{n['predicted_utilization']:.3f}", f"{n['step_seconds']:.1f}", f"{n['usd_per_step']:.5f}", fleet)
+                      f"{n['predicted_utilization']:.3f}", f"{n['step_seconds']:.1f}", f"{n['usd_per_step']:.5f}",
+                      fleet)
     console.print(table)
     if "reclaims" in out:
         r = out["reclaims"]

@@ -115,7 +115,8 @@ class BehaviorAuditor:
         if self._model_version != version:
             # strict=False for tied weights a state dict leaves out; a tensor the model does not have (a
             # LoRA adapter's, say) must not be skipped silently: the audit would run against other weights
-            unknown = self._model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False).unexpected_keys
+            unknown = self._model.load_state_dict({k: v.float() for k, v in weights.items()},
+                                                  strict=False).unexpected_keys
             if unknown:
                 raise ValueError(f"the weights kept for version {version} are not the model's: {len(unknown)} "
                                  f"unknown tensors such as {unknown[0]!r} (a LoRA adapter must be merged first)")

@@ -69,8 +69,20 @@ from echo2.data.failpoints import failpoint
 from echo2.data.manifest import ManifestRejected, check_file_name, sign
 from echo2.data.run_folder import set_aside
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_unreadable_object
-from echo2.data.weights import (INDEX_FILE, CorruptWeights, _shard, committed_folders, delete_folder, download,
-                                merge_into_folder, read_manifest, read_verified, save_as_indexed, sha256, shard_name)
+from echo2.data.weights import (
+    INDEX_FILE,
+    CorruptWeights,
+    _shard,
+    committed_folders,
+    delete_folder,
+    download,
+    merge_into_folder,
+    read_manifest,
+    read_verified,
+    save_as_indexed,
+    sha256,
+    shard_name,
+)
 from echo2.learner.sharded import METADATA, load_full, store_name
 
 log = logging.getLogger("echo2.learner")

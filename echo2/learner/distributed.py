@@ -49,7 +49,8 @@ LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0
 Stopping (SIGTERM, Ctrl-C). torchrun passes the signal to every rank. Only rank 0 acts on it, as the
 one-process learner does (a final checkpoint, then ``stop``): the followers ignore SIGINT and SIGTERM, since
 that checkpoint needs them, and end on ``stop`` or when the group breaks (rank 0 gone: their next collective
-fails on gloo; NCCL may not notice, and torchrun's SIGKILL after its grace ends them). A signal that reaches rank 0 while an announced op is in flight is acted on once the op has ended
+fails on gloo; NCCL may not notice, and torchrun's SIGKILL after its grace ends them). A signal that reaches rank 0
+while an announced op is in flight is acted on once the op has ended
 (``stop_signals_deferred``): raised in the middle, rank 0 would leave the followers inside the op's
 collectives and announce the checkpoint to ranks still waiting there. torchrun's ``--shutdown-timeout``
 (``torchrun.STOP_GRACE_S``) bounds the whole: after it, torchrun SIGKILLs whatever is left.

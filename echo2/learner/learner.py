@@ -59,7 +59,8 @@ class Learner:
         of ``self.model``, whose parameter names (state dicts, the optimizer's) are unchanged."""
         self._prepare_model()
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.999)
+            [p for p in self.model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay,
+            betas=(0.9, 0.999)
         )
         self.reference = None
         self.reference_policy: PolicyLogprobs | None = None

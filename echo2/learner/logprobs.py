@@ -141,7 +141,8 @@ class PolicyLogprobs(torch.nn.Module):
     """Token log-probabilities of a Hugging Face causal LM (also peft-wrapped) at one temperature.
 
     ``forward(input_ids (B, W), targets (B, W), position_ids, attention_mask, where) -> (B, W) float32``:
-    element [b, j] = log p(targets[b, j] | input_ids[b, :j+1]) (0 where ``where`` is given and False). The decoder runs once and the chunked head runs inside
+    element [b, j] = log p(targets[b, j] | input_ids[b, :j+1]) (0 where ``where`` is given and False). The decoder
+    runs once and the chunked head runs inside
     this module's forward, so when this wrapper is FSDP2's root unit the head's weight is unsharded here.
     """
 

@@ -17,7 +17,8 @@ _SCALARS = ("reward", "loss", "lag_mean", "lag_max", "clip_fraction", "ratio_mea
             "quarantined")
 _PUBLISH = ("full_bytes", "bytes", "delta_bytes", "changed_fraction", "encode_seconds", "apply_seconds", "seconds",
             "keyframe")
-"""What each publish recorded (``publish_<name>`` in the step's metrics; ``learner/publisher.py``), as ``publish/<name>``."""
+"""What each publish recorded (``publish_<name>`` in the step's metrics; ``learner/publisher.py``), as
+``publish/<name>``."""
 
 
 class MetricsSink:

@@ -44,8 +44,13 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.filesystem import (DEFAULT_SUFFIX, FileSystemBase, FileSystemReader,
-                                                     FileSystemWriter, _item_size)
+from torch.distributed.checkpoint.filesystem import (
+    DEFAULT_SUFFIX,
+    FileSystemBase,
+    FileSystemReader,
+    FileSystemWriter,
+    _item_size,
+)
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict

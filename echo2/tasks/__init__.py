@@ -4,8 +4,17 @@
 from __future__ import annotations
 
 from echo2.config import ArithmeticTaskConfig, MathTaskConfig, PokerTaskConfig, TaskConfig
-from echo2.tasks.base import (Episode, ForgedEpisode, Problem, Sample, Sampler, Task, UnknownProblem, pass_at_k,
-                              prompt_token_ids)
+from echo2.tasks.base import (
+    Episode,
+    ForgedEpisode,
+    Problem,
+    Sample,
+    Sampler,
+    Task,
+    UnknownProblem,
+    pass_at_k,
+    prompt_token_ids,
+)
 
 
 def make_task(config: TaskConfig) -> Task:

@@ -41,7 +41,8 @@ def gold_answer(cell: str, answer_format: str) -> str:
         if boxed is not None:
             return f"\\boxed{{{boxed}}}"
     if answer_format in ("gsm8k", "boxed"):
-        raise MathDataError(f"answer {cell[:60]!r} has no {'####' if answer_format == 'gsm8k' else chr(92) + 'boxed{}'}")
+        raise MathDataError(f"answer {cell[:60]!r} has no "
+                            f"{'####' if answer_format == 'gsm8k' else chr(92) + 'boxed{}'}")
     return cell.strip()
 
 

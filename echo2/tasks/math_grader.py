@@ -8,7 +8,8 @@ runs in a spawned worker process whose main thread keeps math-verify's alarms, a
 at most ``timeout_s`` per reply: a reply that takes longer is "timeout" (ungraded: it scores 0) and
 the worker is killed. A warm spare, started as soon as each worker is up (one more process of about
 75 MB), takes its place at once, so a killed worker costs its reply's ``timeout_s`` and no start-up
-(about 0.6 s of imports, seconds on a loaded machine); there is no start-up allowance on a reply. Actor and learner grade through the same code, so they agree except on a reply that one
+(about 0.6 s of imports, seconds on a loaded machine); there is no start-up allowance on a reply. Actor and learner
+grade through the same code, so they agree except on a reply that one
 side finishes just under the limit and the other does not: ungraded on either side, its file is set
 aside (``echo2/learner/verify.py``).
 

@@ -49,8 +49,16 @@ import re
 from typing import Any, Sequence
 
 from echo2.config import PokerTaskConfig
-from echo2.tasks.base import (REWARD_TOLERANCE, Episode, ForgedEpisode, Problem, Sampler, Task, Ungradable,
-                              UnknownProblem)
+from echo2.tasks.base import (
+    REWARD_TOLERANCE,
+    Episode,
+    ForgedEpisode,
+    Problem,
+    Sampler,
+    Task,
+    Ungradable,
+    UnknownProblem,
+)
 from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, deal, parse_action
 from echo2.tasks.poker_opponents import make_opponent, opponent_names
 
@@ -293,7 +301,8 @@ class _Episode:
         self.near_tie = False
         """Whether an opponent decision so far was a near tie (``Opponent.decide``)."""
         self._opponents_play()
-        self.first_text = None if self.hand.over else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}"
+        self.first_text = (None if self.hand.over
+                           else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}")
         self._started = False
 
     def _opponents_play(self) -> None:

@@ -184,7 +184,8 @@ class Hand:
         self.log[seat].clear()
         legal = self.legal()
         lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
-                     f"Pot {s.total_pot_amount}, to call {legal.to_call}. Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
+                     f"Pot {s.total_pot_amount}, to call {legal.to_call}. "
+                     f"Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
         lines.append(f"Legal: {legal.describe()}.")
         return "\n".join(lines)
 

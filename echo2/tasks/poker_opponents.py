@@ -26,8 +26,13 @@ from typing import Any
 
 from pokerkit import Card, Deck, StandardHighHand
 
-from echo2.config import (CallStationOpponentConfig, CheckpointOpponentConfig, EquityOpponentConfig,
-                          OpponentConfig, RandomOpponentConfig)
+from echo2.config import (
+    CallStationOpponentConfig,
+    CheckpointOpponentConfig,
+    EquityOpponentConfig,
+    OpponentConfig,
+    RandomOpponentConfig,
+)
 from echo2.tasks.poker_game import Action, Hand, parse_action
 
 
