@@ -44,7 +44,7 @@ help:
 EXTRAS ?= learner,dev,cloud
 CONSTRAINTS ?= requirements-constraints.txt
 
-$(BIN)/.installed: pyproject.toml Makefile $(CONSTRAINTS)
+$(BIN)/.installed: pyproject.toml setup.py Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)" $(TORCH_PIP_ARGS)
@@ -87,10 +87,11 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 test: setup browser
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(XDIST)
 
 # the unit tests alone, for feedback while working: 33 s on this 2-core machine (2026-12-03; one worker takes
-# 52 s) against about 16 minutes for `make test`. The end-to-end tests (@pytest.mark.e2e: the CLI, a learner,
+# 52 s) against about 10 minutes for `make test`. The end-to-end tests (@pytest.mark.e2e: the CLI, a learner,
 # actors, a flow, a real run, or over ~1 s) are left out, and so is `browser`: only the Prefect UI test needs
 # Chromium. Every test over 1 s is listed at the end: a new one there belongs under the e2e mark (today two or
 # three show, under 2 s: the first test on a worker to load moto's EC2 model or the GCP client pays for it).
@@ -116,7 +117,7 @@ VLLM_TORCH ?= $(TORCH)
 VLLM_UNINSTALL ?= torchvision torchaudio torchcodec
 VLLM_TEST_REQUIREMENTS := 'pytest>=8' 'pytest-timeout>=2.3'
 
-$(VLLM_VENV)/bin/.installed: pyproject.toml Makefile
+$(VLLM_VENV)/bin/.installed: pyproject.toml setup.py Makefile
 	$(PYTHON) -m venv --clear $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(if $(VLLM_TORCH),$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_TORCH)" $(TORCH_PIP_ARGS))
