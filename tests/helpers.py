@@ -125,7 +125,8 @@ def teach_sums(model_dir, dest, *, steps: int, lr: float = 1e-2):
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
         prompts = [prompt_token_ids(tokenizer, p) for p in problems]
-        answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id] for p in problems]
+        answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id]
+                   for p in problems]
         width = max(len(p) + len(a) for p, a in zip(prompts, answers))
         ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
         labels = torch.full_like(ids, -100)

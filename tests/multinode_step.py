@@ -15,7 +15,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distributed_step import main  # noqa: E402
 
-
 if __name__ == "__main__":
     layout = {key: int(os.environ[key]) for key in ("RANK", "GROUP_RANK", "LOCAL_RANK", "WORLD_SIZE")}
     (Path(sys.argv[3]) / f"rank-{layout['RANK']}.json").write_text(json.dumps(layout))

@@ -28,7 +28,8 @@ from echo2.learner.evaluate import ModelSampler  # noqa: E402
 
 CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
          "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True},
-         "fp32-kl": {"kl_coef": 0.5}, "bf16-ac-kl": {"dtype": "bfloat16", "activation_checkpointing": True, "kl_coef": 0.5}}
+         "fp32-kl": {"kl_coef": 0.5},
+         "bf16-ac-kl": {"dtype": "bfloat16", "activation_checkpointing": True, "kl_coef": 0.5}}
 BF16_TOLERANCE = {"loss": 0.01, "grad_norm": 0.01, "update": 0.2}
 """A bf16 step against an fp32 one (or FSDP2's bf16 against one process's autocast) on the tiny model, relative:
 loss and gradient norm, and ``updates_differ`` of the AdamW update (|d_a - d_b| / |d_b|, over all weights)."""

@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 
-
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.relay import FetchPolicy, RelayNode

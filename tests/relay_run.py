@@ -9,6 +9,7 @@ import re
 import sys
 
 from conftest import REPO
+
 from echo2.config import config_from_dict
 from echo2.data import layout
 from echo2.data.delta import tensor_table

@@ -54,7 +54,8 @@ def main(root: Path) -> None:
     os.environ.update(HOME=str(home), SKY_RUNTIME_DIR=str(home), AWS_ACCESS_KEY_ID="testing",
                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                       AWS_ENDPOINT_URL=f"http://{host}:{port}", SKYPILOT_API_SERVER_LOCAL_PORT=str(PORT),
-                      SKYPILOT_DISABLE_USAGE_COLLECTION="1", PATH=f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}")
+                      SKYPILOT_DISABLE_USAGE_COLLECTION="1",
+                      PATH=f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}")
     import sky
 
     from echo2.config import SkyPilotFleetConfig

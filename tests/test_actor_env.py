@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from actor_helpers import make_run, start_actor, stop_actor, wait_for_rollouts
 from transformers import AutoModelForCausalLM
 
-from actor_helpers import make_run, start_actor, stop_actor, wait_for_rollouts
 from echo2.config import ConfigError, config_from_dict
 from echo2.data.rollouts import decode_rollouts
 from echo2.data.weights import unique_state_dict

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pyarrow as pa
+from helpers import make_rollouts
 
 from echo2.config import load_config
 from echo2.data import layout
@@ -14,7 +15,6 @@ from echo2.data.rollouts import RolloutLimits, decode_rollouts, encode_rollouts
 from echo2.data.store import open_store
 from echo2.fleet.autosize import auto_fleet_size
 from echo2.learner.collector import RolloutCollector
-from helpers import make_rollouts
 
 YEAR_146000_US = 4_545_000_000_000_000_000
 """A created_at in the year 146000, in microseconds since the epoch (fits int64; no datetime holds it)."""

@@ -9,6 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 import torch
+from helpers import commit_rollouts, rollout_bytes
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,7 +21,6 @@ from echo2.learner.collector import RolloutCollector
 from echo2.rollout.engines import SamplingParams
 from echo2.rollout.engines.transformers import TransformersEngine
 from echo2.tasks import make_task, prompt_token_ids
-from helpers import commit_rollouts, rollout_bytes
 
 THRESHOLD = 0.15  # train.audit_max_gap's default
 
@@ -86,7 +86,8 @@ def test_honest_actors_pass_and_a_lying_one_is_caught(setup, capsys):
     bf16 = a.gap(table_of(bf16_engine_rows(setup, rows)), a._model_of(1, a.versions[1]))
     # an actor that claims its tokens were likelier than they were (a smaller ratio pi/mu on the tokens it
     # wants pushed down, or a larger one where it wants them pushed up), or makes its numbers up
-    inflated = [dataclasses.replace(r, behavior_logprobs=[min(0.0, x + 0.7) for x in r.behavior_logprobs]) for r in rows]
+    inflated = [dataclasses.replace(r, behavior_logprobs=[min(0.0, x + 0.7) for x in r.behavior_logprobs])
+                for r in rows]
     made_up = [dataclasses.replace(r, behavior_logprobs=[-0.05] * len(r.behavior_logprobs)) for r in rows]
     with capsys.disabled():
         print(f"\nbehavior audit gaps (nats/token): honest fp32 {fp32:.2e}, honest bf16 engine {bf16:.2e}, "
@@ -125,15 +126,16 @@ def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quaran
     assert "behavior logprobs are" in sel.quarantined[0]["reason"] and set(col.banned) == {"a1-liar"}
     col.settle(sel)
     later = commit_rollouts(store, 1, 1, actor="a1-liar", data=rollout_bytes(1, rollouts=rows, actor="a1-liar"))
-    commit_rollouts(store, 1, 1, actor="a2-honest", data=rollout_bytes(1, rollouts=honest_rows(setup, seed=1, groups=2,
-                                                                                                n=2), actor="a2-honest"))
+    commit_rollouts(store, 1, 1, actor="a2-honest",
+                    data=rollout_bytes(1, rollouts=honest_rows(setup, seed=1, groups=2, n=2), actor="a2-honest"))
     sel = col.collect(step=3, learner_version=1, timeout_s=10)
     assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor a1-liar is banned")
 
 
 def test_the_fleet_expels_a_banned_actor_once_and_replaces_it(tmp_path):
-    from echo2.data.ledger import read_events
     from test_fleet import FakeCloud, manager
+
+    from echo2.data.ledger import read_events
 
     cloud = FakeCloud()
     fleet, store = manager(tmp_path, cloud, actors=2)

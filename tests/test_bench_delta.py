@@ -9,9 +9,9 @@ import sys
 
 import pytest
 from conftest import REPO
-from echo2.data.store import open_store
-
 from test_delta_versions import make_publisher, publish_all, versions
+
+from echo2.data.store import open_store
 
 pytestmark = pytest.mark.e2e
 

@@ -7,6 +7,7 @@ import time
 
 import aiohttp
 import pytest
+from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay import FetchPolicy, RelayNode, RelayServer
@@ -14,8 +15,6 @@ from echo2.broadcast.topology import parent_index, plan, sources
 from echo2.config import BroadcastConfig
 from echo2.data.manifest import ManifestRejected, sign, verify_signature
 from echo2.data.store import open_store
-
-from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
 
 
 @pytest.fixture

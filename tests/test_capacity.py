@@ -4,8 +4,16 @@ import math
 
 import pytest
 
-from echo2.fleet.capacity import (Workload, closed_form_step_seconds, fill_seconds, min_staleness, predict,
-                                  required_throughput, throughput, workers_needed)
+from echo2.fleet.capacity import (
+    Workload,
+    closed_form_step_seconds,
+    fill_seconds,
+    min_staleness,
+    predict,
+    required_throughput,
+    throughput,
+    workers_needed,
+)
 
 
 def workload(**kw) -> Workload:

@@ -1,13 +1,13 @@
 """The staleness filter, FIFO selection and quarantine of malformed rollout files."""
 
 import pytest
+from helpers import commit_rollouts, ledger_audit, make_rollouts, put_glacier, rollout_bytes
 
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex
-from echo2.data.store import open_store
 from echo2.data.rollouts import RolloutLimits
+from echo2.data.store import open_store
 from echo2.learner.collector import RolloutCollector, is_fresh
-from helpers import commit_rollouts, ledger_audit, make_rollouts, put_glacier, rollout_bytes
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
@@ -155,7 +155,8 @@ def test_the_same_content_under_two_names_is_used_once(tmp_path):
     assert [u["key"] for u in sel.used] == [first]
     sel = col.collect(step=3, learner_version=2, timeout_s=5)  # a copy of a file a completed step used
     assert [u["key"] for u in sel.used] == [fresh]
-    assert [(d["key"], d["reason"].split(":")[0]) for d in sel.dropped] == [(copy, "duplicate"), (later_copy, "duplicate")]
+    assert [(d["key"], d["reason"].split(":")[0]) for d in sel.dropped] == [(copy, "duplicate"),
+                                                                           (later_copy, "duplicate")]
     assert store.get_json(layout.consumed_key(2))["used"][0]["sha256"] == sel.dropped[0]["sha256"]
 
 

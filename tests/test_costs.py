@@ -13,12 +13,12 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers import commit_rollouts
 
 from echo2.data import layout, ledger
 from echo2.data.audit import audit_run
 from echo2.data.store import open_store
 from echo2.fleet.costs import cost_report, fleet_usd, write_cost_reports
-from helpers import commit_rollouts
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
@@ -176,7 +176,8 @@ def test_malformed_events_fall_back_to_defaults(tmp_path):
            {"ts": T0, "kind": "launch", "actor_id": "a", "price_usd_per_hour": -5, "spot": "yes", "gpu": {"x": 1}},
            {"ts": T0 + 3600, "kind": "exited", "actor_id": "a", "code": 0}]
     (row,) = worker_rows(odd, now=T0 + 7200)
-    assert row["hours"] == pytest.approx(1) and row["usd"] == 0 and row["market"] == "on-demand" and row["gpu"] == "none"
+    assert (row["hours"] == pytest.approx(1) and row["usd"] == 0 and row["market"] == "on-demand"
+            and row["gpu"] == "none")
 
 
 def audit_fixture(run_dir: Path, *, finished: bool = True):
@@ -212,7 +213,8 @@ def audit_fixture(run_dir: Path, *, finished: bool = True):
 def test_audit_accounts_for_every_committed_file(tmp_path):
     result = audit_run(audit_fixture(tmp_path / "audited"))
     assert result["finished"] and result["committed"] == 8
-    assert result["used"] == 2 and result["used_twice"] == 1 and result["used_twice_files"][0].endswith("twice-000001.arrow")
+    assert (result["used"] == 2 and result["used_twice"] == 1
+            and result["used_twice_files"][0].endswith("twice-000001.arrow"))
     assert result["quarantined"] == 2
     assert result["dropped"] == {"orphaned": 1, "stale": 1, "unused_at_end": 1}
     assert result["lost"] == 1 and result["lost_files"][0].endswith("lost-000003.arrow")

@@ -9,14 +9,14 @@ import pickle
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import commit_rollouts, put_glacier
 
 from echo2.data import layout
+from echo2.data.rollouts import RolloutLimits
 from echo2.data.store import AlreadyExists, open_store
 from echo2.data.weights import download, publish_version, write_weights
 from echo2.learner.checkpoint import load_checkpoint, save_checkpoint
 from echo2.learner.collector import RolloutCollector
-from echo2.data.rollouts import RolloutLimits
-from helpers import commit_rollouts, put_glacier
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
@@ -30,7 +30,8 @@ def test_a_folder_a_killed_writer_left_without_manifest_is_rewritten(tmp_path):
     manifest = publish_version(store, 3, {"w": torch.arange(4.0)}, extra_files={"config.json": b"{}"}, shard_mb=1)
     assert store.get_json(layout.LATEST) == {"version": 3}
     names = {f["name"] for f in manifest["files"]}
-    assert store.list(layout.policy_dir(3) + "/") == sorted(f"{layout.policy_dir(3)}/{n}" for n in names | {"manifest.json"})
+    assert store.list(layout.policy_dir(3) + "/") == sorted(f"{layout.policy_dir(3)}/{n}"
+                                                            for n in names | {"manifest.json"})
     download(store, layout.policy_dir(3), tmp_path / "out")  # every byte verifies against the manifest
     # a committed folder is immutable
     with pytest.raises(AlreadyExists):
@@ -141,10 +142,10 @@ def test_no_rollouts_is_not_retried_as_a_store_hiccup():
 
 
 def test_resume_refuses_a_missing_or_different_key_and_actor_visible_overrides(tmp_path, monkeypatch):
+    from echo2.config import Config
     from echo2.data.run_folder import create_run
     from echo2.data.run_key import run_key
     from echo2.errors import Echo2InputError
-    from echo2.config import Config
     from echo2.launch import resume_config
 
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))

@@ -103,13 +103,15 @@ def test_policy_evaluated(aws_wildcards, aws_conditions, prefix):
     assert not allowed("s3:GetObject", layout.LATEST, run="r2")
     for key in (layout.peer_key("b"), own, layout.RUN_JSON, layout.LATEST, layout.consumed_key(5)):
         assert not allowed("s3:DeleteObject", key), key
-    for key in (layout.rollout_key(1, "b", 1), layout.manifest_key(layout.checkpoint_dir(40)), layout.event_key(1.0, "b", "x")):
+    for key in (layout.rollout_key(1, "b", 1), layout.manifest_key(layout.checkpoint_dir(40)),
+                layout.event_key(1.0, "b", "x")):
         assert not allowed("s3:GetObject", key), key
     # only objects the learner can read and copy: STANDARD (or no class named), no customer-provided key
     for key in (own, layout.peer_key("a")):
         assert allowed("s3:PutObject", key, headers={"s3:x-amz-storage-class": "STANDARD"}), key
         for storage_class in ("GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "STANDARD_IA", "REDUCED_REDUNDANCY"):
-            assert not allowed("s3:PutObject", key, headers={"s3:x-amz-storage-class": storage_class}), (key, storage_class)
+            assert not allowed("s3:PutObject", key,
+                               headers={"s3:x-amz-storage-class": storage_class}), (key, storage_class)
         assert not allowed("s3:PutObject", key,
                            headers={"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"}), key
     assert policy.is_action_permitted("s3:ListBucket", f"arn:aws:s3:::{BUCKET}") == PermissionResult.PERMITTED
@@ -275,7 +277,8 @@ def _seed_and_enable_auth(endpoint: str, bucket: str, prefix: str, actor: str) -
     role = f"echo2-actor-{uuid.uuid4().hex[:6]}"
     role_arn = iam.create_role(RoleName=role, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
     # moto enforces a role's inline policy but not a session policy: the role itself is the scope here
-    iam.put_role_policy(RoleName=role, PolicyName="scope", PolicyDocument=json.dumps(C.actor_policy(bucket, prefix, "r1", actor)))
+    iam.put_role_policy(RoleName=role, PolicyName="scope",
+                        PolicyDocument=json.dumps(C.actor_policy(bucket, prefix, "r1", actor)))
     req = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
                                  headers={"Content-Type": "text/plain"})
     urllib.request.urlopen(req, timeout=10).read()

@@ -18,8 +18,8 @@ def bits(t: torch.Tensor) -> bytes:
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bits(a[k]) == bits(b[k])
-                                        for k in a)
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                                        and bits(a[k]) == bits(b[k]) for k in a)
 
 
 def copy(tensors):
@@ -48,7 +48,8 @@ def nudged(t: torch.Tensor, share: float, gen: torch.Generator, ulps=(1, -1)) ->
 @pytest.mark.parametrize("share", [0.0, 0.001, 0.05, BITMAP_ABOVE + 0.05, 1.0])
 def test_round_trip_at_every_density(share):
     gen = torch.Generator().manual_seed(1)
-    base = {"w": torch.randn(300, 70, generator=gen).to(torch.bfloat16), "b": torch.randn(70, generator=gen).to(torch.bfloat16)}
+    base = {"w": torch.randn(300, 70, generator=gen).to(torch.bfloat16),
+            "b": torch.randn(70, generator=gen).to(torch.bfloat16)}
     new = {k: nudged(v, share, gen) for k, v in base.items()}
     delta = round_trip(base, new)
     changed = sum(e["changed"] for e in delta.table.values())
@@ -125,7 +126,8 @@ def test_a_tensor_set_that_changed_needs_a_keyframe():
 @pytest.fixture
 def case():
     gen = torch.Generator().manual_seed(4)
-    base = {"w": torch.randn(64, 64, generator=gen).to(torch.bfloat16), "v": torch.randn(500, generator=gen).to(torch.bfloat16),
+    base = {"w": torch.randn(64, 64, generator=gen).to(torch.bfloat16),
+            "v": torch.randn(500, generator=gen).to(torch.bfloat16),
             "d": torch.randn(80, generator=gen).to(torch.bfloat16)}
     new = {"w": nudged(base["w"], 0.05, gen), "v": nudged(base["v"], 0.02, gen), "d": nudged(base["d"], 0.9, gen)}
     return base, new, encode_delta(base, new, max_file_bytes=2**20)
@@ -180,7 +182,8 @@ def test_malformed_shards_are_refused(case):
         reshard(delta.files, lambda t: t.pop("w::changes")),
         reshard(delta.files, lambda t: t.update({"x::positions": torch.zeros(1, dtype=torch.uint8)})),
         reshard(delta.files, lambda t: t.update({"w::positions": torch.zeros(3, dtype=torch.int32)})),
-        reshard(delta.files, lambda t: t.update({"w::positions": torch.frombuffer(bytearray(bomb), dtype=torch.uint8)})),
+        reshard(delta.files,
+                lambda t: t.update({"w::positions": torch.frombuffer(bytearray(bomb), dtype=torch.uint8)})),
         reshard(delta.files, lambda t: t.update({"w::changes": t["v::changes"].clone()})),
         reshard(delta.files, lambda t: t.update({"v::positions": t["w::positions"].clone()})),
         reshard(delta.files, lambda t: t.update({"d::positions": torch.zeros(0, dtype=torch.uint8)})),

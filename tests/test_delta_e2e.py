@@ -11,12 +11,12 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO
-from echo2.data import layout
-from echo2.data.weights import unique_state_dict
 from helpers import teach_sums, wait_until
 from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
+
+from echo2.data import layout
+from echo2.data.weights import unique_state_dict
 
 pytestmark = pytest.mark.e2e
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN
+from test_delta import bits, nudged, same
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.reconstruct import Reconstructor
@@ -17,9 +19,6 @@ from echo2.data.store import open_store
 from echo2.data.weights import delete_folder, published_versions
 from echo2.learner import publisher as publisher_module
 from echo2.learner.publisher import Publisher
-
-from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN
-from test_delta import bits, nudged, same
 
 MODEL_FILES = {"config.json": b'{"model_type": "llama"}'}
 
@@ -192,5 +191,6 @@ def test_publish_delta_leaves_a_lora_run_as_it_was(store):
     pub = make_publisher(store, lora_rank=4)
     manifest, stats = pub.publish(0, versions(1)[0], {"weights": "full"})
     assert manifest["weights"] == "full" and "tensors" not in manifest and "publish_keyframe" not in stats
-    manifest, _ = pub.publish(1, {"base_model.model.x.lora_A.weight": torch.zeros(4, 16)}, {"weights": "lora", "base_version": 0})
+    manifest, _ = pub.publish(1, {"base_model.model.x.lora_A.weight": torch.zeros(4, 16)},
+                              {"weights": "lora", "base_version": 0})
     assert manifest["weights"] == "lora" and published_versions(store) == [0, 1]

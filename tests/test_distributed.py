@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from safetensors.torch import load_file
-
 from conftest import REPO
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.e2e
 
@@ -79,15 +78,16 @@ def relative(a: float, b: float) -> float:
 
 def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path):
     """`echo2 run ... --set train.nproc=2`: torchrun, the flow in rank 0, a real actor, a real store. Rank 0
-    is SIGKILLed in step 3 (a failpoint: the collector and the update each pass it); `--resume` on two ranks again continues from step 2's checkpoint
-    (weights and optimizer state broadcast from rank 0) and finishes with every rollout file accounted for."""
+    is SIGKILLed in step 3 (a failpoint: the collector and the update each pass it); `--resume` on two ranks
+    again continues from step 2's checkpoint (weights and optimizer state broadcast from rank 0) and finishes
+    with every rollout file accounted for."""
     import json
     import os
 
+    from helpers import ledger_audit, reap_session, reap_tagged
     from test_e2e import QUICKSTART, TINY, echo2, sets
 
     from echo2.data.store import open_store
-    from helpers import ledger_audit, reap_session, reap_tagged
 
     args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=fsdp", *TINY, "train.nproc=2",
                 "eval.before=false")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-
 from conftest import REPO
-from echo2.data.store import open_store
 from helpers import ledger_audit, reap_session, wait_until
+
+from echo2.data.store import open_store
 
 pytestmark = pytest.mark.e2e
 
@@ -144,7 +144,8 @@ def test_resume_after_the_learner_is_killed(tiny_model, tmp_path):
     # the lost timeline (ledger entries after the checkpoint) was moved aside, not deleted
     orphaned = {p.name for p in (run / "orphaned").rglob("step-*.json")} if lost else set()
     assert set(lost) <= orphaned
-    assert sorted(p.name for p in consumed.iterdir()) == ["final.json", *(f"step-{i:06d}.json" for i in range(1, target + 1))]
+    assert sorted(p.name for p in consumed.iterdir()) == ["final.json",
+                                                          *(f"step-{i:06d}.json" for i in range(1, target + 1))]
     problems, counts = ledger_audit(open_store(str(run)))
     assert not problems, problems
     events = [json.loads(p.read_text())["kind"] for p in (run / "ledger" / "events").glob("*.json")]
@@ -214,7 +215,8 @@ def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code)
         # started with SIGINT ignored, as a job a shell script puts in the background inherits it (CI,
         # `make test &`): Ctrl-C / kill -INT must stop the run all the same
         learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=out, stderr=err,
-                                   start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                                   start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = tmp_path / "runs" / "intr"
     try:
         wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists(), 240, "training to start")
@@ -236,7 +238,8 @@ def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code)
 
 RETRIED_FLOW = """
 import json, os, sys
-for key, value in {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+for key, value in {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                    "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}.items():
     os.environ.setdefault(key, value)
 import echo2.learner.run as run_module

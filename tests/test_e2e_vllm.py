@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from echo2.bench.tiny_model import make_tiny_model
 
 VLLM_PYTHON = os.environ.get("ECHO2_VLLM_PYTHON")

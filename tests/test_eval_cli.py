@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from echo2.cli import app
 from echo2.data import layout
-from echo2.data.store import open_store
 from echo2.data.run_folder import create_run
+from echo2.data.store import open_store
 from echo2.data.weights import model_files, write_weights
 from echo2.learner.checkpoint import save_checkpoint
 from echo2.learner.sharded import save_sharded

@@ -1,6 +1,6 @@
 """Stopping a learner of several processes (torchrun, 2 gloo ranks on CPU): SIGTERM and Ctrl-C checkpoint and exit
-143 and 130 as the one-process learner does, and ``--resume`` continues from that checkpoint; a rank 0 that dies (SIGKILL) still
-lets its followers exit, on the broken group, not after torchrun's shutdown grace."""
+143 and 130 as the one-process learner does, and ``--resume`` continues from that checkpoint; a rank 0 that dies
+(SIGKILL) still lets its followers exit, on the broken group, not after torchrun's shutdown grace."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_a_signal_inside_an_announced_op_is_acted_on_when_the_op_ends():
     from echo2.learner.distributed import stop_signals_deferred
 
     seen: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _frame: seen.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, lambda signum, _frame: seen.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with stop_signals_deferred():
             os.kill(os.getpid(), signal.SIGTERM)
@@ -48,11 +49,11 @@ def _stop_mid_run(tiny_model, tmp_path, stop, expected_code: int) -> tuple:
     """`echo2 learner --nproc 2` stopped by ``stop(launcher)`` once step 2 is consumed: it exits ``expected_code``
     within seconds, nothing of the run left running, no traceback, and a checkpoint of the step it reached
     (checkpoint_every is 1000: the interruption's own). Returns (run folder, that step)."""
+    from helpers import reap_session, reap_tagged, wait_until
     from test_e2e import QUICKSTART, TINY, sets
 
-    from helpers import reap_session, reap_tagged, wait_until
-
-    args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop", *TINY, *SHORT, "train.max_steps=500")
+    args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=stop", *TINY, *SHORT,
+                "train.max_steps=500")
     run = tmp_path / "runs" / "stop"
     with open(tmp_path / "learner.log", "w") as out:
         learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", "learner", QUICKSTART, "--nproc", "2", *args],
@@ -85,9 +86,8 @@ def test_sigterm_stops_a_two_process_learner_with_a_checkpoint_that_resume_conti
     shards: the followers ignore the signal torchrun passed them and wait for rank 0), releases them, and the
     launcher exits 143; `--resume` continues from that checkpoint. (Before: the followers died at once, rank 0's
     checkpoint hung until torchrun's SIGKILL 30 s later, exit 1, no checkpoint.)"""
-    from test_e2e import QUICKSTART, echo2, sets
-
     from helpers import reap_tagged
+    from test_e2e import QUICKSTART, echo2, sets
 
     run, reached = _stop_mid_run(tiny_model, tmp_path, lambda launcher: launcher.send_signal(signal.SIGTERM), 143)
     try:
@@ -112,9 +112,8 @@ def test_the_followers_of_a_rank_0_killed_mid_run_exit_on_the_broken_group(tiny_
     """The followers ignore SIGTERM, so torchrun cannot end them before its shutdown grace: they must end by
     themselves when rank 0 is gone. Rank 0 is SIGKILLed at step 3's collection (a failpoint) with a grace of
     600 s; the learner has exited long before it."""
-    from test_e2e import QUICKSTART, TINY, sets
-
     from helpers import reap_session, reap_tagged
+    from test_e2e import QUICKSTART, TINY, sets
 
     args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=killed", *TINY, *SHORT)
     with open(tmp_path / "learner.log", "w") as out:

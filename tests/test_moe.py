@@ -21,11 +21,14 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
+from distributed_step import tables
+from helpers import teach_sums, wait_until
+from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from conftest import REPO
 from echo2.bench.tiny_model import make_tiny_moe_model
 from echo2.cli import app
 from echo2.config import TrainConfig
@@ -36,9 +39,6 @@ from echo2.learner.checkpoint import load_checkpoint
 from echo2.learner.learner import Learner
 from echo2.rollout.engines.transformers import TransformersEngine
 from echo2.rollout.engines.vllm import hub_layout
-from distributed_step import tables
-from helpers import teach_sums, wait_until
-from relay_run import both_hold, delta_relay_run, engine_loads, hashes, published_versions
 
 EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 STEPS = 2

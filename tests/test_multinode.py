@@ -16,9 +16,9 @@ import sys
 import time
 
 import pytest
+from conftest import REPO
 from safetensors.torch import load_file
 
-from conftest import REPO
 from echo2.learner.torchrun import Rendezvous, torchrun_command
 
 STEP = str(REPO / "tests" / "distributed_step.py")
@@ -160,10 +160,10 @@ def test_echo2_learner_on_two_nodes_node_1_follows_node_0s_run_through_sigterm_a
     it, and node 1 exits 0 when the run ends."""
     import signal
 
+    from helpers import ledger_audit, reap_tagged, wait_until
     from test_e2e import QUICKSTART, TINY, sets
 
     from echo2.data.store import open_store
-    from helpers import ledger_audit, reap_tagged, wait_until
 
     run = tmp_path / "runs" / "stop"
     node1 = sets(f"model.name={tiny_model}", "store.url=s3://no-such-bucket/echo2", "run.id=not-this-one",

@@ -156,7 +156,8 @@ def padded_full_logits_step(model_dir, tables, cfg, temperature: float, micro_ba
     rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32)
     group_index = torch.tensor([group_ids[r["group"]] for r in rows])
     advantages = group_advantages(rewards, group_index, scale=cfg.scale_rewards)
-    signal = {g for g in group_ids.values() if len({r for r, i in zip(rewards.tolist(), group_index.tolist()) if i == g}) > 1}
+    signal = {g for g in group_ids.values()
+              if len({r for r, i in zip(rewards.tolist(), group_index.tolist()) if i == g}) > 1}
     keep = sorted((i for i in range(len(rows)) if int(group_index[i]) in signal),
                   key=lambda i: len(rows[i]["prompt_token_ids"]) + len(rows[i]["completion_token_ids"]))
     n_tokens = sum(sum(rows[i]["completion_mask"]) for i in keep)

@@ -11,14 +11,15 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from echo2.errors import Echo2InputError
 from echo2.fleet.capacity import Workload
 from echo2.fleet.plan import WorkerType, cheapest_mix, meets, plan, simulate_reclaims, tokens_per_batch, worker_types
 from echo2.fleet.prices import DEFAULT_CATALOG, Offer, load_catalog, load_profiles, profile_for
 
-HEADER = "provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,on_demand_usd_per_hour,spot_usd_per_hour\n"
+HEADER = ("provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,"
+          "on_demand_usd_per_hour,spot_usd_per_hour\n")
 # FAST makes 1000 tok/s, SLOW 250: with 1 group x 4 completions x 250 tokens per batch, FAST takes 1 s
 # a batch (1 group/s), SLOW 4 s (0.25 group/s). The workload needs 8 groups / 10 s = 0.8 group/s, so
 # at spot prices four SLOW ($0.80, 1 group/s) beat one FAST ($1.00); three SLOW are too slow.

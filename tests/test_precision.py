@@ -50,9 +50,9 @@ def test_activation_checkpointing_changes_nothing_but_memory(tiny_model, extra):
 
 def test_activation_checkpointing_recomputes_the_layers():
     """It is on: each layer runs twice per step (again in backward, up to its last saved tensor), only with it on."""
-    from echo2.learner.logprobs import PolicyLogprobs
-
     from test_logprobs import tiny_llama
+
+    from echo2.learner.logprobs import PolicyLogprobs
 
     runs = {}
     for on in (False, True):
@@ -122,5 +122,6 @@ def test_fsdp_precision_equals_one_process(tiny_model, tmp_path):
     # bf16 with checkpointing: FSDP2's bf16 parameters against one process's autocast
     for case in ("bf16-ac", "bf16-ac-kl"):
         assert relative(metrics[2, case]["loss"], metrics[1, case]["loss"]) < BF16_TOLERANCE["loss"], case
-        assert relative(metrics[2, case]["grad_norm"], metrics[1, case]["grad_norm"]) < BF16_TOLERANCE["grad_norm"], case
+        assert relative(metrics[2, case]["grad_norm"],
+                        metrics[1, case]["grad_norm"]) < BF16_TOLERANCE["grad_norm"], case
         assert updates_differ(weights[2, case], weights[1, case], before) < BF16_TOLERANCE["update"], case

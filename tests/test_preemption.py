@@ -22,9 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.config import Config
 from echo2.data import layout
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV
 from echo2.data.rollouts import decode_rollouts
 from echo2.data.run_folder import create_run
-from echo2.data.relay_tokens import RELAY_TOKEN_ENV
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version
 from echo2.rollout import preemption
@@ -68,7 +68,8 @@ class FakeMetadata:
                         return self._reply(401)
                     if not fake.notice:
                         return self._reply(404, b"Not Found")
-                    return self._reply(200, json.dumps({"action": "terminate", "time": "2026-01-01T00:02:00Z"}).encode())
+                    return self._reply(200, json.dumps({"action": "terminate",
+                                                        "time": "2026-01-01T00:02:00Z"}).encode())
                 if self.path == "/computeMetadata/v1/instance/preempted":
                     if self.headers.get("Metadata-Flavor") != "Google":
                         return self._reply(403)
@@ -353,9 +354,11 @@ class FakeCompute:
                                 "nextPageToken": "2"}
                 elif path == "/compute/v1/projects/p1/aggregated/operations":
                     body = {"items": {
-                        "zones/us-central1-a": {"operations": [op("compute.instances.preempted", "us-central1-a", "actor-a")]},
-                        "zones/europe-west4-b": {"operations": [op("compute.instances.preempted", "europe-west4-b", "actor-e"),
-                                                                op("compute.instances.delete", "europe-west4-b", "actor-f")]},
+                        "zones/us-central1-a": {"operations": [
+                            op("compute.instances.preempted", "us-central1-a", "actor-a")]},
+                        "zones/europe-west4-b": {"operations": [
+                            op("compute.instances.preempted", "europe-west4-b", "actor-e"),
+                            op("compute.instances.delete", "europe-west4-b", "actor-f")]},
                         "zones/asia-east1-a": {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "none"}}}}
                 else:
                     self.send_response(404)
@@ -382,7 +385,8 @@ class FakeCompute:
 @pytest.fixture
 def compute():
     pytest.importorskip("google.cloud.compute_v1",
-                        reason="google-cloud-compute is not installed (it is in the `cloud` extra: pip install -e '.[cloud]')")
+                        reason="google-cloud-compute is not installed "
+                               "(it is in the `cloud` extra: pip install -e '.[cloud]')")
     fake = FakeCompute()
     yield fake
     fake.close()

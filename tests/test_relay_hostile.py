@@ -16,6 +16,21 @@ import aiohttp
 import pytest
 import torch
 from aiohttp import web
+from helpers import wait_until
+from relay_helpers import (
+    CHUNK,
+    KEY,
+    PUBLIC,
+    RUN_ID,
+    TOKEN,
+    auth,
+    make_version,
+    nodes,
+    raw_peer,
+    slow_store_reader,
+    trickling_peer,
+)
+from relay_helpers import poll_until as poll_until_version
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
@@ -25,11 +40,6 @@ from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.store import open_store
 from echo2.learner.publisher import Publisher
-
-from helpers import wait_until
-from relay_helpers import (CHUNK, KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader,
-                           trickling_peer)
-from relay_helpers import poll_until as poll_until_version
 
 
 @pytest.fixture
@@ -113,7 +123,8 @@ def test_a_fetch_in_flight_completes_while_its_version_is_still_fresh(store):
 def test_a_fetch_in_flight_is_abandoned_for_the_newest_once_too_stale(store, staleness, newer):
     publish(store, 1)
     gated = GatedStore(store)
-    receiver = PolicyReceiver(gated, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=staleness, run_id=RUN_ID)
+    receiver = PolicyReceiver(gated, "a0", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=staleness,
+                              run_id=RUN_ID)
     try:
         assert receiver.poll() is None  # v1 started, held at the gate
         for v in newer:

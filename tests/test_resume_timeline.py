@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
+from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import BroadcastConfig
@@ -16,8 +16,6 @@ from echo2.data import layout
 from echo2.data.run_folder import orphan_after
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version
-
-from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN
 
 
 def poll_until(receiver, what, limit_s=30.0):
@@ -52,13 +50,13 @@ def test_an_actor_holding_an_orphaned_number_fetches_the_new_timelines_version(t
 
 
 def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_for(tmp_path):
-    from echo2.data.store.fsspec_store import FsspecStore
+    from helpers import commit_rollouts
+
     from echo2.data.ledger import read_events, write_event
     from echo2.data.rollouts import RolloutLimits
+    from echo2.data.store.fsspec_store import FsspecStore
     from echo2.learner.collector import RolloutCollector
     from echo2.learner.run import lost_timelines
-
-    from helpers import commit_rollouts
 
     class ActorCommitsDuringTheMove(FsspecStore):
         """The run's store; an actor of the dead learner commits a file while the resume moves the folder."""
@@ -96,7 +94,9 @@ def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_f
 def test_lost_timelines_are_read_from_every_resume_of_the_ledger():
     from echo2.learner.run import lost_timelines
 
-    events = [{"ts": 1, "kind": "launch", "actor_id": "a"}, {"ts": 2, "kind": "resume", "actor_id": "learner", "step": 4},
-              {"ts": 3, "kind": "launch", "actor_id": "b"}, {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9}]
+    events = [{"ts": 1, "kind": "launch", "actor_id": "a"},
+              {"ts": 2, "kind": "resume", "actor_id": "learner", "step": 4},
+              {"ts": 3, "kind": "launch", "actor_id": "b"},
+              {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9}]
     assert lost_timelines(events) == [(4, {"a"}), (9, {"a", "b"})]
 

@@ -7,9 +7,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
+from helpers import make_rollouts, rollout_bytes
 
 from echo2.data.rollouts import ROLLOUT_SCHEMA, InvalidRollouts, RolloutLimits, decode_rollouts, validate_rollouts
-from helpers import make_rollouts, rollout_bytes
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0))
@@ -83,7 +83,8 @@ LONG = [-0.5] * 9
     (dict(reward=3.0e38), "outside the task's range"),
     (dict(reward=-0.5), "outside the task's range"),
     (dict(completion_mask=[0, 0, 0]), "no token of the completion is the policy's"),
-    (dict(completion_token_ids=[4] * 9, behavior_logprobs=LONG, completion_mask=[1] * 9), "more than the run's limit 8"),
+    (dict(completion_token_ids=[4] * 9, behavior_logprobs=LONG, completion_mask=[1] * 9),
+     "more than the run's limit 8"),
     (dict(prompt_token_ids=[1] * 17), "more than 16"),
     (dict(sample_index=0), "sample_index is not 0..1"),
     (dict(prompt_id="p1"), "mixes completions of different prompt_ids"),

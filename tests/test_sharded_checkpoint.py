@@ -16,12 +16,13 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from safetensors.torch import load_file
+from sharded_checkpoint_run import tables
 from typer.testing import CliRunner
 
-from conftest import REPO
 from echo2.cli import app
 from echo2.config import TrainConfig
 from echo2.data import layout
@@ -29,11 +30,15 @@ from echo2.data.manifest import sign
 from echo2.data.run_folder import create_run
 from echo2.data.store import open_store
 from echo2.data.weights import CorruptWeights, publish_version, read_manifest
-from echo2.learner.checkpoint import (checkpoint_steps, load_checkpoint, newest_checkpoint, save_checkpoint,
-                                      verified_steps)
+from echo2.learner.checkpoint import (
+    checkpoint_steps,
+    load_checkpoint,
+    newest_checkpoint,
+    save_checkpoint,
+    verified_steps,
+)
 from echo2.learner.learner import Learner
 from echo2.learner.sharded import load_full, store_name
-from sharded_checkpoint_run import tables
 
 SCRIPT = str(REPO / "tests" / "sharded_checkpoint_run.py")
 ATOL = 1e-5
@@ -229,7 +234,8 @@ def test_the_manifest_is_written_last_a_crash_before_it_leaves_no_checkpoint(tin
     with pytest.raises(KeyboardInterrupt):
         _save(store, learner, key)
     leftovers = store.list(layout.checkpoint_dir(2) + "/")
-    assert any(k.endswith(".distcp") for k in leftovers) and layout.manifest_key(layout.checkpoint_dir(2)) not in leftovers
+    assert (any(k.endswith(".distcp") for k in leftovers)
+            and layout.manifest_key(layout.checkpoint_dir(2)) not in leftovers)
     assert checkpoint_steps(store) == [1]
     assert newest_checkpoint(store, key.public_key(), _restore(store, _learner(tiny_model))).step == 1
     monkeypatch.undo()

@@ -13,6 +13,7 @@ import logging
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import rollout_bytes
 from typer.testing import CliRunner
 
 from echo2.cli import app
@@ -27,7 +28,6 @@ from echo2.launch import resume_config
 from echo2.learner.checkpoint import checkpoint_steps, save_checkpoint
 from echo2.learner.run import LearnerRun
 from echo2.learner.sharded import save_sharded
-from helpers import rollout_bytes
 
 RUN = "r1"
 

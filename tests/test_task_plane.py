@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import commit_rollouts, rollout_bytes
 from transformers import AutoTokenizer
 
 from echo2.config import ArithmeticTaskConfig, ConfigError, load_config
@@ -17,7 +18,6 @@ from echo2.learner.verify import TaskVerifier
 from echo2.rollout.engines import SamplingParams
 from echo2.rollout.engines.transformers import TransformersEngine
 from echo2.tasks import make_task
-from helpers import commit_rollouts, rollout_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TASK_NAMES = ("arithmetic", "math", "poker")
@@ -26,7 +26,8 @@ MAX_NEW = 24
 
 def test_no_code_outside_the_task_plane_branches_on_a_task():
     """Only echo2/tasks/ (and the config schema that names them) may know which tasks exist."""
-    literal = re.compile(r"""(==|!=|\bin\b|case)\s*\(?\s*["'](arithmetic|math|poker)["']|["'](arithmetic|math|poker)["']\s*(==|!=)""")
+    literal = re.compile(r"""(==|!=|\bin\b|case)\s*\(?\s*["'](arithmetic|math|poker)["']"""
+                         r"""|["'](arithmetic|math|poker)["']\s*(==|!=)""")
     by_class = re.compile(r"\b(Arithmetic|Math|Poker)Task(Config)?\b")
     by_name = re.compile(r"task\.name\s*(==|!=|\bin\b)")
     offenders = []
@@ -84,7 +85,8 @@ def _limits(task, tok):
 def test_switching_task_is_a_config_change_only(name, engine_and_tokenizer):
     """The same actor and learner code for every task: the rollouts validate and re-score."""
     engine, tok = engine_and_tokenizer
-    task = make_task(load_config(None, [f"task.name={name}"] + (["task.starting_stack=40"] if name == "poker" else [])).task)
+    task = make_task(load_config(None, [f"task.name={name}"]
+                                 + (["task.starting_stack=40"] if name == "poker" else [])).task)
     table = validate_rollouts(decode_rollouts(rollout_bytes(1, rollouts=_rollouts(task, engine, tok))), run_id="run",
                               actor_id="a", expected_version=1, learner_version=1, limits=_limits(task, tok))
     TaskVerifier(task, tok, max_new_tokens=MAX_NEW).check(table)
@@ -93,7 +95,8 @@ def test_switching_task_is_a_config_change_only(name, engine_and_tokenizer):
 @pytest.mark.parametrize("name", ["math", "poker"])
 def test_tampered_rollouts_are_quarantined(name, engine_and_tokenizer, tmp_path):
     engine, tok = engine_and_tokenizer
-    task = make_task(load_config(None, [f"task.name={name}"] + (["task.starting_stack=40"] if name == "poker" else [])).task)
+    task = make_task(load_config(None, [f"task.name={name}"]
+                                 + (["task.starting_stack=40"] if name == "poker" else [])).task)
     honest = _rollouts(task, engine, tok, seed=1)
     lo, hi = task.reward_range
     wrong_reward = [dataclasses.replace(r, reward=hi if r.reward < hi else lo) for r in honest]
@@ -114,7 +117,8 @@ def test_tampered_rollouts_are_quarantined(name, engine_and_tokenizer, tmp_path)
     store = open_store(str(tmp_path))
     # one actor per file (in key order): a dishonest file bans its actor, and the honest one must be another
     actors = {"reward": "a1-reward", "prompt": "a2-prompt", "injected": "a3-injected", "honest": "a4-honest"}
-    keys = {kind: commit_rollouts(store, 1, 0, actor=actors[kind], data=rollout_bytes(1, rollouts=rows, actor=actors[kind]))
+    keys = {kind: commit_rollouts(store, 1, 0, actor=actors[kind],
+                                  data=rollout_bytes(1, rollouts=rows, actor=actors[kind]))
             for kind, rows in [("reward", wrong_reward), ("prompt", never_issued), ("injected", injected),
                                ("honest", honest)]}
     col = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=2, limits=_limits(task, tok),

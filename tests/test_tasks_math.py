@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import commit_rollouts, rollout_bytes
 
 from echo2.config import ConfigError, load_config
 from echo2.data.rollouts import Rollout, RolloutLimits
@@ -19,7 +20,6 @@ from echo2.tasks.base import GradingBudgetExceeded
 from echo2.tasks.math_data import MathDataError, gold_answer, last_boxed, load_rows
 from echo2.tasks.math_grader import Grade, MathGrader, reply_expression
 from echo2.tasks.word_problems import word_problem
-from helpers import commit_rollouts, rollout_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

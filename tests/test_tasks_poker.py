@@ -238,12 +238,13 @@ def test_a_checkpoint_opponent_at_a_near_tie_sets_the_file_aside_not_its_actor(t
     """The actor's frozen opponent calls at an exact tie, the learner's copy folds there: the replay parts from
     the file. After a near tie that is no lie: quarantined, the actor not banned; with ``tie_margin: 0`` (no
     decision counts as a near tie) the same file bans its actor, as every divergence did before."""
+    from helpers import commit_rollouts, rollout_bytes
+
     from echo2.data import layout
     from echo2.data.rollouts import Rollout, RolloutLimits
     from echo2.data.store import open_store
     from echo2.learner.collector import RolloutCollector
     from echo2.learner.verify import TaskVerifier
-    from helpers import commit_rollouts, rollout_bytes
 
     on_actor = _torn_policy(tiny_model, tmp_path / "actor-copy", 0.0)
     on_learner = _torn_policy(tiny_model, tmp_path / "learner-copy", 1e-3)

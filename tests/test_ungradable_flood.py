@@ -10,6 +10,8 @@ reply, and what it raises on a timeout, ``Ungradable``, is all the collector see
 
 from __future__ import annotations
 
+from helpers import commit_rollouts
+
 from echo2.config import config_from_dict
 from echo2.data import layout
 from echo2.data.rollouts import RolloutLimits
@@ -17,7 +19,6 @@ from echo2.data.store import open_store
 from echo2.learner.collector import RolloutCollector
 from echo2.learner.verify import TaskVerifier
 from echo2.tasks.base import Problem, Ungradable
-from helpers import commit_rollouts
 
 LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                        reward_range=(0.0, 1.0), max_groups=2)

@@ -13,13 +13,13 @@ import logging
 import torch
 from botocore.exceptions import ClientError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from helpers import put_glacier
 
 from echo2.data import layout
 from echo2.data.run_folder import orphan_after
 from echo2.data.store import is_unreadable_object
 from echo2.learner.checkpoint import checkpoint_weights, newest_checkpoint, save_checkpoint, verified_steps
 from echo2.learner.sharded import save_sharded, store_name
-from helpers import put_glacier
 
 
 def save(store, step: int, key: Ed25519PrivateKey, fill: float = 1.0) -> None:

@@ -17,18 +17,18 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+from relay_helpers import env_of_a_launched_actor
+from relay_helpers import poll_until as _poll_until
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.config import BroadcastConfig, Config
 from echo2.data import layout
 from echo2.data.manifest import ManifestRejected, check_manifest, chunk_hashes, sign
-from echo2.data.run_folder import create_run
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV, RelayAuth, TokenRefused, mint
+from echo2.data.run_folder import create_run
 from echo2.data.run_key import KEY_ENV, public_key_of, run_key
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version, sha256, write_weights
-
-from relay_helpers import env_of_a_launched_actor, poll_until as _poll_until
 
 
 def _seed(key: Ed25519PrivateKey) -> str:
@@ -69,7 +69,8 @@ def _relay(a: PolicyReceiver, b: PolicyReceiver) -> dict:
 def _chunk_status(url: str, token: str, version: int) -> int:
     async def get():
         async with aiohttp.ClientSession() as s:
-            async with s.get(f"{url}/v1/versions/{version}/chunks/0", headers={"Authorization": f"Bearer {token}"}) as r:
+            async with s.get(f"{url}/v1/versions/{version}/chunks/0",
+                             headers={"Authorization": f"Bearer {token}"}) as r:
                 return r.status
 
     return asyncio.run(get())
@@ -188,8 +189,9 @@ def test_a_revoked_actor_is_refused_by_peers_from_the_version_that_revokes_it(ru
 
 
 def test_the_fleet_revokes_every_actor_that_ended_or_was_retired(tmp_path):
-    from echo2.fleet.backends.base import ActorState, ActorStatus
     from test_fleet import FakeCloud, manager
+
+    from echo2.fleet.backends.base import ActorState, ActorStatus
 
     cloud = FakeCloud()
     fleet, _ = manager(tmp_path, cloud, actors=2)
