@@ -323,3 +323,30 @@ def test_a_local_actor_gets_only_the_environment_it_needs(tmp_path, monkeypatch,
     assert env["HF_HUB_OFFLINE"] == "1" and env["OMP_NUM_THREADS"] == "1" and env["ECHO2_TEST_TAG"] == "env-test"
     assert json_.loads(env["ECHO2_STORE_OPTIONS"]) == {"endpoint_url": "http://127.0.0.1:9"}
     assert env[RELAY_TOKEN_ENV] and env[RELAY_TLS_ENV]  # its own secrets, through its environment
+
+
+def test_a_fleet_that_fits_no_offer_stops_before_its_backend_starts_anything(tmp_path, monkeypatch):
+    """``make_fleet`` asks the backend for its offers before anything of it runs: a local fleet priced as an
+    offer the catalog does not have stops with no reclaim injector started; a fitting one starts it in
+    ``start``, not when it is built."""
+    import threading
+
+    from echo2.errors import Echo2InputError
+
+    def injectors():
+        return [t for t in threading.enumerate() if t.name == "echo2-reclaim-injector"]
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    store = FsspecStore(str(tmp_path / "run"), {})
+    before = len(injectors())
+    with pytest.raises(Echo2InputError, match="fleet.price_as: no offer"):
+        make_fleet(LocalFleetConfig(reclaim_rate=60.0, price_as="nowhere/none@void:spot"), store, store_options={},
+                   log_dir=tmp_path / "logs", run_key=run_key("r", create=True))
+    assert len(injectors()) == before
+    fleet = make_fleet(LocalFleetConfig(reclaim_rate=60.0), store, store_options={}, log_dir=tmp_path / "logs",
+                       run_key=run_key("r", create=True), actor_command=SLEEPER)
+    assert len(injectors()) == before and fleet.backend.manager_options() == {}
+    fleet.start()
+    assert len(injectors()) == before + 1
+    fleet.stop()
+    assert len(injectors()) == before

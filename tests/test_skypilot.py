@@ -434,6 +434,31 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     fleet.stop()
 
 
+def test_a_skypilot_fleet_that_fits_no_offer_stages_nothing(tmp_path, monkeypatch):
+    """``make_fleet`` asks the backend for its offers before it stages echo2's source (``start`` does that):
+    a model no offer fits stops the run with nothing staged, and a fitting fleet stages nothing until it starts."""
+    from echo2.data.run_key import run_key
+    from echo2.errors import Echo2InputError
+    from echo2.fleet.manager import make_fleet
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no credential file that would travel anyway
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    staged = []
+    monkeypatch.setattr(skypilot_trust, "stage_actor_source", lambda: staged.append(1) or tmp_path / "staged")
+    store = FsspecStore(str(tmp_path / "run"), {})
+    config = SkyPilotFleetConfig(providers=["aws"], aws_node_profile="echo2-actor-node")
+    with pytest.raises(Echo2InputError, match="fits a 100000B model"):
+        make_fleet(config, store, store_options={}, log_dir=tmp_path, run_key=run_key(RUN, create=True),
+                   run_id=RUN, model_params_b=100_000)
+    fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path, run_key=run_key(RUN, create=True),
+                       run_id=RUN, model_params_b=0.135)
+    assert fleet.offers and not staged and fleet.backend.workdir is None
+    fleet.backend.start()
+    fleet.backend.start()
+    assert staged == [1] and fleet.backend.workdir == tmp_path / "staged"
+    fleet.stop()
+
+
 @pytest.mark.e2e
 def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp_path):
     """Real SkyPilot end to end short of provisioning: its API server (started, then stopped again),

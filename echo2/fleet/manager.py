@@ -1,7 +1,8 @@
 """The fleet manager: desired against actual, for every backend.
 
-    start: after a --resume, stop what the previous learner's ledger launched and never saw end
-           (a SkyPilot cluster outlives its learner); then launch the desired number of actors
+    start: start the backend (its threads, its staged files); after a --resume, stop what the previous
+           learner's ledger launched and never saw end (a SkyPilot cluster outlives its learner); then launch
+           the desired number of actors
     every reconcile (between learner steps, and while the learner waits for rollouts):
         poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
             backend tears down what is left of it) and replaced (a crash counts against
@@ -32,14 +33,12 @@ to bill the run. The flow only talks to this class; a new backend does not touch
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -58,6 +57,7 @@ from echo2.fleet.backends import (
     CapacityError,
     FleetApiError,
     FleetBackend,
+    LaunchContext,
     Offer,
     make_backend,
 )
@@ -71,8 +71,6 @@ class FleetFailed(RuntimeError):
     with the actor's code or environment, and replacing it again would only burn money."""
 
 
-LOCAL_TOKEN_S = 30 * 86400.0
-"""Lifetime of a local actor's relay token: it dies with the learner; revocation covers the rest."""
 CREDENTIAL_MARGIN_S = 600.0
 """An actor is replaced this long before its scoped credentials expire (a fresh actor gets fresh ones)."""
 ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "terminated"})
@@ -124,6 +122,7 @@ class FleetManager:
 
     # -- desired against actual ------------------------------------------------------------
     def start(self) -> None:
+        self.backend.start()
         self._release_leftovers()
         self._fill()
 
@@ -353,29 +352,14 @@ class FleetManager:
             log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
 
 
-CREDENTIAL_OPTION_NAMES = ("key", "secret", "token", "password", "credential", "access_key", "session")
-"""Store options that look like credentials never travel to a remote actor (they get scoped ones)."""
-
-
-def public_store_options(options: dict) -> dict:
-    """``store.options`` without anything secret-looking, at any depth (``client_kwargs`` too)."""
-    out = {}
-    for k, v in options.items():
-        if any(word in str(k).lower() for word in CREDENTIAL_OPTION_NAMES):
-            continue
-        out[k] = public_store_options(v) if isinstance(v, dict) else v
-    return out
-
-
 def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
                run_key: Ed25519PrivateKey, seed: int = 0, actor_command: list[str] | None = None,
                run_id: str | None = None, model_params_b: float | None = None) -> FleetManager:
     """The configured backend behind a manager. ``actor_command`` replaces ``python -m echo2.cli
     actor`` (the overlap benchmark's timing workload); ``--run``, ``--actor-id`` and
     ``--parent-pid`` are appended to it. ``run_id`` and ``model_params_b`` (the policy's size, which
-    decides the GPUs it fits and their speed) are what a cloud backend needs beside."""
-    from echo2.fleet.offers import local_offers, skypilot_offers
-
+    decides the GPUs it fits and their speed) are what a cloud backend needs beside. The backend answers
+    for its offers, its actors' launches and its manager options (``FleetBackend``): nothing here names one."""
     # each actor gets its own relay token, signed with the learner's key (never the key itself), and its
     # own relay certificate and key from the run's CA (data/relay_certs.py), valid as long as the token;
     # secrets go through the backend's secret channel (local processes: their environment; SkyPilot:
@@ -387,41 +371,11 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
         return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at),
                 RELAY_TLS_ENV: relay_ca.issue(actor_id, expires_at)}
 
-    # the offers before the backend: a fleet that fits no offer stops here, before a backend has started its
-    # threads (the reclaim injector) or staged a workdir (SkyPilot)
-    if config.backend == "skypilot":
-        offers = skypilot_offers(config, model_params_b if model_params_b is not None else 1.0)
-    else:
-        offers = local_offers(config)
+    launch = LaunchContext(store_url=store.url, store_options=store_options, relay_secrets=relay_secrets,
+                           run_id=run_id, actor_command=actor_command)
     backend = make_backend(config, run_id=run_id, log_dir=log_dir, seed=seed)
-
-    if config.backend == "skypilot":
-        from echo2.fleet.credentials import mint_actor_credentials
-
-        env = {"ECHO2_STORE_OPTIONS": json.dumps(public_store_options(store_options))}
-
-        def launch_spec(actor_id: str, offer: Offer) -> ActorLaunch:
-            expires, secrets_ = time.time() + config.credentials_hours * 3600, {}
-            if config.credentials_role_arn:
-                creds = mint_actor_credentials(store.url, run_id, actor_id, role_arn=config.credentials_role_arn,
-                                               hours=config.credentials_hours, sts_endpoint_url=config.sts_endpoint_url)
-                secrets_.update(creds.env)
-                expires = min(expires, creds.expires_at.timestamp())
-            # both stop working together: the actor is replaced before
-            secrets_.update(relay_secrets(actor_id, expires))
-            return ActorLaunch(actor_id=actor_id, run_url=store.url, command=["echo2", "actor"], env=env,
-                               secrets=secrets_, offer=offer, expires_at=expires)
-
-        return FleetManager(backend, config, store, launch_spec=launch_spec, offers=offers,
-                            alternatives=config.any_of - 1, unavailable_retry_s=config.unavailable_retry_s)
-
-    command = actor_command or [config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
-
-    def local_spec(actor_id: str, offer: Offer) -> ActorLaunch:
-        return ActorLaunch(actor_id=actor_id, run_url=store.url,
-                           command=[*command, "--run", store.url, "--actor-id", actor_id,
-                                    "--parent-pid", str(os.getpid())],
-                           env={"ECHO2_STORE_OPTIONS": json.dumps(store_options)}, offer=offer,
-                           secrets=relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
-
-    return FleetManager(backend, config, store, launch_spec=local_spec, offers=offers)
+    # the offers before the backend starts: a fleet that fits no offer stops here, before a backend has started
+    # its threads (the reclaim injector) or staged a workdir (SkyPilot); both wait for FleetManager.start
+    offers = backend.offers(model_params_b)
+    return FleetManager(backend, config, store, launch_spec=partial(backend.launch_spec, launch=launch),
+                        offers=offers, **backend.manager_options())

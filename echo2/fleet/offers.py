@@ -7,6 +7,8 @@
   rates ``echo2 plan`` and ``echo2 bench cost`` use), each carrying its expected tokens/s. The manager
   tries them cheapest per expected token/s first, and names the interchangeable ones (same GPU type and
   count elsewhere) as SkyPilot any_of alternatives of each launch.
+
+Each backend's ``offers`` (``echo2/fleet/backends/``) answers with its function here.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ What NO_UPLOAD does not change: the identity SkyPilot gives the VM itself. On AW
 (storage.admin, compute.admin), which 0.14 cannot replace (GCP's ``remote_identity`` takes no name).
 So AWS without the node profile (``infra/iam/actor-node-policy.json``) and GCP are refused
 (``SkyPilotFleetConfig.broad_vm_identity``) unless ``allow_broad_vm_identity`` voids the boundary.
+
+The store options an actor is sent leave out whatever looks like a credential (``public_store_options``):
+it gets its own scoped, expiring ones.
 """
 
 from __future__ import annotations
@@ -137,3 +140,16 @@ def remove_staged(path: Path | None) -> None:
     if path is not None and path.name.startswith("echo2-actor-source-"):
         shutil.rmtree(path, ignore_errors=True)
 
+
+CREDENTIAL_OPTION_NAMES = ("key", "secret", "token", "password", "credential", "access_key", "session")
+"""Store options that look like credentials never travel to a remote actor (they get scoped ones)."""
+
+
+def public_store_options(options: dict) -> dict:
+    """``store.options`` without anything secret-looking, at any depth (``client_kwargs`` too)."""
+    out = {}
+    for k, v in options.items():
+        if any(word in str(k).lower() for word in CREDENTIAL_OPTION_NAMES):
+            continue
+        out[k] = public_store_options(v) if isinstance(v, dict) else v
+    return out

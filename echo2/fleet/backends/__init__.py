@@ -1,9 +1,10 @@
 """Fleet backends: where actors run. ``make_backend`` builds the one ``fleet.backend`` names.
 
-* ``base.py``: the ``FleetBackend`` interface (launch one actor, poll it, terminate it), what it is given
-  (``ActorLaunch``, ``Offer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
+* ``base.py``: the ``FleetBackend`` interface (the offers its actors may run on, one actor's launch spec,
+  launch it, poll it, terminate it), what it is given (``LaunchContext``: what the run gives every backend;
+  ``ActorLaunch``, ``Offer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
   ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
-  (``echo2/fleet/manager.py``), the same for every backend.
+  (``echo2/fleet/manager.py``), the same for every backend; ``make_fleet`` there names no backend.
 * ``local.py`` (``fleet.backend: local``): OS processes on this machine, with a reclaim injector.
 * ``skypilot.py`` (``fleet.backend: skypilot``): one SkyPilot cluster per actor, spot GPUs across clouds.
 
@@ -19,9 +20,10 @@ Adding a backend is three steps, as for tasks, engines and price sources:
    ``backend: Literal["name"]`` and its own fields, added to the ``FleetConfig`` union (and to
    ``FleetConfigBase.backend``'s names);
 2. one file here, ``echo2/fleet/backends/<name>.py``, a ``FleetBackend`` that imports the interface from
-   ``base.py``, never from here;
-3. one branch in ``make_backend`` below, from its config class to its backend (and, where its actors need
-   another launch spec or offers than the local ones, its branch in ``manager.make_fleet``).
+   ``base.py``, never from here: its ``launch``, ``poll`` and ``terminate``, its ``offers`` and
+   ``launch_spec``, and where it needs them ``manager_options`` and ``start`` (its constructor starts
+   nothing: ``make_fleet`` asks for the offers before ``start``);
+3. one branch in ``make_backend`` below, from its config class to its backend.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from echo2.fleet.backends.base import (
     CapacityError,
     FleetApiError,
     FleetBackend,
+    LaunchContext,
     Offer,
 )
 
@@ -54,5 +57,5 @@ def make_backend(config: FleetConfig, *, run_id: str, log_dir: Path, seed: int =
     raise ValueError(f"no fleet backend for config {type(config).__name__}")
 
 
-__all__ = ["ActorLaunch", "ActorState", "ActorStatus", "CapacityError", "FleetApiError", "FleetBackend", "Offer",
-           "make_backend"]
+__all__ = ["ActorLaunch", "ActorState", "ActorStatus", "CapacityError", "FleetApiError", "FleetBackend",
+           "LaunchContext", "Offer", "make_backend"]

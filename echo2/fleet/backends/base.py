@@ -1,6 +1,7 @@
 """The ``FleetBackend`` interface: what differs between places actors run.
 
-A backend launches one actor from an ``ActorLaunch``, tells its state, and terminates it. Desired
+A backend names the offers its actors may run on, builds one actor's launch (``ActorLaunch``) from what the
+run gives every backend (``LaunchContext``), launches it, tells its state, and terminates it. Desired
 against actual (how many, which offer, replacing the reclaimed, the budget, the ledger events) is
 the manager's (``echo2/fleet/manager.py``), the same for every backend, so a new cloud is one file beside this
 one (the steps are in ``__init__.py``).
@@ -11,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,23 @@ class ActorLaunch:
     """When the actor's scoped credentials stop working (epoch seconds): the manager replaces it before."""
 
 
+@dataclass(frozen=True)
+class LaunchContext:
+    """What the run gives every backend to build its actors' launches (``FleetBackend.launch_spec``)."""
+
+    store_url: str
+    """The run's store: where the actor reads versions and commits rollouts (``--run``)."""
+    store_options: dict
+    """The run's ``store.options`` as configured, credentials included: a backend passes on only what its
+    actors may hold (a remote actor gets scoped credentials instead)."""
+    relay_secrets: Callable[[str, float], dict[str, str]]
+    """``relay_secrets(actor_id, expires_at)``: the actor's own relay token, certificate and key, valid until
+    ``expires_at``, for its launch's ``secrets`` (never argv or the store)."""
+    run_id: str
+    actor_command: list[str] | None = None
+    """Replaces ``python -m echo2.cli actor`` for local actors (the overlap benchmark's timing workload)."""
+
+
 class ActorState(str, Enum):
     STARTING = "starting"
     RUNNING = "running"
@@ -116,7 +135,29 @@ class FleetApiError(RuntimeError):
 
 
 class FleetBackend(ABC):
+    """Constructing a backend starts nothing (no thread, no staged file): ``make_fleet`` asks it for its
+    ``offers`` first, and a fleet that fits none stops there with nothing to undo. What it runs starts in
+    ``start``."""
+
     name: str
+
+    def offers(self, model_params_b: float | None) -> list[Offer] | None:
+        """The offers its actors may run on, for a policy of ``model_params_b`` billion parameters; None: this
+        machine, free. Raises ``Echo2InputError`` when none fits."""
+        return None
+
+    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+        """What ``launch`` is given for the actor ``actor_id`` on ``offer``: its command, its plain environment,
+        its secrets (relay, and any credentials it mints), when they expire."""
+        raise NotImplementedError(f"the {self.name} backend builds no launch spec (make_fleet needs one)")
+
+    def manager_options(self) -> dict:
+        """``FleetManager`` keyword arguments of this backend (``alternatives``, ``unavailable_retry_s``)."""
+        return {}
+
+    def start(self) -> None:
+        """Start what the backend runs beside its actors (threads, staged files); once, whoever calls first:
+        ``FleetManager.start``, or ``launch`` for a backend driven without a manager."""
 
     @abstractmethod
     def launch(self, spec: ActorLaunch) -> dict:

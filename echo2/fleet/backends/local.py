@@ -19,12 +19,18 @@ per minute; each reclaim takes one running actor, and with probability ``reclaim
 other running actor at the same moment too (spot pools are reclaimed in bursts). A reclaimed actor
 gets SIGTERM (the notice: it stops taking work and commits or drops its batch), then SIGKILL after
 ``notice_s`` if it is still there. ``poll`` reports it as reclaimed, whatever its exit code, and
-the manager replaces it.
+the manager replaces it. The injector starts with the backend (``start``), not when it is built.
+
+Offers: this machine, free, or every actor priced as one catalog offer (``fleet.price_as``,
+``echo2/fleet/offers.py``). Launch: ``python -m echo2.cli actor --run ... --actor-id ... --parent-pid ...``
+under ``fleet.actor_python`` (or the run's ``actor_command``), the store options in its environment (the
+learner's own store, on its own machine) and its relay secrets, valid ``LOCAL_TOKEN_S``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import random
@@ -32,12 +38,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
-from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetBackend
+from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetBackend, LaunchContext, Offer
+from echo2.fleet.offers import local_offers
 
 log = logging.getLogger("echo2.fleet")
+
+LOCAL_TOKEN_S = 30 * 86400.0
+"""Lifetime of a local actor's relay token: it dies with the learner; revocation covers the rest."""
 
 ACTOR_ENV_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP",
@@ -90,14 +101,29 @@ class LocalBackend(FleetBackend):
         self.reclaimed: set[str] = set()
         self._offsets: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.seed = seed
         self._stop = threading.Event()
         self._injector: threading.Thread | None = None
-        if config.reclaim_rate > 0:
-            self._injector = threading.Thread(target=self._reclaim_loop, args=(random.Random(seed),),
+
+    def offers(self, model_params_b: float | None) -> list[Offer] | None:
+        return local_offers(self.config)
+
+    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+        command = launch.actor_command or [self.config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
+        return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
+                           command=[*command, "--run", launch.store_url, "--actor-id", actor_id,
+                                    "--parent-pid", str(os.getpid())],
+                           env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options)}, offer=offer,
+                           secrets=launch.relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
+
+    def start(self) -> None:
+        if self.config.reclaim_rate > 0 and self._injector is None:
+            self._injector = threading.Thread(target=self._reclaim_loop, args=(random.Random(self.seed),),
                                               name="echo2-reclaim-injector", daemon=True)
             self._injector.start()
 
     def launch(self, spec: ActorLaunch) -> dict:
+        self.start()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.actor_id}.log"
         env = actor_environment(dict(os.environ), spec)

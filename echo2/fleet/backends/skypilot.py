@@ -1,5 +1,15 @@
 """SkyPilot backend: one SkyPilot cluster per actor, spot GPUs across clouds, through SkyPilot's Python SDK.
 
+    offers(model_params_b)  the catalog offers SkyPilot launches on that fit the model, each with its expected
+                            tokens/s (``echo2/fleet/offers.py``); the manager names up to ``any_of - 1``
+                            interchangeable ones beside each launch's (``manager_options``)
+    launch_spec(actor)      ``echo2 actor``, the store options without anything secret-looking
+                            (``skypilot_trust.public_store_options``), and as secrets the actor's relay token
+                            and certificate and, with ``fleet.credentials_role_arn``, its scoped store
+                            credentials (``fleet/credentials.py``): all expire together, and the manager
+                            replaces the actor before
+    start()                 stages echo2's source as the actors' workdir (nothing is staged before: a fleet
+                            that fits no offer stops with nothing to remove)
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
@@ -50,6 +60,7 @@ so a run id is folded into ``run_label`` and the same fold finds the clusters ag
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -65,7 +76,16 @@ import yaml
 from echo2 import shipped
 from echo2.config import SkyPilotFleetConfig
 from echo2.fleet import skypilot_trust
-from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetApiError, FleetBackend, Offer
+from echo2.fleet.backends.base import (
+    ActorLaunch,
+    ActorState,
+    ActorStatus,
+    FleetApiError,
+    FleetBackend,
+    LaunchContext,
+    Offer,
+)
+from echo2.fleet.offers import skypilot_offers
 from echo2.fleet.reclaims import cloud_end_reason
 from echo2.fleet.skypilot_api import Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable, SkySdk, import_sky  # noqa: F401
 
@@ -249,8 +269,8 @@ class SkyPilotBackend(FleetBackend):
         self.end_reason = end_reason or cloud_end_reason
         self.task_config = task_config if task_config is not None else load_task_config(config.task_file)
         _refuse_uploads(self.task_config)
-        self.workdir = skypilot_trust.stage_actor_source()
-        """What every actor's ``workdir`` uploads: echo2's source, staged alone (removed by ``close``)."""
+        self.workdir: Path | None = None
+        """What every actor's ``workdir`` uploads: echo2's source, staged alone by ``start`` (removed by ``close``)."""
         self.retry_wait_s = 1.0
         """First wait between tries of a failed status request (doubling, at most 10 s)."""
         self.actors: dict[str, _Actor] = {}
@@ -262,7 +282,35 @@ class SkyPilotBackend(FleetBackend):
         self._refreshed_at = 0.0
         self._lock = threading.Lock()
 
+    def offers(self, model_params_b: float | None) -> list[Offer]:
+        return skypilot_offers(self.config, model_params_b if model_params_b is not None else 1.0)
+
+    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+        from echo2.fleet.credentials import mint_actor_credentials
+
+        config = self.config
+        expires, secrets = time.time() + config.credentials_hours * 3600, {}
+        if config.credentials_role_arn:
+            creds = mint_actor_credentials(launch.store_url, launch.run_id, actor_id,
+                                           role_arn=config.credentials_role_arn, hours=config.credentials_hours,
+                                           sts_endpoint_url=config.sts_endpoint_url)
+            secrets.update(creds.env)
+            expires = min(expires, creds.expires_at.timestamp())
+        # both stop working together: the actor is replaced before
+        secrets.update(launch.relay_secrets(actor_id, expires))
+        env = {"ECHO2_STORE_OPTIONS": json.dumps(skypilot_trust.public_store_options(launch.store_options))}
+        return ActorLaunch(actor_id=actor_id, run_url=launch.store_url, command=["echo2", "actor"], env=env,
+                           secrets=secrets, offer=offer, expires_at=expires)
+
+    def manager_options(self) -> dict:
+        return {"alternatives": self.config.any_of - 1, "unavailable_retry_s": self.config.unavailable_retry_s}
+
+    def start(self) -> None:
+        if self.workdir is None:
+            self.workdir = skypilot_trust.stage_actor_source()
+
     def launch(self, spec: ActorLaunch) -> dict:
+        self.start()
         task = build_task(spec, self.config, run_id=self.run_id, workdir=self.workdir, task_config=self.task_config)
         name = cluster_name(self.run_id, spec.actor_id)
         down_requested = threading.Event()
