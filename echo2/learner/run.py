@@ -183,11 +183,17 @@ class LearnerRun:
         """One optimizer step on ``selection``; publish and checkpoint on schedule; returns metrics."""
         cfg = self.config.train
         t0 = time.time()
-        metrics = self.learner.train_step(selection.tables)
-        failpoint("step")
-        if metrics["nonfinite"]:
-            self._quarantine_step(selection)
-        self.collector.settle(selection)
+        before = self.learner.version
+        try:
+            metrics = self.learner.train_step(selection.tables)
+            failpoint("step")
+            if metrics["nonfinite"]:
+                self._quarantine_step(selection)
+        finally:
+            # settled as soon as the version moved: an interrupt landing after the optimizer step would otherwise
+            # checkpoint step N (``interrupted``) without its files, and the resumed run would use them again
+            if self.learner.version > before:
+                self.collector.settle(selection)
         metrics.update(wait_seconds=selection.waited_s, list_seconds=selection.list_seconds,
                        dropped_stale=len(selection.dropped),
                        quarantined=len(selection.quarantined), time=time.time())
