@@ -20,10 +20,11 @@ from echo2.data.store import open_store
 from echo2.learner.collector import Selection
 from echo2.learner.run import LearnerRun
 
-RUN = "r1"
+RUN = "interrupted-step"
 
 
 def test_an_interrupt_after_the_optimizer_step_checkpoints_its_files_as_settled(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))  # the run's key stays this test's own
     config = config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 2, "max_new_tokens": 4},
