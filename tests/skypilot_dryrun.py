@@ -59,13 +59,13 @@ def main(root: Path) -> None:
     import sky
 
     from echo2.config import SkyPilotFleetConfig
-    from echo2.fleet.backends.base import ActorLaunch, Offer
+    from echo2.fleet.backends.base import ActorLaunch, ActorOffer
     from echo2.fleet.backends.skypilot import build_task
-    from echo2.fleet.skypilot_trust import launch_config, remove_staged, stage_actor_source
+    from echo2.fleet.backends.skypilot_trust import launch_config, remove_staged, stage_actor_source
 
-    east = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
+    east = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
                  usd_per_hour=0.31)
-    west = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
+    west = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
                  usd_per_hour=0.28)
     spec = ActorLaunch("actor0-abc123", "s3://bucket/runs/r1", ["echo2", "actor"], env={"ECHO2_STORE_OPTIONS": "{}"},
                        secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": "e2rc1." + SECRET},

@@ -1,4 +1,4 @@
-"""Cost-aware activation (echo2/fleet/activation.py) and `echo2 bench cost`: optimality against brute
+"""Cost-aware activation (echo2/fleet/sizing/activation.py) and `echo2 bench cost`: optimality against brute
 force, the reclaim over-provisioning, caps and budget, the baseline, the full catalog, the CLI contract."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.activation import (
+from echo2.fleet.prices.catalog import Offer, Profile, load_profiles
+from echo2.fleet.prices.snapshot import SnapshotPrices
+from echo2.fleet.sizing.activation import (
     Candidate,
     activate,
     baseline,
@@ -25,10 +27,8 @@ from echo2.fleet.activation import (
     reduce,
     target_groups_per_second,
 )
-from echo2.fleet.capacity import Workload, required_throughput
-from echo2.fleet.plan import cover_search
-from echo2.fleet.price_sources.snapshot import SnapshotPrices
-from echo2.fleet.prices import Offer, Profile, load_profiles
+from echo2.fleet.sizing.capacity import Workload, required_throughput
+from echo2.fleet.sizing.cover import cover_search
 
 
 def _offer(i: int, provider="p", gpu="G", count=1, memory=80.0) -> Offer:

@@ -13,7 +13,7 @@ from echo2.config import load_config
 from echo2.data import layout
 from echo2.data.rollouts import RolloutLimits, decode_rollouts, encode_rollouts
 from echo2.data.store import open_store
-from echo2.fleet.autosize import auto_fleet_size
+from echo2.fleet.sizing.autosize import auto_fleet_size
 from echo2.learner.collector import RolloutCollector
 
 YEAR_146000_US = 4_545_000_000_000_000_000

@@ -1,10 +1,10 @@
-"""The capacity model on hand-computed cases (fleet/capacity.py) and its fit from a run (fleet/fit.py)."""
+"""The capacity model on hand-computed cases (fleet/sizing/capacity.py) and its fit from a run (fleet/sizing/fit.py)."""
 
 import math
 
 import pytest
 
-from echo2.fleet.capacity import (
+from echo2.fleet.sizing.capacity import (
     Workload,
     closed_form_step_seconds,
     fill_seconds,

@@ -348,7 +348,7 @@ def test_synchronous_run_generates_nothing_that_is_thrown_away(tiny_model, tmp_p
     final = json.loads((run / "ledger" / "consumed" / "final.json").read_text())
     assert len(final["dropped"]) <= 1  # at most the batch of the last version, started as the run ended
     # what the run recorded fits the capacity model's inputs (echo2 plan --from-run)
-    from echo2.fleet.fit import fit_run, open_run
+    from echo2.fleet.sizing.fit import fit_run, open_run
 
     fit = fit_run(open_run(str(run)), skip_steps=1)
     assert fit.workload.staleness == 0 and fit.measured_lag == {0: 1.0} and len(fit.batch_seconds) == 1

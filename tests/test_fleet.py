@@ -12,7 +12,7 @@ from echo2.config import LocalFleetConfig
 from echo2.data.ledger import read_events
 from echo2.data.run_key import run_key
 from echo2.data.store.fsspec_store import FsspecStore
-from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, CapacityError, FleetBackend, Offer
+from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState, ActorStatus, CapacityError, FleetBackend
 from echo2.fleet.costs import fleet_usd
 from echo2.fleet.manager import FleetFailed, FleetManager, make_fleet
 
@@ -45,10 +45,10 @@ class FakeCloud(FleetBackend):
         self.terminated.append(actor_id)
 
 
-OFFERS = [Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
-                usd_per_hour=0.30, on_demand_usd_per_hour=0.80),
-          Offer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_count=1, region="us-central1", spot=True,
-                usd_per_hour=0.22, on_demand_usd_per_hour=0.71)]
+OFFERS = [ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
+                     usd_per_hour=0.30, on_demand_usd_per_hour=0.80),
+          ActorOffer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_count=1, region="us-central1",
+                     spot=True, usd_per_hour=0.22, on_demand_usd_per_hour=0.71)]
 
 
 def manager(tmp_path, backend, **fleet):
@@ -151,7 +151,7 @@ def test_an_actor_whose_credentials_expire_is_replaced_before_they_do(tmp_path):
 def test_an_ended_actor_is_released_and_a_launch_names_interchangeable_offers_within_budget(tmp_path):
     cloud = FakeCloud()
     store = FsspecStore(str(tmp_path / "run"), {})
-    dear = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="eu-west-1", spot=True,
+    dear = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="eu-west-1", spot=True,
                  usd_per_hour=0.9, on_demand_usd_per_hour=1.2)
     spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
     fleet = FleetManager(cloud, LocalFleetConfig(actors=1, max_usd_per_hour=0.5), store, launch_spec=spec,

@@ -1,4 +1,4 @@
-"""The cost-aware planner (echo2/fleet/plan.py, prices.py) and `echo2 plan`: known answers on a
+"""The cost-aware planner (echo2/fleet/sizing/plan.py, prices.py) and `echo2 plan`: known answers on a
 hand-made catalog, optimality against brute force, the reclaim simulation, the CLI's contract."""
 
 from __future__ import annotations
@@ -14,9 +14,17 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import Workload
-from echo2.fleet.plan import WorkerType, cheapest_mix, meets, plan, simulate_reclaims, tokens_per_batch, worker_types
-from echo2.fleet.prices import DEFAULT_CATALOG, Offer, load_catalog, load_profiles, profile_for
+from echo2.fleet.prices.catalog import DEFAULT_CATALOG, Offer, load_catalog, load_profiles, profile_for
+from echo2.fleet.sizing.capacity import Workload
+from echo2.fleet.sizing.plan import (
+    WorkerType,
+    cheapest_mix,
+    meets,
+    plan,
+    simulate_reclaims,
+    tokens_per_batch,
+    worker_types,
+)
 
 HEADER = ("provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,"
           "on_demand_usd_per_hour,spot_usd_per_hour\n")
@@ -195,7 +203,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, words):
 def test_cli_from_run_compares_predicted_with_measured(tmp_path, files):
     """A real tiny run (the overlap benchmark's timing workload: real learner loop and actor
     processes), then `echo2 plan --from-run` on its folder: the fit's numbers, and a plan."""
-    pytest.importorskip("echo2.fleet.fit")
+    pytest.importorskip("echo2.fleet.sizing.fit")
     overlap = pytest.importorskip("echo2.bench.overlap")
     settings = overlap.Settings(train_seconds=0.3, batch_seconds=0.1, ballast_mb=0.5, warmup_steps=2, measured_steps=3)
     [r] = overlap.run_overlap_bench(settings=settings, points=[overlap.Point(1, 2, "small")], plan=False,

@@ -283,7 +283,7 @@ def _reason(ec2, iid: str, code: str) -> None:
 
 @pytest.mark.e2e
 def test_aws_spot_termination_is_a_reclaim(ec2):
-    from echo2.fleet.reclaims import aws_instance_end_reason
+    from echo2.fleet.backends.reclaims import aws_instance_end_reason
 
     iid, _ = _spot_instance(ec2)
     assert aws_instance_end_reason(ec2, iid) is None  # still running
@@ -298,7 +298,7 @@ def test_aws_spot_request_status_tells_a_reclaim_behind_a_generic_reason(ec2):
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.ec2.models import ec2_backends
 
-    from echo2.fleet.reclaims import aws_instance_end_reason
+    from echo2.fleet.backends.reclaims import aws_instance_end_reason
 
     iid, request_id = _spot_instance(ec2)
     ec2.terminate_instances(InstanceIds=[iid])
@@ -310,7 +310,7 @@ def test_aws_spot_request_status_tells_a_reclaim_behind_a_generic_reason(ec2):
 
 @pytest.mark.e2e
 def test_aws_user_terminate_and_crash_and_unknown(ec2):
-    from echo2.fleet.reclaims import aws_instance_end_reason
+    from echo2.fleet.backends.reclaims import aws_instance_end_reason
 
     ours = ec2.run_instances(ImageId=_ami(ec2), MinCount=1, MaxCount=1, InstanceType="t3.micro",
                              InstanceMarketOptions={"MarketType": "spot"})["Instances"][0]["InstanceId"]
@@ -396,7 +396,7 @@ def compute():
 def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
     from google.auth.credentials import AnonymousCredentials
 
-    from echo2.fleet.reclaims import gcp_preempted_instances
+    from echo2.fleet.backends.reclaims import gcp_preempted_instances
 
     found = gcp_preempted_instances("p1", "us-central1-a", api_endpoint=compute.url, credentials=AnonymousCredentials())
     assert found == {"actor-a", "actor-b"}  # both pages, the insert left out
@@ -409,8 +409,8 @@ def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
 def test_a_skypilot_cluster_on_gcp_is_a_reclaim_when_gcp_preempted_its_instance(compute):
     from google.auth.credentials import AnonymousCredentials
 
+    from echo2.fleet.backends.reclaims import gcp_operations_client
     from echo2.fleet.backends.skypilot import Launched, cloud_end_reason
-    from echo2.fleet.reclaims import gcp_operations_client
 
     client = gcp_operations_client(zonal=False, api_endpoint=compute.url, credentials=AnonymousCredentials())
     launched = Launched(1, "gcp", "europe-west4", "g2-standard-4", True)

@@ -1,5 +1,5 @@
-"""Price sources (echo2/fleet/price_sources/: the factory, snapshot.py, aws.py, skypilot.py), measured worker
-speeds (echo2/fleet/measured.py) and `echo2 prices`."""
+"""Price sources (echo2/fleet/prices/: the factory, snapshot.py, aws.py, skypilot.py), measured worker
+speeds (echo2/fleet/sizing/measured.py) and `echo2 prices`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from conftest import REPO
 
 from echo2.config import load_config
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources import PriceSourceUnavailable, make_price_source
-from echo2.fleet.price_sources.aws import AwsSpotPrices, parse_price_history
-from echo2.fleet.price_sources.skypilot import offers_from_listing
-from echo2.fleet.price_sources.snapshot import SnapshotPrices
-from echo2.fleet.prices import Profile, load_profiles
+from echo2.fleet.prices import PriceSourceUnavailable, make_price_source
+from echo2.fleet.prices.aws import AwsSpotPrices, parse_price_history
+from echo2.fleet.prices.catalog import Profile, load_profiles
+from echo2.fleet.prices.skypilot import offers_from_listing
+from echo2.fleet.prices.snapshot import SnapshotPrices
 
 HEADER = ("provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,on_demand_usd_per_hour,"
           "spot_usd_per_hour\n")
@@ -169,7 +169,7 @@ def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
         f"g6.xlarge,L4,1,4,16,{gpu_info},0.805,0.31,us-west-2,usw2-az2,x86_64\n")
     (catalogs / "common" / "accelerators.csv").write_text("AcceleratorName,Clouds\nL4,\"['AWS']\"\n")
     (catalogs / "common" / "metadata.csv").write_text("GPU,MemoryGB,Manufacturer\nL4,24,NVIDIA\n")
-    code = ("import json; from echo2.fleet.price_sources.skypilot import SkyPilotPrices; "
+    code = ("import json; from echo2.fleet.prices.skypilot import SkyPilotPrices; "
             "print(json.dumps([o.as_dict() for o in SkyPilotPrices(clouds=['aws']).offers()]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "HOME": str(home), "SKY_RUNTIME_DIR": str(home),
@@ -246,7 +246,7 @@ def _synthetic_run(root, files: list[tuple[str, int, int, float]], events: list[
 
 
 def test_measured_speed_replaces_the_profile_figure(tmp_path):
-    from echo2.fleet.measured import measure_run, speed_for, with_measurements
+    from echo2.fleet.sizing.measured import measure_run, speed_for, with_measurements
 
     store = _synthetic_run(tmp_path / "run", [
         ("a0", 0, 100, 100.0),   # version 0: the engine's warm-up, left out
@@ -273,7 +273,7 @@ def test_measured_speed_replaces_the_profile_figure(tmp_path):
 
 
 def test_a_measurement_of_unknown_size_is_reported_but_not_applied(tmp_path):
-    from echo2.fleet.measured import measure_run, with_measurements
+    from echo2.fleet.sizing.measured import measure_run, with_measurements
 
     store = _synthetic_run(tmp_path / "run", [("a0", 1, 10, 2.0)],
                            [{"kind": "running", "actor_id": "a0", "gpu": "NEWGPU", "gpu_count": 1}])

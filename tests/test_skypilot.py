@@ -17,8 +17,8 @@ sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud ex
 from echo2.config import ConfigError, SkyPilotFleetConfig, load_config  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
 from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
-from echo2.fleet import skypilot_trust  # noqa: E402
-from echo2.fleet.backends.base import ActorLaunch, ActorState, Offer  # noqa: E402
+from echo2.fleet.backends import skypilot_trust  # noqa: E402
+from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState  # noqa: E402
 from echo2.fleet.backends.skypilot import (  # noqa: E402
     DEFAULT_TASK_FILE,
     RUN_LABEL,
@@ -33,18 +33,18 @@ from echo2.fleet.backends.skypilot import (  # noqa: E402
     offer_of,
     run_label,
 )
+from echo2.fleet.backends.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
 from echo2.fleet.manager import FleetManager  # noqa: E402
-from echo2.fleet.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
 
 RUN = "run-20261201-191000-ab12"
-L4_EAST = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
-                usd_per_hour=0.31, on_demand_usd_per_hour=0.8048, tokens_per_second=1000.0)
-L4_WEST = Offer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
-                usd_per_hour=0.28, on_demand_usd_per_hour=0.8048, tokens_per_second=1000.0)
-L4_GCP = Offer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_count=1, region="us-central1", spot=True,
-               usd_per_hour=0.22, on_demand_usd_per_hour=0.71, tokens_per_second=1000.0)
-A10G = Offer(provider="aws", instance_type="g5.xlarge", gpu="A10G", gpu_count=1, region="us-east-1", spot=True,
-             usd_per_hour=0.45, on_demand_usd_per_hour=1.006, tokens_per_second=1100.0)
+L4_EAST = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
+                      usd_per_hour=0.31, on_demand_usd_per_hour=0.8048, tokens_per_second=1000.0)
+L4_WEST = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-west-2", spot=True,
+                      usd_per_hour=0.28, on_demand_usd_per_hour=0.8048, tokens_per_second=1000.0)
+L4_GCP = ActorOffer(provider="gcp", instance_type="g2-standard-4", gpu="L4", gpu_count=1, region="us-central1",
+                    spot=True, usd_per_hour=0.22, on_demand_usd_per_hour=0.71, tokens_per_second=1000.0)
+A10G = ActorOffer(provider="aws", instance_type="g5.xlarge", gpu="A10G", gpu_count=1, region="us-east-1", spot=True,
+                   usd_per_hour=0.45, on_demand_usd_per_hour=1.006, tokens_per_second=1100.0)
 ROLE = "arn:aws:iam::123456789012:role/echo2-actor"
 SECRET = "relay-s3cr3t-value"
 TLS_SECRET = "e2rc1.relay-cert-and-k3y"

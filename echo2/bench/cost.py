@@ -4,11 +4,11 @@ The target is "R rollouts/s of an N-billion-parameter model", i.e. ``R x L`` out
 for completions of L tokens. Each GPU's speed comes from the worker profiles
 (``infra/profiles/rollout-throughput.yaml``); a size between two profiled sizes (4B lies between
 1.5B and 7B) is interpolated log-log per GPU (``prices.Profile.speed``), and runs given with
-``measured_runs`` replace profile figures with what their ledgers measured (``fleet/measured.py``).
+``measured_runs`` replace profile figures with what their ledgers measured (``fleet/sizing/measured.py``).
 
 Two fleets meet the target, both from the same price source and under the same per-offer caps:
 
-* activation (``fleet/activation.py``): any mix of offers, spot and on-demand, sized on expected
+* activation (``fleet/sizing/activation.py``): any mix of offers, spot and on-demand, sized on expected
   throughput after reclaims;
 * the baseline: the cheapest fleet of one GPU type bought on-demand only (``activation.baseline``),
   i.e. the best a planner can do without spot and without mixing types.
@@ -23,7 +23,9 @@ from __future__ import annotations
 import time
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.activation import (
+from echo2.fleet.prices import make_price_source
+from echo2.fleet.prices.catalog import DEFAULT_PROFILES, load_profiles
+from echo2.fleet.sizing.activation import (
     CAPS,
     CAPS_SOURCE,
     RECLAIM_PER_HOUR,
@@ -34,9 +36,7 @@ from echo2.fleet.activation import (
     candidates,
     parse_overrides,
 )
-from echo2.fleet.measured import measure_run, with_measurements
-from echo2.fleet.price_sources import make_price_source
-from echo2.fleet.prices import DEFAULT_PROFILES, load_profiles
+from echo2.fleet.sizing.measured import measure_run, with_measurements
 
 SWEEP = (8.0, 32.0, 128.0, 512.0, 1024.0)
 """Rollouts/s the table also shows (``--sweep``): from a few GPUs' worth to more than marketplaces offer."""
@@ -80,7 +80,7 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
     profiles = load_profiles(profiles_path or DEFAULT_PROFILES)
     measurements = []
     if measured_runs:
-        from echo2.fleet.fit import open_run
+        from echo2.fleet.sizing.fit import open_run
 
         for run in measured_runs:
             measurements += measure_run(open_run(run))

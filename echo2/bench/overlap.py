@@ -1,4 +1,4 @@
-"""Overlap benchmark: the capacity model (``fleet/capacity.py``) against the real system.
+"""Overlap benchmark: the capacity model (``fleet/sizing/capacity.py``) against the real system.
 
 Each grid point is a fresh run with the REAL learner loop (``LearnerRun``: collect, update,
 publish, checkpoint; driven directly, as ``flows/train.py`` does through Prefect), REAL actor
@@ -15,7 +15,7 @@ What it measures, per point (staleness S, actors n, dissemination D): the learne
 (busy time over wall time across the measured steps, after a warm-up) and steps per minute, the
 lag histogram of the groups used, and, side by side, the synchronous baseline (S = 0 with the same
 n and D). What it predicts: ``capacity.predict`` on the inputs fitted from that same run folder by
-``fleet/fit.py`` (``fit_run``: what ``echo2 plan --from-run`` uses), so predicted and measured
+``fleet/sizing/fit.py`` (``fit_run``: what ``echo2 plan --from-run`` uses), so predicted and measured
 differ only by what the model leaves out. A last point is the fleet the planner provisions: n and
 S picked with ``min_staleness``/``predict`` from a measured run so that the predicted utilization
 is at least 0.95; its measured utilization is the check (target >= 0.95).
@@ -39,9 +39,9 @@ from echo2.config import config_from_dict
 from echo2.data import layout
 from echo2.data.store import open_store
 from echo2.data.weights import read_manifest
-from echo2.fleet.capacity import Workload, min_staleness, predict
-from echo2.fleet.fit import fit_run
 from echo2.fleet.manager import make_fleet
+from echo2.fleet.sizing.capacity import Workload, min_staleness, predict
+from echo2.fleet.sizing.fit import fit_run
 
 TOLERANCE = 0.10
 """Largest |predicted - measured| utilization the benchmark calls agreement."""

@@ -60,9 +60,9 @@ def plan_fleet(
     """Cheapest fleet of catalog offers that keeps the learner busy (capacity model), with neighbouring S."""
     import math
 
-    from echo2.fleet.capacity import Workload
-    from echo2.fleet.plan import fit_summary, plan, tokens_per_batch, worker_types
-    from echo2.fleet.prices import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
+    from echo2.fleet.prices.catalog import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
+    from echo2.fleet.sizing.capacity import Workload
+    from echo2.fleet.sizing.plan import fit_summary, plan, tokens_per_batch, worker_types
 
     out: dict = {}
     try:
@@ -104,7 +104,7 @@ def plan_fleet(
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        from echo2.fleet.plan_table import print_plan
+        from echo2.fleet.sizing.plan_table import print_plan
 
         print_plan(out)
     if "fleet" in out and not out["feasible"]:
@@ -127,8 +127,8 @@ def prices_table(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of offers, cheapest first."),
 ) -> None:
     """GPU offers and their prices, cheapest first, from the snapshot catalog, AWS or SkyPilot."""
-    from echo2.fleet.price_sources import cheapest_first, make_price_source
-    from echo2.fleet.price_table import print_offers
+    from echo2.fleet.prices import cheapest_first, make_price_source
+    from echo2.fleet.prices.table import print_offers
 
     try:
         src = make_price_source(source, catalog=catalog, regions=region)

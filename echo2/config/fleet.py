@@ -42,7 +42,7 @@ class SkyPilotPricesConfig(_Section):
 
 PriceSourceConfig = Annotated[SnapshotPricesConfig | AwsPricesConfig | SkyPilotPricesConfig,
                               Field(discriminator="source")]
-"""Where offers and prices come from (``echo2/fleet/price_sources/``): ``snapshot`` (the dated
+"""Where offers and prices come from (``echo2/fleet/prices/``): ``snapshot`` (the dated
 catalog under ``infra/prices/``), ``aws`` (live spot prices, boto3) or ``skypilot`` (its catalog)."""
 
 
@@ -56,7 +56,7 @@ class FleetConfigBase(_Section):
     actors: Annotated[int, Field(ge=1)] | Literal["auto"] = 1
     """Number of actors, or ``auto``: start ``min_actors``, measure the learner step and the actors'
     batch time over the first steps, and grow to the smallest fleet the capacity model
-    (``echo2/fleet/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
+    (``echo2/fleet/sizing/capacity.py``) predicts keeps the learner busy ``target_utilization`` of the time,
     within ``max_actors`` and ``max_usd_per_hour``."""
     min_actors: int = Field(1, ge=1)
     """With ``actors: auto``: the fleet the run starts with, before anything is measured."""

@@ -35,7 +35,7 @@ MEASURED_NAMES = ("dissemination_seconds", "fetch_seconds", "put_seconds", "swap
 
 def used_measurements(table: pa.Table) -> dict[str, float]:
     """What a used file (a validated table) says of its own making, recorded in its ledger entry so that
-    the capacity fit (``fleet/fit.py``, ``fleet/measured.py``) never reads an actor's file: its batch's
+    the capacity fit (``fleet/sizing/fit.py``, ``fleet/sizing/measured.py``) never reads an actor's file: its batch's
     ``generation_seconds``, its policy tokens, when it was written (``created_at``, seconds since the
     epoch, from the column's integer: no calendar date is built from an actor's number) and the timings
     in ``MEASURED_NAMES``. Actor claims: only finite non-negative numbers are kept, the rest left out."""

@@ -50,18 +50,18 @@ from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV
 from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.store import ObjectStore
-from echo2.fleet.autosize import due as autosize_due
 from echo2.fleet.backends import (
     ActorLaunch,
+    ActorOffer,
     ActorState,
     CapacityError,
     FleetApiError,
     FleetBackend,
     LaunchContext,
-    Offer,
     make_backend,
 )
 from echo2.fleet.costs import fleet_usd
+from echo2.fleet.sizing.autosize import due as autosize_due
 
 log = logging.getLogger("echo2.fleet")
 
@@ -81,7 +81,7 @@ ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "termi
 class _Slot:
     index: int
     actor_id: str
-    offer: Offer
+    offer: ActorOffer
     crashes: int = 0
     running_seen: bool = False
     expires_at: float | None = None
@@ -89,7 +89,7 @@ class _Slot:
 
 class FleetManager:
     def __init__(self, backend: FleetBackend, config: FleetConfig, store: ObjectStore, *,
-                 launch_spec: Callable[[str, Offer], ActorLaunch], offers: list[Offer] | None = None,
+                 launch_spec: Callable[[str, ActorOffer], ActorLaunch], offers: list[ActorOffer] | None = None,
                  desired: int | None = None, alternatives: int = 0, unavailable_retry_s: float = 300.0):
         """``launch_spec(actor_id, offer)`` builds what the backend launches; ``offers`` are the
         candidates (default: this machine, free), tried cheapest per expected token/s first;
@@ -98,10 +98,10 @@ class FleetManager:
         self.config = config
         self.store = store
         self.launch_spec = launch_spec
-        self.offers = sorted(offers or [Offer()], key=lambda o: (o.usd_per_throughput, o.usd_per_hour))
+        self.offers = sorted(offers or [ActorOffer()], key=lambda o: (o.usd_per_throughput, o.usd_per_hour))
         self.alternatives = alternatives
         self.unavailable_retry_s = unavailable_retry_s
-        self._unavailable_until: dict[Offer, float] = {}
+        self._unavailable_until: dict[ActorOffer, float] = {}
         self.desired = desired if desired is not None else (
             config.actors if isinstance(config.actors, int) else config.min_actors)
         self.slots: list[_Slot] = []
@@ -319,7 +319,7 @@ class FleetManager:
             return True
         return False
 
-    def _alternatives(self, offer: Offer, available: list[Offer]) -> tuple[Offer, ...]:
+    def _alternatives(self, offer: ActorOffer, available: list[ActorOffer]) -> tuple[ActorOffer, ...]:
         """Offers interchangeable with ``offer`` that would also fit the budget, cheapest first."""
         if self.alternatives <= 0:
             return ()
@@ -329,7 +329,7 @@ class FleetManager:
                 if o != offer and offer.interchangeable(o) and (room is None or o.usd_per_hour <= room)]
         return tuple(same[: self.alternatives])
 
-    def _set_unavailable(self, offer: Offer, *, alternatives: bool = True) -> None:
+    def _set_unavailable(self, offer: ActorOffer, *, alternatives: bool = True) -> None:
         """Skip ``offer`` (and, when the launch named them, the alternatives it was asked with) for a while."""
         until = time.time() + self.unavailable_retry_s
         for o in self.offers:

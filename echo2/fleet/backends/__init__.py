@@ -2,17 +2,17 @@
 
 * ``base.py``: the ``FleetBackend`` interface (the offers its actors may run on, one actor's launch spec,
   launch it, poll it, terminate it), what it is given (``LaunchContext``: what the run gives every backend;
-  ``ActorLaunch``, ``Offer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
+  ``ActorLaunch``, ``ActorOffer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
   ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
   (``echo2/fleet/manager.py``), the same for every backend; ``make_fleet`` there names no backend.
 * ``local.py`` (``fleet.backend: local``): OS processes on this machine, with a reclaim injector.
 * ``skypilot.py`` (``fleet.backend: skypilot``): one SkyPilot cluster per actor, spot GPUs across clouds.
 
-The SkyPilot backend's two support modules stay in ``echo2/fleet/``, beside this folder:
-``skypilot_api.py`` (every call into SkyPilot's SDK, behind ``SkyApi`` so tests put a double there) and
-``skypilot_trust.py`` (the actor trust boundary: what an actor VM may be given and what it uploads). They are
-not backends, so this folder holds only the interface, the factory and one file per backend; and the trust
-boundary keeps the path that ``docs/security.md`` and ``infra/`` point reviewers at.
+Beside them, modules that are not backends: ``offers.py`` (the offers each backend launches on, from the price
+source and the sizing candidates), ``reclaims.py`` (a reclaim or a crash, from the provider's own record), and the
+SkyPilot backend's ``skypilot_api.py`` (every call into SkyPilot's SDK, behind ``SkyApi`` so tests put a double
+there) and ``skypilot_trust.py`` (the actor trust boundary: what an actor VM may be given and what it uploads;
+``docs/security.md`` and ``infra/`` point reviewers at it).
 
 Adding a backend is three steps, as for tasks, engines and price sources:
 
@@ -33,13 +33,13 @@ from pathlib import Path
 from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
 from echo2.fleet.backends.base import (
     ActorLaunch,
+    ActorOffer,
     ActorState,
     ActorStatus,
     CapacityError,
     FleetApiError,
     FleetBackend,
     LaunchContext,
-    Offer,
 )
 
 
@@ -58,4 +58,4 @@ def make_backend(config: FleetConfig, *, run_id: str, log_dir: Path, seed: int =
 
 
 __all__ = ["ActorLaunch", "ActorState", "ActorStatus", "CapacityError", "FleetApiError", "FleetBackend",
-           "LaunchContext", "Offer", "make_backend"]
+           "LaunchContext", "ActorOffer", "make_backend"]

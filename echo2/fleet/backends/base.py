@@ -16,7 +16,7 @@ from typing import Callable
 
 
 @dataclass(frozen=True)
-class Offer:
+class ActorOffer:
     """What an actor runs on, as bought: one catalog offer (or this machine, priced at 0)."""
 
     provider: str = "local"
@@ -37,14 +37,14 @@ class Offer:
         """What the manager orders offers by: $ per expected token/s, or $/h where no speed is known."""
         return self.usd_per_hour / self.tokens_per_second if self.tokens_per_second else self.usd_per_hour
 
-    def interchangeable(self, other: "Offer") -> bool:
+    def interchangeable(self, other: "ActorOffer") -> bool:
         """Same GPU type and count in the same market: equal throughput, so the cheaper one is the better."""
         return (self.gpu, self.gpu_count, self.spot) == (other.gpu, other.gpu_count, other.spot)
 
     @classmethod
     def from_catalog(cls, offer, spot: bool, *, tokens_per_second: float | None = None,
-                     simulated: bool = False) -> "Offer":
-        """A price catalog row (``prices.Offer``) bought in one market."""
+                     simulated: bool = False) -> "ActorOffer":
+        """A price catalog row (``prices.catalog.Offer``) bought in one market."""
         price = offer.price(spot)
         if price is None:
             raise ValueError(f"{offer.name} has no {'spot' if spot else 'on-demand'} price")
@@ -77,8 +77,8 @@ class ActorLaunch:
     """Plain environment (store options without credentials, log settings)."""
     secrets: dict[str, str] = field(default_factory=dict)
     """Delivered through the backend's secret channel only: never argv, a file in the repo, or the store."""
-    offer: Offer = field(default_factory=Offer)
-    alternatives: tuple[Offer, ...] = ()
+    offer: ActorOffer = field(default_factory=ActorOffer)
+    alternatives: tuple[ActorOffer, ...] = ()
     """Offers interchangeable with ``offer`` (same GPU type and count, other regions or clouds): a backend
     that can ask for any of several (SkyPilot's any_of) may land on one of them; ``poll`` says which."""
     expires_at: float | None = None
@@ -116,7 +116,7 @@ class ActorStatus:
     state: ActorState
     detail: str = ""
     """Exit code, the provider's reason: what the ledger event records."""
-    offer: Offer | None = None
+    offer: ActorOffer | None = None
     """The offer the actor runs on, where the backend chose among the launch's alternatives."""
 
     @property
@@ -141,12 +141,12 @@ class FleetBackend(ABC):
 
     name: str
 
-    def offers(self, model_params_b: float | None) -> list[Offer] | None:
+    def offers(self, model_params_b: float | None) -> list[ActorOffer] | None:
         """The offers its actors may run on, for a policy of ``model_params_b`` billion parameters; None: this
         machine, free. Raises ``Echo2InputError`` when none fits."""
         return None
 
-    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+    def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         """What ``launch`` is given for the actor ``actor_id`` on ``offer``: its command, its plain environment,
         its secrets (relay, and any credentials it mints), when they expire."""
         raise NotImplementedError(f"the {self.name} backend builds no launch spec (make_fleet needs one)")

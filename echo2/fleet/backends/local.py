@@ -22,7 +22,7 @@ gets SIGTERM (the notice: it stops taking work and commits or drops its batch), 
 the manager replaces it. The injector starts with the backend (``start``), not when it is built.
 
 Offers: this machine, free, or every actor priced as one catalog offer (``fleet.price_as``,
-``echo2/fleet/offers.py``). Launch: ``python -m echo2.cli actor --run ... --actor-id ... --parent-pid ...``
+``echo2/fleet/backends/offers.py``). Launch: ``python -m echo2.cli actor --run ... --actor-id ... --parent-pid ...``
 under ``fleet.actor_python`` (or the run's ``actor_command``), the store options in its environment (the
 learner's own store, on its own machine) and its relay secrets, valid ``LOCAL_TOKEN_S``.
 """
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
-from echo2.fleet.backends.base import ActorLaunch, ActorState, ActorStatus, FleetBackend, LaunchContext, Offer
-from echo2.fleet.offers import local_offers
+from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState, ActorStatus, FleetBackend, LaunchContext
+from echo2.fleet.backends.offers import local_offers
 
 log = logging.getLogger("echo2.fleet")
 
@@ -105,10 +105,10 @@ class LocalBackend(FleetBackend):
         self._stop = threading.Event()
         self._injector: threading.Thread | None = None
 
-    def offers(self, model_params_b: float | None) -> list[Offer] | None:
+    def offers(self, model_params_b: float | None) -> list[ActorOffer] | None:
         return local_offers(self.config)
 
-    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+    def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         command = launch.actor_command or [self.config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
         return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
                            command=[*command, "--run", launch.store_url, "--actor-id", actor_id,

@@ -1,7 +1,7 @@
 """SkyPilot backend: one SkyPilot cluster per actor, spot GPUs across clouds, through SkyPilot's Python SDK.
 
     offers(model_params_b)  the catalog offers SkyPilot launches on that fit the model, each with its expected
-                            tokens/s (``echo2/fleet/offers.py``); the manager names up to ``any_of - 1``
+                            tokens/s (``echo2/fleet/backends/offers.py``); the manager names up to ``any_of - 1``
                             interchangeable ones beside each launch's (``manager_options``)
     launch_spec(actor)      ``echo2 actor``, the store options without anything secret-looking
                             (``skypilot_trust.public_store_options``), and as secrets the actor's relay token
@@ -13,7 +13,7 @@
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
-        workdir   = echo2's source staged alone (``echo2/fleet/skypilot_trust.py``), never the folder the
+        workdir   = echo2's source staged alone (``echo2/fleet/backends/skypilot_trust.py``), never the folder the
                     learner runs in
         config    = remote_identity: NO_UPLOAD for every cloud: no operator credentials on the VM
         envs      = run URL, actor id, store options (never credentials), relay bind/advertise, and the
@@ -33,7 +33,7 @@
         cluster UP, job running or pending    -> RUNNING, with the offer SkyPilot took among any_of
         cluster UP, job ended                 -> CRASHED (FAILED, CANCELLED ...); SUCCEEDED is EXITED once
                                                  the cluster stayed up exit_hold_s after it
-        cluster gone, or no longer UP         -> ask the cloud why (``fleet/reclaims.py``): RECLAIMED or CRASHED;
+        cluster gone, or no longer UP         -> ask the cloud why (``reclaims.py``): RECLAIMED or CRASHED;
                                                  after a clean exit (a spot notice, then the machine
                                                  taken) RECLAIMED where the cloud says so, else EXITED
         a status request that fails           -> retried (bounded, logged); then FleetApiError, and the
@@ -47,7 +47,7 @@
                             a cancelled flow run has Prefect's 30 s grace for its checkpoint and teardown
     `echo2 fleet down RUN`  downs every cluster labelled with the run: teardown after a learner crash
 
-Everything SkyPilot is reached through ``SkyApi`` (``echo2/fleet/skypilot_api.py``: launch, clusters, job status,
+Everything SkyPilot is reached through ``SkyApi`` (``skypilot_api.py``: launch, clusters, job status,
 down, cancel a launch): ``SkySdk`` is the real one. The tests put a test double there (no cloud is reachable from
 here) and exercise
 SkyPilot's real ``Task`` and ``Resources`` objects, its YAML schema and its optimizer on a fixture
@@ -75,19 +75,27 @@ import yaml
 
 from echo2 import shipped
 from echo2.config import SkyPilotFleetConfig
-from echo2.fleet import skypilot_trust
+from echo2.fleet.backends import skypilot_trust
 from echo2.fleet.backends.base import (
     ActorLaunch,
+    ActorOffer,
     ActorState,
     ActorStatus,
     FleetApiError,
     FleetBackend,
     LaunchContext,
-    Offer,
 )
-from echo2.fleet.offers import skypilot_offers
-from echo2.fleet.reclaims import cloud_end_reason
-from echo2.fleet.skypilot_api import Cluster, LaunchCancelled, Launched, SkyApi, SkyPilotUnavailable, SkySdk, import_sky  # noqa: F401
+from echo2.fleet.backends.offers import skypilot_offers
+from echo2.fleet.backends.reclaims import cloud_end_reason
+from echo2.fleet.backends.skypilot_api import (  # noqa: F401
+    Cluster,
+    LaunchCancelled,
+    Launched,
+    SkyApi,
+    SkyPilotUnavailable,
+    SkySdk,
+    import_sky,
+)
 
 log = logging.getLogger("echo2.fleet")
 
@@ -196,7 +204,7 @@ def _refuse_uploads(config: dict) -> None:
     a local ``file_mounts`` source would copy the learner's files to machines we do not own."""
     if config.get("workdir") is not None:
         raise ValueError("SkyPilot task file: remove `workdir`: the backend uploads echo2's source alone "
-                         "(echo2/fleet/skypilot_trust.py), never a folder of the learner's machine")
+                         "(echo2/fleet/backends/skypilot_trust.py), never a folder of the learner's machine")
     local = [f"{dst}: {src}" for dst, src in (config.get("file_mounts") or {}).items()
              if not (isinstance(src, str) and "://" in src)]
     if local:
@@ -215,7 +223,7 @@ def _plain_resources(config: dict) -> dict:
     return {k: v for k, v in config.items() if k in allowed}
 
 
-def offer_of(launched: Launched, candidates: tuple[Offer, ...]) -> Offer:
+def offer_of(launched: Launched, candidates: tuple[ActorOffer, ...]) -> ActorOffer:
     """The candidate SkyPilot bought (its price is what the ledger bills), or one built from what it says."""
     for o in candidates:
         if (o.provider, o.region, o.instance_type, o.spot) == (launched.cloud, launched.region,
@@ -282,10 +290,10 @@ class SkyPilotBackend(FleetBackend):
         self._refreshed_at = 0.0
         self._lock = threading.Lock()
 
-    def offers(self, model_params_b: float | None) -> list[Offer]:
+    def offers(self, model_params_b: float | None) -> list[ActorOffer]:
         return skypilot_offers(self.config, model_params_b if model_params_b is not None else 1.0)
 
-    def launch_spec(self, actor_id: str, offer: Offer, launch: LaunchContext) -> ActorLaunch:
+    def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         from echo2.fleet.credentials import mint_actor_credentials
 
         config = self.config
@@ -336,7 +344,7 @@ class SkyPilotBackend(FleetBackend):
         return a.ended or ActorStatus(ActorState.RUNNING if a.seen_up else ActorState.STARTING,
                                       offer=self._bought(a))
 
-    def _bought(self, a: _Actor) -> Offer | None:
+    def _bought(self, a: _Actor) -> ActorOffer | None:
         return offer_of(a.launched, (a.spec.offer, *a.spec.alternatives)) if a.launched else None
 
     def _state(self, a: _Actor) -> ActorStatus | None:

@@ -1,7 +1,7 @@
 """The cost-aware fleet planner: the cheapest set of catalog offers whose rollouts keep the learner
 busy, on top of the capacity model (``capacity.py``).
 
-Worker types. A catalog offer (``prices.Offer``) with a profiled GPU becomes a ``WorkerType``: its
+Worker types. A catalog offer (``prices.catalog.Offer``) with a profiled GPU becomes a ``WorkerType``: its
 price and its seconds per batch, ``b * G * L / (tokens/s per GPU * gpu_count)`` (b groups of G
 completions of L tokens; one actor per instance, its batch split over the instance's GPUs). Offers
 with the same GPU and GPU count are the same worker to the model, so only the cheapest is kept.
@@ -48,7 +48,8 @@ import random
 from dataclasses import asdict, dataclass, replace
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import (
+from echo2.fleet.prices.catalog import Offer, Profile, fits, gpu_key, profile_for
+from echo2.fleet.sizing.capacity import (
     Prediction,
     Workload,
     closed_form_step_seconds,
@@ -57,10 +58,9 @@ from echo2.fleet.capacity import (
     required_throughput,
     throughput,
 )
-from echo2.fleet.prices import Offer, Profile, fits, gpu_key, profile_for
+from echo2.fleet.sizing.cover import cover_search
 
 TOLERANCE = 0.02
-MAX_NODES = 200_000
 MAX_COUNT = 512
 
 
@@ -205,87 +205,6 @@ def cheapest_mix(workload: Workload, worker_types: list[WorkerType], target_util
     best, _, prediction, cut = found
     return Mix([(types[i], c) for i, c in enumerate(best) if c], prediction,
                proven_optimal=not (cut or evaluations["cut"]))
-
-
-def cover_search(prices: list, covers: list[tuple[list[float], float]], caps: list[int], *,
-                 budget: float | None = None, accept=None, max_nodes: int = MAX_NODES):
-    """Branch and bound for integer covering: the counts 0 <= c_j <= caps[j] of least total
-    price sum c_j prices[j] (within ``budget``) such that every cover (gains, need) holds,
-    sum c_j gains[j] >= need, and ``accept(counts)`` (when given) returns something not None.
-
-    A price is a number, or a list of (unit price, units) segments: type j's units then cost
-    the cheapest first (a convex cost), which is how offers of equal throughput and different
-    prices collapse into one type (activation); the fractional bound takes the segments apart.
-
-    The search of the module docstring, shared by ``cheapest_mix`` (two covers and predict as
-    ``accept``) and ``activation.activate`` (one cover, nothing to verify). Types are branched in
-    the order given (put the cheapest per unit of the first cover first: the greedy fleet found
-    first then prunes most of the tree); each cover's fractional bound takes its types cheapest
-    per unit of that cover first. Returns (counts, cost, what accept returned, cut) or None;
-    ``cut`` says the search stopped at ``max_nodes`` nodes, so the result may not be optimal."""
-    n = len(prices)
-    segments = [[(p, caps[i])] if isinstance(p, (int, float)) else sorted(p) for i, p in enumerate(prices)]
-    cum = []  # cum[j][c]: the price of c units of type j
-    for j, p in enumerate(prices):
-        if isinstance(p, (int, float)):
-            cum.append([c * p for c in range(caps[j] + 1)])
-            continue
-        row = [0.0]
-        for unit, units in segments[j]:
-            for _ in range(units):
-                row.append(row[-1] + unit)
-        cum.append(row[:caps[j] + 1])
-    orders = [sorted(((i, unit, units) for i in range(n) if gains[i] > 0 for unit, units in segments[i]),
-                     key=lambda t, g=gains: t[1] / g[t[0]]) for gains, _ in covers]
-    # a fleet costing exactly the budget is within it (costs are compared with a 1e-9 margin below)
-    state = {"cost": budget * (1 + 1e-12) + 1e-9 if budget is not None else math.inf,
-             "best": None, "nodes": 0, "cut": False}
-
-    def cover_bound(order, gain: list[float], rem: float) -> float:
-        cost = 0.0
-        for i, unit, units in order:  # fractional cover, cheapest per unit first
-            if rem <= 1e-12:
-                break
-            take = min(units * gain[i], rem)
-            cost += take * unit / gain[i]
-            rem -= take
-        return cost if rem <= 1e-12 else math.inf
-
-    counts = [0] * n
-
-    def dfs(j: int, cost: float, got: list[float]) -> None:
-        state["nodes"] += 1
-        if cost >= state["cost"] - 1e-9 or state["nodes"] > max_nodes:
-            state["cut"] |= state["nodes"] > max_nodes
-            return
-        if all(g >= need for g, (_, need) in zip(got, covers)):
-            verdict = accept(counts) if accept is not None else True
-            if verdict is not None:  # any fleet below this node costs more
-                state["cost"], state["best"] = cost, (list(counts), cost, verdict)
-                return
-        if j == n:
-            return
-        bound = max(cover_bound([t for t in order if t[0] >= j], gains, need - g)
-                    for order, g, (gains, need) in zip(orders, got, covers))
-        if cost + bound >= state["cost"] - 1e-9:
-            return
-        greedy = 0
-        for g, (gains, need) in zip(got, covers):
-            if gains[j] > 0:
-                greedy = max(greedy, math.ceil(max(0.0, need - g) / gains[j] - 1e-12))
-        greedy = min(caps[j], greedy)
-        for c in [*range(greedy, -1, -1), *range(greedy + 1, caps[j] + 1)]:
-            if c > greedy and cost + cum[j][c] >= state["cost"] - 1e-9:
-                break
-            counts[j] = c
-            dfs(j + 1, cost + cum[j][c], [g + c * gains[j] for g, (gains, _) in zip(got, covers)])
-        counts[j] = 0
-
-    dfs(0, 0.0, [0.0] * len(covers))
-    if state["best"] is None:
-        return None
-    best, cost, verdict = state["best"]
-    return best, cost, verdict, state["cut"]
 
 
 def _fleet_rows(mix: Mix, w: Workload) -> list[dict]:
@@ -435,7 +354,7 @@ def simulate_reclaims(mix: Mix | list[tuple[WorkerType, int]], hours: float, rec
 
 def fit_summary(run: str) -> tuple[dict, Workload]:
     """Predicted against measured for a finished run (``fit.fit_run``), and the fitted workload."""
-    from echo2.fleet.fit import fit_run, open_run  # reads run folders: only --from-run needs it
+    from echo2.fleet.sizing.fit import fit_run, open_run  # reads run folders: only --from-run needs it
 
     fit = fit_run(open_run(run))
     p = predict(fit.workload, fit.batch_seconds)

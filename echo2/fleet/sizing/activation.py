@@ -35,7 +35,7 @@ Algorithm (exact):
    regions, sizes of one GPU) become one type with a convex cost: its N instances are the N
    cheapest of its groups, since an optimal fleet never buys a dearer unit of equal throughput
    while a cheaper one is free. The full catalog's ~1100 candidates become a few dozen types.
-4. Branch and bound over the types: ``plan.cover_search``, the same depth-first search
+4. Branch and bound over the types: ``cover.cover_search``, the same depth-first search
    ``echo2 plan`` uses (types cheapest per unit of expected throughput first, counts tried from the
    greedy cover downwards, pruned by the fractional (LP) cover bound and the budget), given each
    type's convex cost as price segments. Exact unless it hits its node limit (``proven_optimal``
@@ -56,12 +56,15 @@ import time
 from dataclasses import dataclass
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import Workload, required_throughput
-from echo2.fleet.plan import cover_search
-from echo2.fleet.price_sources import gpu_matcher
-from echo2.fleet.prices import Offer, Profile, fits, profile_for
+from echo2.fleet.prices import gpu_matcher
+from echo2.fleet.prices.catalog import Offer, Profile, fits, profile_for
+from echo2.fleet.providers import DEFAULT, PROVIDERS
+from echo2.fleet.sizing.capacity import Workload, required_throughput
+from echo2.fleet.sizing.cover import cover_search
 
-RECLAIM_PER_HOUR = {("*", "on-demand"): 0.0, ("*", "spot"): 0.1, ("runpod", "spot"): 0.2, ("vast", "spot"): 0.2}
+RECLAIM_PER_HOUR = {("*", "on-demand"): 0.0, ("*", "spot"): DEFAULT.spot_reclaims_per_hour,
+                    **{(name, "spot"): f.spot_reclaims_per_hour for name, f in PROVIDERS.items()}}
+"""Reclaims per instance-hour by (provider, market): ``providers.py``'s table."""
 RECLAIM_SOURCE = (
     "planning assumptions, not measurements: on-demand is not reclaimed (hardware failures ignored); "
     "spot 0.1 reclaims per instance-hour, deliberately pessimistic next to AWS's Spot Instance Advisor, which "
@@ -72,7 +75,8 @@ RECLAIM_SOURCE = (
 RECOVERY_SECONDS = 600.0
 """Seconds an instance is out of work per reclaim: a replacement's provisioning and setup, model
 load and first weights, and the batch in flight when it was taken."""
-CAPS = {"*": 8, "vast": 2}
+CAPS = {"*": DEFAULT.cap, **{name: f.cap for name, f in PROVIDERS.items()}}
+"""Instances per (offer, market) by provider: ``providers.py``'s table."""
 CAPS_SOURCE = (
     "vast 2: SkyPilot's vast catalog (sky/catalog/data_fetchers/fetch_vast.py) writes a row only where at "
     "least two marketplace hosts offered that machine at snapshot time; every other provider 8 per "

@@ -15,21 +15,19 @@ from __future__ import annotations
 
 from echo2.config import FleetConfig, LocalFleetConfig, SkyPilotFleetConfig
 from echo2.errors import Echo2InputError
-from echo2.fleet.backends.base import Offer
+from echo2.fleet.backends.base import ActorOffer
+from echo2.fleet.providers import SKYPILOT_CLOUDS
 
-SKYPILOT_PROVIDERS = ("aws", "azure", "cudo", "do", "fluidstack", "gcp", "hyperbolic", "ibm", "lambda", "mithril",
-                      "nebius", "oci", "paperspace", "primeintellect", "runpod", "scp", "seeweb", "shadeform", "vast",
-                      "verda", "yotta")
-"""Price-catalog provider names SkyPilot 0.14 has a cloud for (``sky/clouds/``)."""
+SKYPILOT_PROVIDERS = SKYPILOT_CLOUDS
 
 
 def _catalog(config: FleetConfig):
-    from echo2.fleet.price_sources import make_price_source
+    from echo2.fleet.prices import make_price_source
 
     return make_price_source(config.prices).offers()
 
 
-def local_offers(config: LocalFleetConfig) -> list[Offer] | None:
+def local_offers(config: LocalFleetConfig) -> list[ActorOffer] | None:
     """None (this machine, free), or the one catalog offer every local actor is priced as."""
     name = config.price_as
     if name is None:
@@ -38,17 +36,17 @@ def local_offers(config: LocalFleetConfig) -> list[Offer] | None:
     for offer in _catalog(config):
         if offer.name == name:
             try:
-                return [Offer.from_catalog(offer, spot, simulated=True)]
+                return [ActorOffer.from_catalog(offer, spot, simulated=True)]
             except ValueError as exc:
                 raise Echo2InputError(f"fleet.price_as: {exc}") from None
     raise Echo2InputError(f"fleet.price_as: no offer {name!r} in the {config.prices.source} price source "
                           f"(`echo2 prices --json` lists their names)")
 
 
-def skypilot_offers(config: SkyPilotFleetConfig, model_params_b: float) -> list[Offer]:
+def skypilot_offers(config: SkyPilotFleetConfig, model_params_b: float) -> list[ActorOffer]:
     """The catalog offers SkyPilot actors may land on, each with its expected tokens/s."""
-    from echo2.fleet.activation import candidates
-    from echo2.fleet.prices import DEFAULT_PROFILES, load_profiles
+    from echo2.fleet.prices.catalog import DEFAULT_PROFILES, load_profiles
+    from echo2.fleet.sizing.activation import candidates
 
     sk = config
     wanted = {p.lower() for p in sk.providers} if sk.providers else set(SKYPILOT_PROVIDERS)
@@ -56,7 +54,7 @@ def skypilot_offers(config: SkyPilotFleetConfig, model_params_b: float) -> list[
               and not o.instance_type.startswith("gpu-only:")]  # a GPU without its host VM is not launchable
     market = "spot" if sk.spot else "on-demand"
     cands = candidates(offers, load_profiles(DEFAULT_PROFILES), model_params_b, markets=(market,), gpus=sk.gpus)
-    out = [Offer.from_catalog(c.offer, c.spot, tokens_per_second=c.expected_throughput) for c in cands]
+    out = [ActorOffer.from_catalog(c.offer, c.spot, tokens_per_second=c.expected_throughput) for c in cands]
     if not out:
         raise Echo2InputError(f"fleet: no {market} offer of {', '.join(sk.gpus or ['any GPU'])} on "
                               f"{', '.join(sorted(wanted))} in the {config.prices.source} price source fits a "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from echo2.fleet.prices import Offer
+from echo2.fleet.prices.catalog import Offer
 
 
 def print_offers(offers: list[Offer], info: dict, spot: bool | None, limit: int = 0, console=None) -> None:

@@ -18,8 +18,8 @@ import statistics
 from echo2.config import Config
 from echo2.data.store import ObjectStore
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import workers_needed
-from echo2.fleet.fit import fit_run
+from echo2.fleet.sizing.capacity import workers_needed
+from echo2.fleet.sizing.fit import fit_run
 
 log = logging.getLogger("echo2.fleet")
 

@@ -1,6 +1,6 @@
 """The ``PriceSource`` interface, and the offer filters every source shares.
 
-A price source answers ``offers(gpus, spot)`` with ``prices.Offer`` rows and ``describe()`` with what a
+A price source answers ``offers(gpus, spot)`` with ``prices.catalog.Offer`` rows and ``describe()`` with what a
 table title says about them. ``select`` and ``cheapest_first`` are the filters and the order every
 source and every consumer applies the same way; ``gpu_matcher`` knows a GPU's aliases from the worker
 profiles. The sources themselves are the sibling files; ``__init__.make_price_source`` builds one.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.prices import Offer, gpu_key, load_profiles
+from echo2.fleet.prices.catalog import Offer, gpu_key, load_profiles
 
 
 class PriceSourceUnavailable(Echo2InputError):

@@ -1,9 +1,9 @@
 """Price sources: where the fleet's offers and their prices come from.
 
 Every consumer (``echo2 prices``, activation, ``echo2 bench cost``, the fleet manager) asks a
-``PriceSource`` (``base.py``) for ``offers(gpus, spot)`` and gets ``prices.Offer`` rows, whatever the origin:
+``PriceSource`` (``base.py``) for ``offers(gpus, spot)`` and gets ``prices.catalog.Offer`` rows, whatever the origin:
 
-* ``snapshot`` (``snapshot.py``): the dated catalog under ``infra/prices/``, read by ``prices.py``. The
+* ``snapshot`` (``snapshot.py``): the dated catalog under ``infra/prices/``, read by ``catalog.py``. The
   default, and the only source that works offline and gives the same answer every time.
 * ``aws`` (``aws.py``): live spot prices from EC2's ``describe_spot_price_history``, joined
   with the snapshot's instance metadata (GPUs, on-demand price).
@@ -18,7 +18,7 @@ Adding a source is three steps, as for tasks, engines and fleet backends:
 
 1. its config class in ``echo2/config/fleet.py``, a member of the ``PriceSourceConfig`` union with its
    own ``source: Literal["name"]``;
-2. one file here, ``echo2/fleet/price_sources/<name>.py``, whose class has ``name``, ``offers`` and
+2. one file here, ``echo2/fleet/prices/<name>.py``, whose class has ``name``, ``offers`` and
    ``describe`` (``base.PriceSource``) and imports what it shares from ``base.py``, never from here;
 3. one branch in ``make_price_source`` below, from its config class to its class.
 """
@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from echo2.config import AwsPricesConfig, PriceSourceConfig, SkyPilotPricesConfig, SnapshotPricesConfig
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources.base import PriceSource, PriceSourceUnavailable, cheapest_first, gpu_matcher, select
+from echo2.fleet.prices.base import PriceSource, PriceSourceUnavailable, cheapest_first, gpu_matcher, select
 
 CONFIGS = {cls.model_fields["source"].annotation.__args__[0]: cls for cls in get_args(get_args(PriceSourceConfig)[0])}
 """Source name -> its config class, read off the ``PriceSourceConfig`` union (so a new member is named here too)."""
@@ -68,15 +68,15 @@ def make_price_source(config: PriceSourceConfig | str | None = None, **options) 
     elif options:
         config = price_source_config(config.source, **{**config.model_dump(exclude={"source"}), **options})
     if isinstance(config, SnapshotPricesConfig):
-        from echo2.fleet.price_sources.snapshot import SnapshotPrices
+        from echo2.fleet.prices.snapshot import SnapshotPrices
 
         return SnapshotPrices(catalog=config.catalog)
     if isinstance(config, AwsPricesConfig):
-        from echo2.fleet.price_sources.aws import AwsSpotPrices
+        from echo2.fleet.prices.aws import AwsSpotPrices
 
         return AwsSpotPrices(regions=config.regions, endpoint_url=config.endpoint_url, catalog=config.catalog)
     if isinstance(config, SkyPilotPricesConfig):
-        from echo2.fleet.price_sources.skypilot import SkyPilotPrices
+        from echo2.fleet.prices.skypilot import SkyPilotPrices
 
         return SkyPilotPrices(clouds=config.clouds)
     raise ValueError(f"no price source for config {type(config).__name__}")

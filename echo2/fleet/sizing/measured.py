@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 
 from echo2.data.ledger import read_events
 from echo2.data.store import ObjectStore
-from echo2.fleet.fit import file_limit, used_files
-from echo2.fleet.prices import Profile, gpu_key, profile_for
+from echo2.fleet.prices.catalog import Profile, gpu_key, profile_for
+from echo2.fleet.sizing.fit import file_limit, used_files
 
 SIZE_TOLERANCE = 0.05
 """A measurement at 1.47B replaces the profile's 1.5B figure (relative size difference <= 5%)."""

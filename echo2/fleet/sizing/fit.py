@@ -51,7 +51,7 @@ from echo2.data.ledger import MEASURED_NAMES, consumed_keys, used_measurements
 from echo2.data.rollouts import InvalidRollouts, decode_rollouts
 from echo2.data.store import NotFound, ObjectStore, open_store
 from echo2.errors import Echo2InputError
-from echo2.fleet.capacity import Workload
+from echo2.fleet.sizing.capacity import Workload
 
 MAX_FILES_READ = 400
 """Used rollout files measured for G and D (the newest ones): enough for medians, bounded for long runs."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources.base import PriceSourceUnavailable, gpu_matcher, select
-from echo2.fleet.prices import Offer
+from echo2.fleet.prices.base import PriceSourceUnavailable, gpu_matcher, select
+from echo2.fleet.prices.catalog import Offer
 
 INSTALL = "pip install -e '.[cloud]'"
 

@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.price_sources.base import PriceSourceUnavailable, select
-from echo2.fleet.prices import DEFAULT_CATALOG, Offer, load_catalog
+from echo2.fleet.prices.base import PriceSourceUnavailable, select
+from echo2.fleet.prices.catalog import DEFAULT_CATALOG, Offer, load_catalog
 
 TYPES_PER_CALL = 50
 """Instance types per request: a bounded filter list (the GPU types of the snapshot are ~36)."""

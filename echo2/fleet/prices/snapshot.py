@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echo2.fleet.price_sources.base import select
-from echo2.fleet.prices import DEFAULT_CATALOG, Offer, load_catalog, snapshot_info
+from echo2.fleet.prices.base import select
+from echo2.fleet.prices.catalog import DEFAULT_CATALOG, Offer, load_catalog, snapshot_info
 
 
 class SnapshotPrices:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from echo2.fleet import skypilot_trust
+from echo2.fleet.backends import skypilot_trust
 
 INSTALL = "pip install -e '.[cloud]'"
 
