@@ -139,8 +139,12 @@ class Profile:
     source: str
     aliases: tuple[str, ...] = ()
 
-    def speed(self, model_params_b: float) -> float:
-        """Tokens/s per GPU for a model of ``model_params_b`` billion parameters: a listed size
+    moe_bytes_factor: float = 1.5
+    """MoE decode: bytes read per generated token over the active weights' bytes (the profile
+    file's ``moe.bytes_factor``; see ``speed``)."""
+
+    def dense_speed(self, model_params_b: float) -> float:
+        """Tokens/s per GPU for a dense model of ``model_params_b`` billion parameters: a listed size
         as is; between two listed sizes log-log interpolated; above the largest scaled by 1/params
         (decode reads every weight per token); below the smallest, the smallest's figure (small
         models are overhead-bound, not faster without limit)."""
@@ -157,6 +161,29 @@ class Profile:
         x = (math.log(model_params_b) - math.log(lo)) / (math.log(hi) - math.log(lo))
         return math.exp(math.log(tps[lo]) + x * (math.log(tps[hi]) - math.log(tps[lo])))
 
+    def speed(self, model_params_b: float, active_params_b: float | None = None) -> float:
+        """Tokens/s per GPU for a model of ``model_params_b`` billion parameters in total, of which
+        ``active_params_b`` are active per token (a mixture of experts; None: dense).
+
+        Dense: ``dense_speed``. MoE: batched decode is bandwidth-bound on the bytes read per
+        generated token, which for an MoE are the ACTIVE weights (each token runs its top-k experts
+        and the shared layers), plus the KV cache, plus experts a batch touches beyond each token's
+        own. The profile's dense figures already include a dense model's KV reads; the MoE term is
+        ``dense_speed(active_params_b * moe_bytes_factor)``: the dense speed of a model whose
+        weights are ``moe_bytes_factor`` times the active ones (default 1.5, an estimate stated in
+        the profile file: an MoE's KV cache is that of a model as deep as the total -- Qwen3-30B-A3B
+        has 48 layers where a dense 3-4B model has 36 -- and fused expert kernels move more bytes
+        than a dense matmul of the same active size). It is never slower than the dense model of
+        the same total size. Memory (``fits``) follows the total: every expert must be resident."""
+        if model_params_b <= 0:
+            raise Echo2InputError(f"model size {model_params_b!r} B must be > 0")
+        dense = self.dense_speed(model_params_b)
+        if active_params_b is None or active_params_b >= model_params_b:
+            return dense
+        if active_params_b <= 0:
+            raise Echo2InputError(f"active parameters {active_params_b!r} B must be > 0")
+        return max(dense, self.dense_speed(active_params_b * self.moe_bytes_factor))
+
 
 def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
     """The worker profiles in the YAML at ``path``, keyed by ``gpu_key`` of every name and alias."""
@@ -170,6 +197,13 @@ def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
     workers = data.get("workers") if isinstance(data, dict) else None
     if not isinstance(workers, dict) or not workers:
         raise Echo2InputError(f"profiles {path} has no `workers:` mapping")
+    moe = data.get("moe") or {}
+    try:
+        factor = float(moe.get("bytes_factor", Profile.moe_bytes_factor)) if isinstance(moe, dict) else -1.0
+    except (TypeError, ValueError):
+        factor = -1.0
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise Echo2InputError(f"profiles {path}: moe.bytes_factor must be a number >= 1")
     profiles: dict[str, Profile] = {}
     for name, entry in workers.items():
         tps = entry.get("tokens_per_second") if isinstance(entry, dict) else None
@@ -180,7 +214,8 @@ def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
         if not table or any(k <= 0 or v <= 0 or not math.isfinite(v) for k, v in table.items()):
             raise Echo2InputError(f"profiles {path}: workers.{name}.tokens_per_second must map sizes > 0 "
                                   "to tokens/s > 0")
-        profile = Profile(str(name), table, str(entry.get("source", "")), tuple(entry.get("aliases") or ()))
+        profile = Profile(str(name), table, str(entry.get("source", "")), tuple(entry.get("aliases") or ()),
+                          moe_bytes_factor=factor)
         for key in (profile.name, *profile.aliases):
             profiles[gpu_key(str(key))] = profile
     return profiles
