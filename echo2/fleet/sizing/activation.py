@@ -59,7 +59,7 @@ from echo2.errors import Echo2InputError
 from echo2.fleet.prices import gpu_matcher
 from echo2.fleet.prices.catalog import Offer, Profile, fits, profile_for
 from echo2.fleet.providers import DEFAULT, PROVIDERS
-from echo2.fleet.sizing.capacity import Workload, required_throughput
+from echo2.fleet.sizing.capacity import Prediction, Workload, required_throughput
 from echo2.fleet.sizing.cover import cover_search
 
 RECLAIM_PER_HOUR = {("*", "on-demand"): 0.0, ("*", "spot"): DEFAULT.spot_reclaims_per_hour,
@@ -170,12 +170,14 @@ def parse_overrides(texts: list[str] | None, what: str, cast=float) -> dict:
 
 
 def candidates(offers: list[Offer], profiles: dict[str, Profile], model_params_b: float, *,
-               unit: str = "tokens/s", workload: Workload | None = None, batch_tokens: float | None = None,
+               active_params_b: float | None = None, unit: str = "tokens/s", workload: Workload | None = None,
+               batch_tokens: float | None = None,
                markets: tuple[str, ...] = ("spot", "on-demand"), gpus: list[str] | None = None,
                reclaim: dict[str, float] | None = None, caps: dict[str, int] | None = None,
                recovery_seconds: float = RECOVERY_SECONDS) -> list[Candidate]:
     """Every (offer, market) that can serve a ``model_params_b`` model, in ``unit`` (``tokens/s``,
-    or ``groups/s`` of ``workload`` with ``batch_tokens`` output tokens per batch)."""
+    or ``groups/s`` of ``workload`` with ``batch_tokens`` output tokens per batch). A mixture of experts
+    gives ``active_params_b``: speed follows it (``Profile.speed``), memory the total."""
     if unit not in ("tokens/s", "groups/s"):
         raise Echo2InputError(f"unknown throughput unit {unit!r}: tokens/s or groups/s")
     if unit == "groups/s" and (workload is None or not batch_tokens):
@@ -186,7 +188,9 @@ def candidates(offers: list[Offer], profiles: dict[str, Profile], model_params_b
         profile = profile_for(profiles, offer.gpu)
         if profile is None or not match(offer.gpu) or not fits(model_params_b, offer.gpu_memory_gib):
             continue
-        speed = profile.speed(model_params_b) * offer.gpu_count
+        per_gpu = (profile.speed(model_params_b) if active_params_b is None
+                   else profile.speed(model_params_b, active_params_b))
+        speed = per_gpu * offer.gpu_count
         for market in markets:
             spot = market == "spot"
             price = offer.price(spot)
@@ -216,6 +220,10 @@ class Activation:
     search_seconds: float
     candidates: int
     types_searched: int
+    prediction: Prediction | None = None
+    """``choose.choose_fleet``'s check of this fleet with ``capacity.predict`` (None: not checked)."""
+    rounds: int = 0
+    """``choose.choose_fleet``'s rounds of raising the target (0: activated once, not checked)."""
 
     @property
     def usd_per_hour(self) -> float:
@@ -240,6 +248,7 @@ class Activation:
                 "instances": self.instances, "gpus": sum(c.offer.gpu_count * n for c, n in self.fleet),
                 "proven_optimal": self.proven_optimal, "search_seconds": self.search_seconds,
                 "candidates": self.candidates, "types_searched": self.types_searched,
+                "prediction": self.prediction.as_dict() if self.prediction else None, "rounds": self.rounds,
                 "fleet": [{**c.as_dict(), "count": n, "usd_per_hour": c.usd_per_hour * n,
                            "expected_throughput": c.expected_throughput * n} for c, n in self.fleet]}
 
