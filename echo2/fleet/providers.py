@@ -1,10 +1,16 @@
 """What echo2 assumes about each cloud provider, in one table: the name SkyPilot knows it by, how often its spot
 (interruptible) instances are reclaimed, how many instances of one offer a run may count on, how a reclaim is told
-from a crash, and what a GB leaving it costs.
+from a crash, and what moving a GB out of, into and within it costs.
 
 Every figure is a planning assumption with its source beside it (``ProviderFacts.source``); the run's own ledger
 replaces the reclaim rate once it has measured one (``sizing/activation.py``), and ``echo2 plan --workload`` lists
 which of these its answer used. A provider missing from the table gets ``DEFAULT``'s figures, said as such.
+
+Transfer prices are list prices of the first paid tier, per GB as each provider bills it, without the free
+allowances (AWS and Azure: the first 100 GB a month) or volume discounts; the egress sources were checked on
+2026-12-03 (the provider's own page where one was found, else a dated third-party summary, named in ``source``).
+A marketplace bills bandwidth at both ends and between its own hosts (``ingress_usd_per_gb``,
+``intraregion_usd_per_gb``); a hyperscaler bills neither.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ class ProviderFacts:
     interregion_usd_per_gb: float
     """Data between two regions of the provider."""
     source: str
+    ingress_usd_per_gb: float = 0.0
+    """Data arriving at one of its machines (free on every hyperscaler; a marketplace host may bill downloads)."""
+    intraregion_usd_per_gb: float = 0.0
+    """Data between two of its machines in one region (free on hyperscalers within a zone or region as echo2 places
+    actors; a marketplace's machines are separate hosts, each billing its bandwidth)."""
 
 
 _HYPERSCALER_RECLAIM = ("0.1 reclaims per spot instance-hour: deliberately pessimistic beside AWS's Spot Instance "
@@ -37,29 +48,47 @@ _HYPERSCALER_RECLAIM = ("0.1 reclaims per spot instance-hour: deliberately pessi
 _MARKETPLACE_RECLAIM = "0.2 reclaims per interruptible instance-hour: marketplace capacity (an assumption)"
 _CAP8 = "cap 8 per (instance type, region, market): an assumption standing in for regional capacity and quotas"
 _UNCHECKED_EGRESS = "egress: AWS's list price assumed, this provider's own was not checked"
+_VAST_BANDWIDTH = 0.02
 
 PROVIDERS: dict[str, ProviderFacts] = {p.name: p for p in [
     ProviderFacts("aws", "aws", 0.1, 8, "aws", 0.09, 0.02,
                   f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: aws.amazon.com/ec2/pricing/on-demand (data transfer out "
-                  "to the internet, first 10 TB/month $0.09/GB; between US regions $0.02/GB)"),
+                  "to the internet, up to 10 TB/month $0.09/GB after the first 100 GB; between regions $0.02/GB), "
+                  "checked 2026-12-03 against wring.co/blog/aws-data-transfer-pricing-guide (2026: $0.09/GB up to "
+                  "10 TB, cross-region $0.02/GB, ingress free)"),
     ProviderFacts("gcp", "gcp", 0.1, 8, "gcp", 0.12, 0.02,
                   f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: cloud.google.com/vpc/network-pricing (premium tier "
-                  "internet egress 0-1 TiB $0.12/GB; between regions within North America $0.02/GB)"),
+                  "internet egress to North America, 1 GiB-1 TiB a month, $0.12/GiB; between regions within North "
+                  "America $0.02/GiB), checked 2026-12-03 against egresscost.com/gcp/regions (2026-04: $0.12 premium, "
+                  "$0.085 standard tier, the same from every source region) and brainagents.ai's GCP egress guide "
+                  "(same continent $0.01-0.02)"),
     ProviderFacts("azure", "azure", 0.1, 8, None, 0.087, 0.02,
                   f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: azure.microsoft.com/pricing/details/bandwidth "
-                  "(internet egress after the first 100 GB $0.087/GB; inter-region within North America $0.02/GB)"),
+                  "(internet egress after the first 100 GB, up to 10 TB, $0.087/GB; inter-region within North America "
+                  "$0.02/GB), checked 2026-12-03 against c3x.dev/blog/azure-egress-bandwidth-cost (~$0.087/GB) and "
+                  "lucidity.cloud's Azure egress guide (within North America or Europe $0.02/GB)"),
     ProviderFacts("lambda", "lambda", 0.1, 8, None, 0.0, 0.0,
-                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: lambda.ai/pricing (no data transfer fees)"),
+                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: docs.lambda.ai/public-cloud/billing (billed resources "
+                  "are instances, clusters and filesystems; \"you are not charged for ingress or egress\"), checked "
+                  "2026-12-03; a third-party blog (promptcost.org, 2026-04) claims $0.09/GB past 1 TB a month, which "
+                  "the provider's own page does not say"),
     ProviderFacts("runpod", "runpod", 0.2, 8, None, 0.0, 0.0,
-                  f"{_MARKETPLACE_RECLAIM}; {_CAP8}; egress: runpod.io/pricing (no ingress or egress fees)"),
-    ProviderFacts("vast", "vast", 0.2, 2, None, 0.0, 0.0,
+                  f"{_MARKETPLACE_RECLAIM}; {_CAP8}; egress: docs.runpod.io/accounts-billing/billing (\"all compute "
+                  "and storage charges are billed per second, with no fees for data transfer\"), checked 2026-12-03"),
+    ProviderFacts("vast", "vast", 0.2, 2, None, _VAST_BANDWIDTH, _VAST_BANDWIDTH,
                   f"{_MARKETPLACE_RECLAIM}; cap 2: SkyPilot's vast catalog (sky/catalog/data_fetchers/fetch_vast.py) "
-                  "writes a row only where at least two marketplace hosts offered that machine; egress: each host "
-                  "sets its own bandwidth price, not in the catalog (0 assumed)"),
+                  "writes a row only where at least two marketplace hosts offered that machine; bandwidth: "
+                  "docs.vast.ai/documentation/instances/pricing (a rental's cost is compute, storage and bandwidth, "
+                  "each host sets its own prices; not in the price catalog), so $0.02/GB up and down, the figure "
+                  "fast.ai's course docs quoted for vast (an old figure: an assumption), at every host: uploads, "
+                  "downloads and host-to-host traffic alike", _VAST_BANDWIDTH, _VAST_BANDWIDTH),
     ProviderFacts("nebius", "nebius", 0.1, 8, None, 0.0, 0.0,
-                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: nebius.com/prices (outgoing traffic not billed)"),
+                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: nebius.com/prices (outgoing traffic not billed); not "
+                  "confirmed on 2026-12-03: the provider's compute terms (docs.nebius.com/legal/specific-terms/compute "
+                  "2.5) name outgoing traffic among the service's items, and no stored page gave its price"),
     ProviderFacts("shadeform", "shadeform", 0.1, 8, None, 0.0, 0.0,
-                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: a broker of other clouds' machines; 0 assumed"),
+                  f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: a broker of other clouds' machines; 0 assumed, "
+                  "not checked"),
     ProviderFacts("verda", "verda", 0.1, 8, None, 0.0, 0.0,
                   f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: 0 assumed, not checked"),
 ]}
@@ -83,8 +112,13 @@ def facts(provider: str) -> ProviderFacts:
 
 
 def transfer_usd_per_gb(src_provider: str, src_region: str, dst_provider: str, dst_region: str) -> float:
-    """What one GB moved from (provider, region) to another costs its sender: nothing within a region,
-    the inter-region price within a provider, the internet egress price across providers."""
+    """What moving one GB from a machine in (provider, region) to one in another costs, both ends together: the
+    sender pays its intra-region price within a region (0 on hyperscalers), its inter-region price between two of
+    its regions, its internet egress price across providers; the receiver pays its ingress price (0 on
+    hyperscalers)."""
+    src, dst = facts(src_provider), facts(dst_provider)
     if src_provider.lower() == dst_provider.lower():
-        return 0.0 if src_region == dst_region else facts(src_provider).interregion_usd_per_gb
-    return facts(src_provider).egress_usd_per_gb
+        sent = src.intraregion_usd_per_gb if src_region == dst_region else src.interregion_usd_per_gb
+    else:
+        sent = src.egress_usd_per_gb
+    return sent + dst.ingress_usd_per_gb

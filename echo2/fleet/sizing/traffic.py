@@ -8,16 +8,19 @@ the actors are groups of (provider, region, count). Every actor must receive the
   actors gets one root that reads the store; every other actor there reads it from a peer in the same provider
   and region. So one copy crosses into each region, and peer traffic never leaves a region.
 
-Each transfer is priced by ``echo2.fleet.providers.transfer_usd_per_gb`` (the sender pays: the store's provider
-for what leaves the store, the peer's provider for what a peer sends): nothing within a region, the provider's
-inter-region price between its own regions, its internet egress price across providers. Assumptions:
+Each transfer is priced by ``echo2.fleet.providers.transfer_usd_per_gb``, both ends together: the sender's price
+(nothing within a hyperscaler's region, its inter-region price between its own regions, its internet egress price
+across providers) plus the receiver's ingress price (0 on hyperscalers; a marketplace such as vast bills its hosts'
+downloads, uploads and host-to-host traffic, so there a peer's copy costs too). Assumptions:
 
 * a GB is 10**9 bytes (providers bill per GB; where a bill means 2**30 bytes this overstates by 7%);
 * the first price tier, no free allowances (AWS's first 100 GB a month, Azure's first 100 GB), no committed-use
   discounts, no per-request charges of the store (GET requests: cents per million);
-* ingress is free everywhere (it is on every provider in ``providers.py``);
 * no retries and no failed parents: a parent the plan drops sends its children to the store (``topology.py``),
   which costs what the store-only row does for those actors;
+* the relay is not always cheaper: from a store that bills no egress to marketplace hosts that bill both ends, a
+  peer's copy (billed at two hosts) costs more than the store's (billed at one); the model says so rather than
+  assume it;
 * a relay root could instead be fed from a root in another region of its own provider at the inter-region price,
   cheaper than a second copy over the internet; echo2's plan does not do that, so neither does this model.
 
