@@ -104,3 +104,56 @@ def test_per_run_scales_with_versions():
 def test_bad_input(args):
     with pytest.raises(Echo2InputError):
         traffic_per_version(*args, relay=True)
+
+
+def test_bench_cost_prices_each_fleets_traffic():
+    from echo2.bench.cost import run_cost_bench
+    from echo2.fleet.sizing.dissemination import version_bytes
+
+    result = run_cost_bench(rollouts_per_second=128, store="gcp:us-central1", run_versions=500, run_hours=5)
+    tr = result["traffic"]
+    vb = version_bytes(4e9, keyframe_every=16, changed_fraction=0.021)
+    assert tr["version_bytes"] == vb and tr["store"] == {"provider": "gcp", "region": "us-central1"}
+    assert "2026-12-02" in tr["changed_fraction_source"]
+    for key in ("activation", "baseline"):
+        rows = result[key]["fleet"]
+        actors = [(r["offer"]["provider"], r["offer"]["region"], r["count"]) for r in rows]
+        expect = traffic_per_run(vb["mean"], 500, actors, ("gcp", "us-central1"))
+        t = tr[key]
+        assert t["relay_usd"] == pytest.approx(expect["relay"]["usd"])
+        assert t["store_only_usd"] == pytest.approx(expect["store_only"]["usd"])
+        assert t["relay_store_reads_per_version"] == len({(p.lower(), r) for p, r, _ in actors})
+        assert t["actors"] == sum(n for _, _, n in actors)
+        assert t["gpu_usd"] == pytest.approx(result[key]["usd_per_hour"] * 5)
+    assert tr["activation"]["relay_usd"] < tr["activation"]["store_only_usd"]  # several instances, outside GCP
+    for point in result["sweep"]:
+        if point["traffic"]:
+            assert point["traffic"]["relay_usd"] <= point["traffic"]["store_only_usd"] + 1e-9
+
+
+@pytest.mark.e2e
+def test_bench_cost_traffic_options(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"config": {}}))
+    (run / "reports").mkdir()
+    (run / "reports" / "metrics.json").write_text(json.dumps([{"publish_full_bytes": 8, "publish_changed_fraction":
+                                                                0.05}]))
+    cli = [sys.executable, "-m", "echo2.cli", "bench", "cost", "--no-sweep"]
+    ok = subprocess.run(cli + ["--from-run", str(run), "--store", "azure:eastus", "--json"], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)["traffic"]
+    assert out["changed_fraction"] == 0.05 and out["changed_fraction_source"] == "given"
+    assert out["store"] == {"provider": "azure", "region": "eastus"} and out["run_versions"] == 1000
+    table = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "traffic per run of 1000 versions in 10 h" in table.stdout
+    assert "vs every actor reading the store" in table.stdout
+    bad = subprocess.run(cli + ["--store", "aws"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "PROVIDER:REGION" in bad.stderr

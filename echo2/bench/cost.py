@@ -16,6 +16,14 @@ Two fleets meet the target, both from the same price source and under the same p
 Both figures, their ratio, and the on-demand fleet of every GPU type are reported, so the ratio
 can be read against any single type, not only the cheapest. Pure computation: no GPU, no network
 (unless the price source is ``aws`` or ``skypilot``).
+
+Traffic (the issue-21 column): what getting every policy version to each fleet costs over a run of
+``run_versions`` versions (``RUN_VERSIONS``, over ``run_hours`` for the GPU dollars beside it), with the relay
+and region-aware roots (one actor per provider and region reads the store, the rest read from peers there)
+against every actor reading the store (``fleet/sizing/traffic.py``). A version weighs the mean of a keyframe
+every ``keyframe_every`` versions and sparse deltas at ``changed_fraction`` of a bf16 model of
+``model_params_b`` (``fleet/sizing/dissemination.py``); the store sits at ``store`` (provider, region); each
+instance is one actor and holds one copy of the weights.
 """
 
 from __future__ import annotations
@@ -36,12 +44,50 @@ from echo2.fleet.sizing.activation import (
     candidates,
     parse_overrides,
 )
+from echo2.fleet.sizing.dissemination import (
+    DEFAULT_CHANGED_FRACTION,
+    DEFAULT_CHANGED_FRACTION_SOURCE,
+    DEFAULT_KEYFRAME_EVERY,
+    version_bytes,
+)
 from echo2.fleet.sizing.measured import measure_run, with_measurements
+from echo2.fleet.sizing.traffic import traffic_per_run
 
 SWEEP = (8.0, 32.0, 128.0, 512.0, 1024.0)
 """Rollouts/s the table also shows (``--sweep``): from a few GPUs' worth to more than marketplaces offer."""
 ACCEPTANCE_RATIO = 0.4
 """The fleet issue's acceptance: activation costs at most this share of the baseline."""
+DEFAULT_STORE = ("aws", "us-east-1")
+"""Where the run's object store lives unless ``--store`` says otherwise (an assumption: a common default region)."""
+RUN_VERSIONS = 1000
+"""Versions (learner steps) in the run the traffic column prices."""
+RUN_HOURS = 10.0
+"""Hours of that run, for the GPU dollars beside the traffic (1000 steps in 10 h: a 36 s step)."""
+
+
+def parse_store(value: str | tuple[str, str]) -> tuple[str, str]:
+    """``PROVIDER:REGION`` (``aws:us-east-1``) or a (provider, region) pair."""
+    if isinstance(value, tuple):
+        return value
+    provider, sep, region = value.partition(":")
+    if not (sep and provider.strip() and region.strip()):
+        raise Echo2InputError(f"--store must be PROVIDER:REGION (e.g. aws:us-east-1), got {value!r:.80}")
+    return provider.strip().lower(), region.strip()
+
+
+def _fleet_traffic(fleet, per_version: float, versions: int, store: tuple[str, str], hours: float) -> dict | None:
+    """Traffic over the run for the fleet ``fleet`` (an Activation), relay and store-only, beside its GPU dollars."""
+    if fleet is None:
+        return None
+    actors = [(c.offer.provider, c.offer.region, n) for c, n in fleet.fleet]
+    run = traffic_per_run(per_version, versions, actors, store)
+    relay, store_only = run["relay"], run["store_only"]
+    return {"relay_usd": relay["usd"], "store_only_usd": store_only["usd"],
+            "relay_over_store_only": relay["usd"] / store_only["usd"] if store_only["usd"] else None,
+            "relay_store_reads_per_version": relay["roots"], "actors": sum(n for _, _, n in actors),
+            "relay_bytes_from_store": relay["bytes_from_store"], "store_only_bytes_from_store":
+                store_only["bytes_from_store"], "gpu_usd": fleet.usd_per_hour * hours,
+            "by_provider": {"relay": relay["by_provider"], "store_only": store_only["by_provider"]}}
 
 
 def _interpolation(profiles: dict, model_params_b: float) -> str:
@@ -62,15 +108,24 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
                    reclaim: dict | list[str] | None = None, caps: dict | list[str] | None = None,
                    recovery_seconds: float = RECOVERY_SECONDS,
                    budget_usd_per_hour: float | None = None, measured_runs: list[str] | None = None,
-                   sweep: tuple[float, ...] | None = None) -> dict:
+                   sweep: tuple[float, ...] | None = None, store: str | tuple[str, str] = DEFAULT_STORE,
+                   run_versions: int = RUN_VERSIONS, run_hours: float = RUN_HOURS,
+                   keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
+                   changed_fraction: float = DEFAULT_CHANGED_FRACTION) -> dict:
     """Activation and the baseline for one target, a JSON-ready dict: ``activation_usd_per_hour``,
     ``baseline_usd_per_hour``, ``ratio``, the fleets (``activation``, ``baseline``), the on-demand
     fleet of every GPU type, the assumptions; with ``sweep``, the two figures at each of those
-    rollouts/s too (``sweep``), since where spot pays off depends on the size of the fleet."""
+    rollouts/s too (``sweep``), since where spot pays off depends on the size of the fleet; ``traffic``: each
+    fleet's traffic over a run of ``run_versions`` versions, with the relay and with every actor reading the store
+    at ``store`` (module docstring)."""
     started = time.perf_counter()
     if not (rollouts_per_second > 0 and model_params_b > 0 and completion_tokens > 0 and recovery_seconds >= 0):
         raise Echo2InputError("rollouts per second, model size and completion tokens must be > 0, "
                               "recovery seconds >= 0")
+    if not (isinstance(run_versions, int) and run_versions >= 1 and run_hours > 0):
+        raise Echo2InputError("--run-versions must be an integer >= 1 and --run-hours > 0")
+    store = parse_store(store)
+    vbytes = version_bytes(model_params_b * 1e9, keyframe_every=keyframe_every, changed_fraction=changed_fraction)
     if isinstance(reclaim, list):  # KEY=VALUE options from the command line
         reclaim = parse_overrides(reclaim, "--reclaim-rate")
     if isinstance(caps, list):
@@ -107,7 +162,8 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
                        "baseline_gpu": g.fleet[0][0].gpu_type if g else None,
                        "activation_spot_share":
                            f and sum(c.usd_per_hour * n for c, n in f.fleet if c.spot) / f.usd_per_hour,
-                       "search_seconds": f and f.search_seconds})
+                       "search_seconds": f and f.search_seconds,
+                       "traffic": _fleet_traffic(f, vbytes["mean"], run_versions, store, run_hours)})
     a = fleet.usd_per_hour if fleet else None
     b = base.usd_per_hour if base else None
     ratio = a / b if a is not None and b else None
@@ -124,6 +180,17 @@ def run_cost_bench(*, rollouts_per_second: float = 32.0, model_params_b: float =
         "reclaim": {"per_hour": {f"{p}:{m}": r for (p, m), r in RECLAIM_PER_HOUR.items()}, "overrides": reclaim or {},
                     "recovery_seconds": recovery_seconds, "source": RECLAIM_SOURCE},
         "caps": {"per_offer": CAPS, "overrides": caps or {}, "source": CAPS_SOURCE},
+        "traffic": {"store": {"provider": store[0], "region": store[1]}, "run_versions": run_versions,
+                    "run_hours": run_hours, "version_bytes": vbytes, "keyframe_every": keyframe_every,
+                    "changed_fraction": changed_fraction,
+                    "changed_fraction_source": DEFAULT_CHANGED_FRACTION_SOURCE
+                    if changed_fraction == DEFAULT_CHANGED_FRACTION else "given",
+                    "activation": _fleet_traffic(fleet, vbytes["mean"], run_versions, store, run_hours),
+                    "baseline": _fleet_traffic(base, vbytes["mean"], run_versions, store, run_hours),
+                    "assumptions": "one actor per instance, one copy of the weights each; the relay gives each "
+                                   "(provider, region) one root reading the store; prices from "
+                                   "echo2/fleet/providers.py (list prices, first paid tier, no free allowances), "
+                                   "GB = 1e9 bytes; no retries"},
         "seconds": time.perf_counter() - started,
     }
 
@@ -163,19 +230,38 @@ def print_cost(result: dict, console=None) -> None:
     others = ", ".join(f"{r['gpu']} ${r['usd_per_hour']:.2f} ({r['activation_over_this']:.2f})"
                        for r in result["on_demand_single_type"] if r["activation_over_this"] is not None)
     console.print(f"on-demand single-type fleets for the same throughput (activation / that fleet): {others}")
+    tr = result["traffic"]
+    run = f"{tr['run_versions']} versions in {tr['run_hours']:g} h"
     if result["sweep"]:
-        table = Table(title="the same at other rollout rates (activation vs the cheapest on-demand single type)")
+        table = Table(title="the same at other rollout rates (activation vs the cheapest on-demand single type); "
+                            f"traffic of activation's fleet per run of {run}: relay with region-aware roots / every "
+                            "actor reading the store")
         for col in ("rollouts/s", "tokens/s", "activation $/h", "spot share", "baseline $/h", "baseline GPU", "ratio",
-                    "search ms"):
+                    "search ms", "traffic $/run relay", "store-only"):
             table.add_column(col, justify="right")
         for r in result["sweep"]:
             ok = r["ratio"] is not None
+            t = r["traffic"]
             table.add_row(f"{r['rollouts_per_second']:g}", f"{r['tokens_per_second']:.0f}",
                           f"{r['activation_usd_per_hour']:.2f}" if ok else "-",
                           f"{r['activation_spot_share']:.0%}" if ok else "-",
                           f"{r['baseline_usd_per_hour']:.2f}" if ok else "-", r["baseline_gpu"] or "-",
-                          f"{r['ratio']:.3f}" if ok else "-", f"{r['search_seconds'] * 1000:.0f}" if ok else "-")
+                          f"{r['ratio']:.3f}" if ok else "-", f"{r['search_seconds'] * 1000:.0f}" if ok else "-",
+                          f"{t['relay_usd']:.2f}" if t else "-", f"{t['store_only_usd']:.2f}" if t else "-")
         console.print(table)
+    vb = tr["version_bytes"]
+    console.print(f"traffic per run of {run}, store at {tr['store']['provider']}:{tr['store']['region']}: a version "
+                  f"of the {result['target']['model_params_b']:g}B model weighs {vb['mean'] / 1e6:.1f} MB on average "
+                  f"(a bf16 keyframe of {vb['keyframe'] / 1e6:.0f} MB every {tr['keyframe_every']}, deltas of "
+                  f"{vb['delta'] / 1e6:.1f} MB at {tr['changed_fraction']:.1%} changed)")
+    for key in ("activation", "baseline"):
+        t = tr[key]
+        if t is not None:
+            ratio = f" ({t['relay_over_store_only']:.2f}x)" if t["relay_over_store_only"] is not None else ""
+            actors = f"{t['actors']} actor{'' if t['actors'] == 1 else 's'}"
+            console.print(f"  {key}: {actors}; relay ${t['relay_usd']:.2f}{ratio} "
+                          f"({t['relay_store_reads_per_version']} store reads a version) vs every actor reading the "
+                          f"store ${t['store_only_usd']:.2f}; GPUs over the run ${t['gpu_usd']:.2f}")
     if result["ratio"] is not None:
         console.print(f"activation ${result['activation_usd_per_hour']:.4f}/h vs baseline "
                       f"${result['baseline_usd_per_hour']:.4f}/h: ratio {result['ratio']:.3f} "

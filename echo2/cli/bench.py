@@ -125,16 +125,33 @@ def bench_cost(
                                                      "replace the profiles' (repeatable)."),
     sweep: bool = typer.Option(True, "--sweep/--no-sweep",
                                help="Also both figures at 8, 32, 128, 512, 1024 rollouts/s."),
+    store: str = typer.Option("aws:us-east-1", "--store", help="Where the object store lives, PROVIDER:REGION "
+                              "(prices the traffic column)."),
+    run_versions: int = typer.Option(1000, "--run-versions", help="Versions (learner steps) in the run the traffic "
+                                     "column prices."),
+    run_hours: float = typer.Option(10.0, "--run-hours", help="Hours of that run (GPU dollars beside the traffic)."),
+    keyframe_every: int = typer.Option(16, "--keyframe-every", help="A full version every K (train.keyframe_every)."),
+    changed_fraction: Optional[float] = typer.Option(None, "--changed-fraction", help="Share of the bf16 weights a "
+                                                     "step changes (default: measured here, 2.1%)."),
+    from_run: Optional[str] = typer.Option(None, "--from-run", help="Read the changed fraction from this run's "
+                                           "metrics (a run that published sparse deltas)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput."""
+    """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput, and each fleet's traffic
+    per run with the relay against every actor reading the store."""
     from echo2.bench.cost import SWEEP, print_cost, run_cost_bench
+    from echo2.fleet.sizing.dissemination import DEFAULT_CHANGED_FRACTION, changed_fraction_from_run
 
     try:
+        if from_run and changed_fraction is not None:
+            raise Echo2InputError("give --changed-fraction or --from-run, not both")
+        changed = changed_fraction_from_run(from_run) if from_run else changed_fraction
         result = run_cost_bench(rollouts_per_second=rollouts_per_second, model_params_b=model_params, source=source,
                                 completion_tokens=completion_tokens, reclaim=reclaim_rate, caps=cap,
                                 recovery_seconds=recovery_seconds, budget_usd_per_hour=max_usd_per_hour,
-                                measured_runs=measured_run, sweep=SWEEP if sweep else None)
+                                measured_runs=measured_run, sweep=SWEEP if sweep else None, store=store,
+                                run_versions=run_versions, run_hours=run_hours, keyframe_every=keyframe_every,
+                                changed_fraction=DEFAULT_CHANGED_FRACTION if changed is None else changed)
     except Echo2InputError as exc:
         fail(str(exc))
     typer.echo(json.dumps(result, indent=1)) if as_json else print_cost(result)
