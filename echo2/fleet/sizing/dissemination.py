@@ -21,7 +21,9 @@ element. ``VALUE_BITS`` takes the larger (the later step, nearer the steady stat
 
 D (``dissemination_seconds``): the relay forest of ``echo2/broadcast/topology.py``. ``regions`` regions each hold
 ``actors / regions`` actors (rounded up) and ``roots`` roots per region (the region-aware plan: each region has
-its own roots reading the store). Node k >= roots of a region's tree has parent ``(k - roots) // fanout``.
+its own roots reading the store). Node k >= roots of a region's tree has parent ``(k - roots) // fanout``. Where
+the regions hold unequal shares, the largest sets the depth: pass ``actors = regions x the largest region's count``
+for that (the even split is the optimistic case).
 Assumptions of the model:
 
 * the store's uplink (``store_gbit``) is shared by the roots reading it at once, as in ``echo2 bench broadcast``
