@@ -16,53 +16,75 @@ fleet_app = typer.Typer(no_args_is_help=True, help="Cloud actor fleets (SkyPilot
 
 
 def plan_fleet(
+    workload_file: Optional[str] = typer.Option(None, "--workload",
+                                                help="A workload: NAME of infra/workloads/NAME.yaml (e.g. "
+                                                     "echo2-paper-30b) or a YAML FILE; the flags below override it."),
     model_params: Optional[float] = typer.Option(None, "--model-params",
-                                                 help="Model size in billions of parameters (e.g. 0.5); speeds "
-                                                      "interpolated between profiled sizes."),
+                                                 help="Model size in billions of parameters (total, e.g. 0.5)."),
+    active_params: Optional[float] = typer.Option(None, "--active-params",
+                                                  help="Active parameters per token, billions (an MoE, e.g. 3.3)."),
     profile_size: Optional[float] = typer.Option(None, "--profile-size",
-                                                 help="Use the figures of this profiled size exactly (e.g. 7)."),
+                                                 help="Same as --model-params (a profiled size's figures are used "
+                                                      "as listed)."),
     train_seconds: Optional[float] = typer.Option(None, "--train-seconds",
-                                                  help="T: learner busy seconds per step [60]."),
+                                                  help="T: learner busy seconds per step [the FLOP model]."),
+    mfu_from: Optional[Path] = typer.Option(None, "--mfu-from",
+                                            help="`echo2 bench learner --json` output: the learner's MFU."),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="The learner's MFU for the FLOP model [0.25]."),
+    learner_gpu: Optional[str] = typer.Option(None, "--learner-gpu", help="The learner's GPU [H100]."),
+    learner_gpus: Optional[int] = typer.Option(None, "--learner-gpus", help="The learner's GPUs [1]."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Learner steps of the run: gives hours and $."),
     groups_per_step: Optional[int] = typer.Option(None, "--groups-per-step", help="R: groups per learner step [64]."),
     groups_per_batch: Optional[int] = typer.Option(None, "--groups-per-batch",
                                                    help="b: groups per actor batch (rollout file) [8]."),
-    group_size: int = typer.Option(8, "--group-size", help="G: completions per prompt."),
-    completion_tokens: float = typer.Option(512.0, "--completion-tokens", help="Mean output tokens per completion."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="G: completions per prompt [8]."),
+    completion_tokens: Optional[float] = typer.Option(None, "--completion-tokens",
+                                                      help="Mean output tokens per completion [512]."),
+    completion_tokens_p95: Optional[float] = typer.Option(None, "--completion-tokens-p95",
+                                                          help="95th percentile output tokens (the batch tail)."),
     staleness: Optional[int] = typer.Option(None, "--staleness", help="S [2]."),
     publish_every: Optional[int] = typer.Option(None, "--publish-every",
-                                                help="k: publish a version every k steps [1]."),
+                                                help="k (kappa): publish a version every k steps [1]."),
     max_pending_batches: Optional[int] = typer.Option(None, "--max-pending-batches",
                                                       help="Q: flow control [ceil(R / b)]."),
     dissemination_seconds: Optional[float] = typer.Option(None, "--dissemination-seconds",
-                                                          help="D [bf16 weights over --bandwidth-gbit]."),
-    bandwidth_gbit: float = typer.Option(1.0, "--bandwidth-gbit", help="Link speed for the default D."),
+                                                          help="D [keyframes + deltas through the relay]."),
+    changed_fraction: Optional[float] = typer.Option(None, "--changed-fraction",
+                                                     help="Share of parameters a delta carries [2.1%, measured]."),
+    changed_from_run: Optional[str] = typer.Option(None, "--changed-from-run",
+                                                   help="Read the changed fraction from a run's metrics."),
+    bandwidth_gbit: Optional[float] = typer.Option(None, "--bandwidth-gbit",
+                                                   help="Store and peer link speed, Gbit/s [10 and 1]."),
     upload_seconds: Optional[float] = typer.Option(None, "--upload-seconds",
                                                    help="U: batch upload until the learner sees it [1]."),
     catalog: Optional[Path] = typer.Option(None, "--catalog",
                                            help="Price catalog CSV [infra/prices/gpu-offers-2026-11.csv]."),
     profiles: Optional[Path] = typer.Option(None, "--profiles",
                                             help="Worker profiles [infra/profiles/rollout-throughput.yaml]."),
-    spot: bool = typer.Option(True, "--spot/--on-demand", help="Spot (default) or on-demand prices."),
+    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Actors at spot (default) or on-demand."),
     gpu: Optional[List[str]] = typer.Option(None, "--gpu",
-                                            help="Only these GPUs (repeatable), e.g. --gpu L4 --gpu 'RTX 4090'."),
-    target_utilization: float = typer.Option(0.95, "--target-utilization",
-                                             help="Share of time the learner must train."),
+                                            help="Only these actor GPUs (repeatable), e.g. --gpu L4 --gpu 'RTX 4090'."),
+    target_utilization: Optional[float] = typer.Option(None, "--target-utilization",
+                                                       help="Share of time the learner must train [0.95]."),
     max_usd_per_hour: Optional[float] = typer.Option(None, "--max-usd-per-hour", help="Budget for the whole fleet."),
-    max_per_type: Optional[int] = typer.Option(None, "--max-per-type", help="At most this many workers of one type."),
+    max_per_type: Optional[int] = typer.Option(None, "--max-per-type", help="At most this many of one offer."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="What the whole run may cost: hours bought."),
+    deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="When the run must end."),
     hours: Optional[float] = typer.Option(None, "--hours", help="Simulate spot reclaims over this many hours."),
-    reclaim_rate: float = typer.Option(0.1, "--reclaim-rate", help="Reclaims per worker-hour (with --hours)."),
-    replacement_seconds: float = typer.Option(300.0, "--replacement-seconds", help="Reclaim to replacement producing."),
+    reclaim_rate: Optional[float] = typer.Option(None, "--reclaim-rate",
+                                                 help="Reclaims per spot instance-hour [providers.py's table]."),
+    replacement_seconds: Optional[float] = typer.Option(None, "--replacement-seconds",
+                                                        help="Reclaim to replacement producing [600]."),
     from_run: Optional[str] = typer.Option(None, "--from-run",
                                            help="Fit the workload from a finished run; compare predicted with "
                                                 "measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Cheapest fleet of catalog offers that keeps the learner busy (capacity model), with neighbouring S."""
-    import math
-
+    """A run's fleet, hours and dollars: a workload (file or flags) planned by the one chooser echo2 buys with."""
     from echo2.fleet.prices.catalog import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
-    from echo2.fleet.sizing.capacity import Workload
-    from echo2.fleet.sizing.plan import fit_summary, plan, tokens_per_batch, worker_types
+    from echo2.fleet.sizing.plan import fit_summary
+    from echo2.fleet.sizing.run_plan import plan_run
+    from echo2.fleet.sizing.workload_file import from_flags, load_workload, parse_workload
 
     out: dict = {}
     try:
@@ -70,33 +92,53 @@ def plan_fleet(
         if from_run:
             out["fit"], fitted = fit_summary(from_run)
         size = model_params if model_params is not None else profile_size
-        if size is None and fitted is None:
-            fail("give the model size: --model-params BILLIONS or --profile-size SIZE")
-        if size is not None:
-            if size <= 0:
-                fail(f"model size {size:g} must be > 0 (billions of parameters)")
-            # options given on the command line win over the fitted run, which wins over the defaults
-            base = {"train_seconds": 60.0, "groups_per_step": 64, "groups_per_batch": 8, "staleness": 2,
-                    "publish_every": 1, "upload_seconds": 1.0,
-                    "dissemination_seconds": size * 1e9 * 2 * 8 / (bandwidth_gbit * 1e9)}
-            if fitted is not None:
-                base.update({k: getattr(fitted, k) for k in base} | {"max_pending_batches": fitted.max_pending_batches})
-            given = {"train_seconds": train_seconds, "groups_per_step": groups_per_step, "staleness": staleness,
-                     "groups_per_batch": groups_per_batch, "publish_every": publish_every,
-                     "upload_seconds": upload_seconds, "dissemination_seconds": dissemination_seconds,
-                     "max_pending_batches": max_pending_batches}
-            base.update({k: v for k, v in given.items() if v is not None})
-            base.setdefault("max_pending_batches", math.ceil(base["groups_per_step"] / base["groups_per_batch"]))
-            workload = Workload(**base)
-            offers = load_catalog(catalog or DEFAULT_CATALOG, spot=spot)
-            batch_tokens = tokens_per_batch(workload.groups_per_batch, group_size, completion_tokens)
-            types = worker_types(offers, load_profiles(profiles or DEFAULT_PROFILES), model_params_b=size,
-                                 batch_tokens=batch_tokens, spot=spot, gpus=gpu, profile_size=profile_size)
-            out.update(plan(workload, types, target_utilization=target_utilization,
-                            budget_usd_per_hour=max_usd_per_hour, max_per_type=max_per_type, reclaim_hours=hours,
-                            reclaim_rate_per_hour=reclaim_rate, replacement_seconds=replacement_seconds))
-            out["required_tokens_per_second"] = out["required_throughput"] * group_size * completion_tokens
-            out["prices"] = "spot" if spot else "on-demand"
+        if workload_file is None and size is None and fitted is None:
+            fail("give the model size: --model-params BILLIONS or --profile-size SIZE, or --workload NAME|FILE")
+        if workload_file is not None or size is not None:
+            source = load_workload(workload_file) if workload_file else None
+            base = source.model_dump(exclude={"base_dir"}, exclude_unset=True) if source else {}
+            if fitted is not None:  # the fitted run's values, under the flags
+                _merge(base, {"train": {"train_seconds": fitted.train_seconds, "staleness": fitted.staleness,
+                                        "publish_every": fitted.publish_every,
+                                        "max_pending_batches": fitted.max_pending_batches},
+                              "rollout": {"groups_per_step": fitted.groups_per_step,
+                                          "groups_per_batch": fitted.groups_per_batch},
+                              "network": {"upload_seconds": fitted.upload_seconds,
+                                          "dissemination_seconds": fitted.dissemination_seconds}})
+            _merge(base, {
+                "model": {"total_params_b": size, "active_params_b": active_params},
+                "data": {"steps": steps},
+                "rollout": {"group_size": group_size, "groups_per_step": groups_per_step,
+                            "groups_per_batch": groups_per_batch, "completion_tokens_mean": completion_tokens,
+                            "completion_tokens_p95": completion_tokens_p95},
+                "train": {"staleness": staleness, "publish_every": publish_every, "train_seconds": train_seconds,
+                          "max_pending_batches": max_pending_batches},
+                "learner": {"gpu": learner_gpu, "gpus": learner_gpus, "mfu": mfu},
+                "actors": {"market": None if spot is None else "spot" if spot else "on-demand", "gpus": gpu or None,
+                           "target_utilization": target_utilization, "reclaim_per_hour": reclaim_rate,
+                           "replacement_seconds": replacement_seconds,
+                           "caps": None if max_per_type is None else {"*": max_per_type}},
+                "network": {"dissemination_seconds": dissemination_seconds, "upload_seconds": upload_seconds,
+                            "changed_fraction": changed_fraction, "store_gbit": bandwidth_gbit,
+                            "peer_uplink_gbit": bandwidth_gbit}})
+            if source is not None:
+                workload = parse_workload(base, where=f"workload {workload_file}", base_dir=source.base_dir)
+            else:
+                workload = from_flags(**base)
+            measured_mfu = None
+            if mfu_from is not None:
+                from echo2.fleet.sizing.step_time import mfu_from_bench
+
+                measured_mfu = mfu_from_bench(mfu_from)
+            changed = None
+            if changed_from_run:
+                from echo2.fleet.sizing.dissemination import changed_fraction_from_run
+
+                changed = (changed_fraction_from_run(changed_from_run), f"measured: {changed_from_run}'s metrics")
+            offers = load_catalog(catalog or DEFAULT_CATALOG, spot=None)
+            out.update(plan_run(workload, offers, load_profiles(profiles or DEFAULT_PROFILES), mfu=measured_mfu,
+                                changed_fraction=changed, budget_usd=budget_usd, deadline_hours=deadline_hours,
+                                budget_usd_per_hour=max_usd_per_hour, reclaim_hours=hours))
     except Echo2InputError as exc:
         fail(str(exc))
     except ValueError as exc:  # Workload's own checks
@@ -110,6 +152,14 @@ def plan_fleet(
     if "fleet" in out and not out["feasible"]:
         typer.echo(f"no plan: {out['reason']}; see the neighbouring S", err=True)
         raise typer.Exit(1)
+
+
+def _merge(base: dict, flags: dict) -> None:
+    """Flags given (not None) over the workload's sections, in place."""
+    for section, values in flags.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:
+            base.setdefault(section, {}).update(given)
 
 
 def prices_table(

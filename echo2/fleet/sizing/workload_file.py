@@ -1,0 +1,328 @@
+"""The workload file: what a user brings to ``echo2 plan --workload NAME|FILE`` (``infra/workloads/*.yaml``).
+
+One YAML file describes a whole RL post-training run as the planner needs it: the model (total and active
+parameters, or an HF-style ``config.json`` to count them from), how much data (prompts x epochs, or steps),
+the rollout shape (G, groups per step and per actor batch, mean and p95 completion tokens, prompt tokens),
+the training knobs (staleness S, kappa = ``train.publish_every`` as echo2's config calls it, the audit
+share), the learner (GPU, count, market, MFU), the actors (market, GPUs), the links and where the store
+lives. ``echo2 plan``'s flags (``--model-params`` ...) build the same object (``from_flags``), so there is
+one path from input to plan.
+
+Every field has a default, and each default is an assumption: ``assumptions()`` lists every field with
+its value and its source (the file's ``sources:`` entry for it, else "default: <what the field means>"),
+and ``echo2 plan`` prints that list under its table. The field docstrings below and
+``infra/workloads/README.md`` say what each field means; change any one and re-plan to see what moves.
+
+Counting parameters from a config (``params_from_config``): Qwen/Llama-style decoders. Per layer,
+attention ``h*(n_q*d) + 2*h*(n_kv*d) + (n_q*d)*h``; a dense MLP ``3*h*i``; an MoE layer ``E*3*h*i_moe``
+experts plus an ``h*E`` router, of which ``k*3*h*i_moe`` (+ router) are active per token; embeddings
+``V*h``, and the LM head another ``V*h`` unless tied. Norms and biases are left out (< 0.1%).
+Qwen3-30B-A3B's published config gives 30.5B total and 3.3B active, as its model card says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from echo2 import shipped
+from echo2.errors import Echo2InputError
+
+WORKLOADS = shipped.path("workloads")
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelSpec(_Part):
+    name: str = "model"
+    """A label for tables."""
+    total_params_b: float | None = Field(None, gt=0)
+    """Total parameters, billions: memory (does one replica fit a GPU), bytes of a keyframe."""
+    active_params_b: float | None = Field(None, gt=0)
+    """Parameters active per token, billions (a mixture of experts); None: dense, all of them."""
+    config: str | None = None
+    """An HF-style config.json to count total and active parameters from (relative to the workload file);
+    the two fields above win where given."""
+
+
+class DataSpec(_Part):
+    prompts: int | None = Field(None, ge=1)
+    """Prompts in the training set (one group of G completions each per epoch)."""
+    epochs: float = Field(1.0, gt=0)
+    """Passes over the prompts."""
+    steps: int | None = Field(None, ge=1)
+    """Learner steps of the run; wins over prompts x epochs / groups_per_step. Neither: no run totals."""
+
+
+class RolloutSpec(_Part):
+    group_size: int = Field(8, ge=1)
+    """G: completions per prompt."""
+    groups_per_step: int = Field(64, ge=1)
+    """R: groups per learner step (train.groups_per_step)."""
+    groups_per_batch: int = Field(8, ge=1)
+    """b: groups per actor batch, one rollout file (rollout.groups_per_batch)."""
+    completion_tokens_mean: float = Field(512.0, gt=0)
+    """Mean output tokens per completion: sets the tokens an actor makes and the learner trains on."""
+    completion_tokens_p95: float | None = Field(None, gt=0)
+    """95th percentile of output tokens: a batch ends with its longest completions, decoded one stream
+    each at ``single_stream_tokens_per_second``; None: no tail term."""
+    single_stream_tokens_per_second: float = Field(100.0, gt=0)
+    """Decode speed of one sequence alone (the tail of a batch): bounded by one forward per token."""
+    prompt_tokens: float = Field(200.0, ge=0)
+    """Mean prompt tokens per completion (trained on in the forward pass, not generated)."""
+
+
+class TrainSpec(_Part):
+    staleness: int = Field(2, ge=0)
+    """S: a rollout of version v is used at learner version t only if t - v <= S (train.staleness)."""
+    publish_every: int = Field(1, ge=1)
+    """kappa: publish a policy version every this many steps (train.publish_every)."""
+    audit_fraction: float = Field(0.1, ge=0, le=1)
+    """Share of rollout files whose logprobs the learner recomputes (train.audit_fraction): costs a
+    forward pass (2 x active x tokens) on that share."""
+    train_seconds: float | None = Field(None, gt=0)
+    """T: learner busy seconds per step; given, it wins over the FLOP model (step_time.py)."""
+    max_pending_batches: int | None = Field(None, ge=1)
+    """Q: flow control (rollout.max_pending_batches); None: ceil(R / b)."""
+
+
+class LearnerSpec(_Part):
+    gpu: str = "H100"
+    """The learner's GPU (a catalog GPU name; its bf16 peak from step_time.PEAK_BF16_TFLOPS)."""
+    gpus: int = Field(1, ge=1)
+    """GPUs of the learner, on one instance (the cheapest catalog offer with at least this many is billed
+    whole)."""
+    market: Literal["on-demand", "spot"] = "on-demand"
+    """The learner's market."""
+    provider: str | None = None
+    """Only this provider's offers for the learner; None: any."""
+    region: str | None = None
+    """Only this region's offers for the learner; None: any."""
+    mfu: float | None = Field(None, gt=0, le=1)
+    """Model FLOPs utilization of the learner step; None: step_time.DEFAULT_MFU (or --mfu-from)."""
+
+
+class ActorSpec(_Part):
+    market: Literal["spot", "on-demand", "both"] = "spot"
+    """Market(s) the actors are bought in."""
+    gpus: list[str] | None = None
+    """Only these actor GPUs (catalog names); None: any profiled GPU the model fits."""
+    target_utilization: float = Field(0.95, gt=0, le=1)
+    """Share of time the learner must train: the fleet is sized for it."""
+    reclaim_per_hour: float | None = Field(None, ge=0)
+    """Spot reclaims per instance-hour for every offer; None: providers.py's table per provider."""
+    replacement_seconds: float = Field(600.0, ge=0)
+    """Reclaim to a replacement producing (boot, model load, first weights)."""
+    caps: dict[str, int] | None = None
+    """Instances per (offer, market) at most, by key (``*``, a provider, an offer name); None: providers.py's."""
+
+
+class NetworkSpec(_Part):
+    store_gbit: float = Field(10.0, gt=0)
+    """Gbit/s from the store to one reader (a relay root or an actor without the relay)."""
+    peer_uplink_gbit: float = Field(1.0, gt=0)
+    """Gbit/s an actor sends to its relay children."""
+    keyframe_every: int = Field(16, ge=1)
+    """K: a whole version every K published versions, sparse deltas between (train.keyframe_every; 1: no
+    deltas)."""
+    fanout: int = Field(1, ge=1)
+    """Children per relay node (broadcast.fanout)."""
+    changed_fraction: float | None = Field(None, gt=0, le=1)
+    """Share of parameters a delta carries; None: dissemination.DEFAULT_CHANGED_FRACTION (measured here)."""
+    relay: bool = True
+    """Peers pass versions on (one store read per provider and region) rather than every actor reading it."""
+    dissemination_seconds: float | None = Field(None, ge=0)
+    """D: given, it wins over the dissemination model."""
+    upload_seconds: float = Field(1.0, ge=0)
+    """U: a batch's upload until the learner sees it."""
+
+
+class StoreSpec(_Part):
+    provider: str | None = None
+    """Provider of the store (object storage); None: the learner's."""
+    region: str | None = None
+    """Region of the store; None: the learner's."""
+
+
+class Reference(_Part):
+    name: str
+    """The row's label."""
+    usd: float = Field(gt=0)
+    """Its cost of the whole run."""
+    hours: float = Field(gt=0)
+    """Its wall-clock hours."""
+    source: str
+    """Where the figures come from."""
+
+
+class WorkloadFile(_Part):
+    """One run to plan (see the module docstring)."""
+
+    name: str = "workload"
+    """A label."""
+    description: str = ""
+    """What the run is."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    learner: LearnerSpec = Field(default_factory=LearnerSpec)
+    actors: ActorSpec = Field(default_factory=ActorSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    store: StoreSpec = Field(default_factory=StoreSpec)
+    compare: list[Reference] = Field(default_factory=list)
+    """Other systems' cost and hours for the same work, shown beside echo2's."""
+    sources: dict[str, str] = Field(default_factory=dict)
+    """Where each value comes from, by dotted field name (``rollout.group_size``): shown with the assumptions."""
+    base_dir: str | None = Field(None, exclude=True)
+    """The folder of the file (model.config is relative to it); not a YAML field."""
+
+    @model_validator(mode="after")
+    def _checks(self):
+        if self.train.staleness < self.train.publish_every - 1:
+            raise ValueError(f"train.staleness {self.train.staleness} < publish_every - 1: the version it "
+                             "needs is never published")
+        p95 = self.rollout.completion_tokens_p95
+        if p95 is not None and p95 < self.rollout.completion_tokens_mean:
+            raise ValueError("rollout.completion_tokens_p95 must be >= completion_tokens_mean")
+        return self
+
+    # -- derived values ------------------------------------------------------------------------------
+    def params_b(self) -> tuple[float, float | None]:
+        """(total, active or None) billions: the fields, else counted from ``model.config``."""
+        total, active = self.model.total_params_b, self.model.active_params_b
+        if total is None and self.model.config:
+            path = Path(self.model.config)
+            if not path.is_absolute() and self.base_dir:
+                path = Path(self.base_dir) / path
+            counted_total, counted_active = params_from_config(path)
+            total = counted_total
+            active = active if active is not None else (counted_active if counted_active < counted_total else None)
+        if total is None:
+            raise Echo2InputError(f"workload {self.name}: give model.total_params_b or model.config")
+        if active is not None and active > total:
+            raise Echo2InputError(f"workload {self.name}: model.active_params_b {active:g} > total {total:g}")
+        return total, active
+
+    def steps(self) -> int | None:
+        """Learner steps of the run (data.steps, else ceil(prompts x epochs / R)); None when unknown."""
+        if self.data.steps is not None:
+            return self.data.steps
+        if self.data.prompts is None:
+            return None
+        return max(1, -(-round(self.data.prompts * self.data.epochs) // self.rollout.groups_per_step))
+
+    def completion_tokens_per_step(self) -> float:
+        r = self.rollout
+        return r.groups_per_step * r.group_size * r.completion_tokens_mean
+
+    def tokens_per_step(self) -> float:
+        """Tokens the learner trains on per step: prompt plus completion of every completion."""
+        r = self.rollout
+        return r.groups_per_step * r.group_size * (r.completion_tokens_mean + r.prompt_tokens)
+
+    def assumptions(self) -> list[dict]:
+        """Every field as {name, value, source}: the file's ``sources`` entry, else where the value came from."""
+        given = self.model_fields_set
+        out = []
+        for section in ("model", "data", "rollout", "train", "learner", "actors", "network", "store"):
+            part = getattr(self, section)
+            for field, info in type(part).model_fields.items():
+                key = f"{section}.{field}"
+                value = getattr(part, field)
+                if key in self.sources:
+                    source = self.sources[key]
+                elif section in given and field in part.model_fields_set:
+                    source = "given, no source stated"
+                else:
+                    source = ("default (no source: an assumption); the field: "
+                              + " ".join((info.description or "").split()))
+                out.append({"name": key, "value": value, "source": source})
+        return out
+
+
+def params_from_config(path: str | Path) -> tuple[float, float]:
+    """(total, active) billions of parameters counted from an HF-style config.json (module docstring)."""
+    path = Path(path)
+    try:
+        c = json.loads(path.read_text())
+        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        n_q = c["num_attention_heads"]
+        n_kv = c.get("num_key_value_heads", n_q)
+        d = c.get("head_dim") or h // n_q
+    except OSError as exc:
+        raise Echo2InputError(f"model config {path}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Echo2InputError(f"model config {path}: not an HF-style decoder config ({exc!r})") from None
+    attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
+    experts = c.get("num_experts") or c.get("n_routed_experts") or 0
+    if experts:
+        k = c["num_experts_per_tok"]
+        i_moe = c["moe_intermediate_size"]
+        total_mlp, active_mlp = experts * 3 * h * i_moe + h * experts, k * 3 * h * i_moe + h * experts
+    else:
+        total_mlp = active_mlp = 3 * h * c["intermediate_size"]
+    embed = vocab * h * (1 if c.get("tie_word_embeddings", False) else 2)
+    total = layers * (attn + total_mlp) + embed
+    active = layers * (attn + active_mlp) + embed
+    return total / 1e9, active / 1e9
+
+
+def load_workload(name_or_path: str | Path) -> WorkloadFile:
+    """A workload from a YAML file, or by NAME from the shipped ``infra/workloads/NAME.yaml``."""
+    text = str(name_or_path)
+    path = Path(text)
+    if not path.is_file() and "/" not in text and not text.endswith((".yaml", ".yml")):
+        shipped_path = WORKLOADS / f"{text}.yaml"
+        if not shipped_path.is_file():
+            names = sorted(p.stem for p in WORKLOADS.glob("*.yaml")) if WORKLOADS.is_dir() else []
+            raise Echo2InputError(f"no workload {text!r}: give a YAML file or one of {', '.join(names) or 'none'}")
+        path = shipped_path
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise Echo2InputError(f"workload {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise Echo2InputError(f"workload {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise Echo2InputError(f"workload {path}: must be a mapping of sections (model:, data:, rollout: ...)")
+    return parse_workload(data, where=str(path), base_dir=str(path.parent))
+
+
+def parse_workload(data: dict, *, where: str = "workload", base_dir: str | None = None) -> WorkloadFile:
+    """A validated workload from a mapping; one Echo2InputError line naming the bad field."""
+    try:
+        workload = WorkloadFile.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise Echo2InputError(f"{where}: {field}: {err['msg']}") from None
+    unknown = [k for k in workload.sources if not _is_field(k)]
+    if unknown:
+        raise Echo2InputError(f"{where}: sources name unknown field(s) {', '.join(sorted(unknown))}")
+    workload.params_b()  # a model is required: say so now
+    return workload
+
+
+def _is_field(dotted: str) -> bool:
+    section, _, field = dotted.partition(".")
+    part = WorkloadFile.model_fields.get(section)
+    if part is None or not field:
+        return False
+    cls = part.annotation
+    return isinstance(cls, type) and issubclass(cls, _Part) and field in cls.model_fields
+
+
+def from_flags(**sections: dict) -> WorkloadFile:
+    """The workload ``echo2 plan``'s flags describe: ``sections`` as in the file (``rollout={...}``), with
+    None values left to the defaults. The same object a file gives, so flags and files take one path."""
+    data = {name: {k: v for k, v in values.items() if v is not None} for name, values in sections.items()
+            if isinstance(values, dict)}
+    data.update({name: value for name, value in sections.items() if not isinstance(value, dict) and value is not None})
+    return parse_workload(data, where="echo2 plan")
