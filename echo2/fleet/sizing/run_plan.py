@@ -301,8 +301,8 @@ def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batche
             usd = spot_offer.price(True) * hours
             spot_learner = {"offer": spot_offer.as_dict(), "usd_per_hour": spot_offer.price(True), "usd_learner": usd,
                             "usd_total": usd + usd_actors + usd_traffic,
-                            "note": "the same hours with the learner at spot; its own reclaims (restarts from the "
-                                    "last checkpoint) are NOT counted here: issue 23 models them"}
+                            "note": "the same hours and traffic with the learner at spot; its own reclaims (restarts "
+                                    "from the last checkpoint) are NOT counted here: issue 23 models them"}
     return {"steps": steps, "hours": hours, "startup_seconds": startup,
             "usd_learner": usd_learner, "usd_actors": usd_actors, "usd_traffic": usd_traffic,
             "usd_total": usd_learner + usd_actors + usd_traffic,

@@ -36,10 +36,10 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100": 989.0, "H100-MEGA": 9
 PEAK_SOURCE = ("NVIDIA datasheets, dense bf16 tensor-core TFLOP/s without sparsity (SXM parts; H100 PCIe "
                "apart), as echo2/bench/learner_steps.py has them")
 DEFAULT_MFU = 0.25
-DEFAULT_MFU_SOURCE = ("assumption: 25% MFU for an MoE learner step (MoE training reaches less MFU than dense: "
-                      "routing, uneven expert loads, small expert matmuls; dense 8B-class steps reach ~40%, "
-                      "the learner bench's target); not measured here on a GPU. Measure it with "
-                      "`echo2 bench learner --device cuda --json` and pass --mfu-from")
+DEFAULT_MFU_SOURCE = ("assumption: 25% MFU for the learner step, dense or MoE (the learner bench's target is 40% "
+                      "for a dense 1.7B step at 8k tokens; MoE steps reach less: routing, uneven expert loads, small "
+                      "expert matmuls); not measured here on a GPU. Measure it with `echo2 bench learner --device "
+                      "cuda --json` and pass --mfu-from")
 
 
 def peak_tflops(gpu: str) -> float:

@@ -241,8 +241,7 @@ class WorkloadFile(_Part):
                 elif section in given and field in part.model_fields_set:
                     source = "given, no source stated"
                 else:
-                    source = ("default (no source: an assumption); the field: "
-                              + " ".join((info.description or "").split()))
+                    source = "default: an assumption (infra/workloads/README.md says what the field means)"
                 out.append({"name": key, "value": value, "source": source})
         return out
 
