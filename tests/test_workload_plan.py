@@ -152,6 +152,7 @@ def test_preset_plans_with_every_key_and_every_assumption_sourced(preset):
         assert "above it" in out["verdict"] and ("MFU" in out["verdict"] or "largest share" in out["verdict"])
     assert out["traffic"]["usd_with_relay"] <= out["traffic"]["usd_store_only"]
     assert out["reclaims"]["expected_reclaims"] > 0  # spot actors over ~10 h
+    assert out["spot_learner"]["usd_total"] < out["usd_total"]  # the optional spot-learner row
     json.dumps(out)  # JSON-ready
 
 
@@ -215,3 +216,17 @@ def test_cli_workload_json_and_table(preset):
     assert table.returncode == 0 and "assumptions" in table.stdout and "Tinker" in table.stdout, table.stderr
     bad = _cli("--workload", "nope")
     assert bad.returncode == 2 and bad.stderr.startswith("error: no workload 'nope'"), bad.stderr
+
+
+def test_plan_buys_what_choose_fleet_buys(offers, profiles):
+    """One chooser: with no batch tail, the plan's fleet is choose_fleet's for the same capacity workload."""
+    from echo2.fleet.sizing.choose import choose_fleet
+    from echo2.fleet.sizing.run_plan import capacity_workload
+
+    wf = from_flags(model={"total_params_b": 7.0}, train={"staleness": 4, "train_seconds": 60.0},
+                    network={"dissemination_seconds": 30.0}, data={"steps": 100})
+    out = plan_run(wf, offers, profiles)
+    direct = choose_fleet(capacity_workload(wf, 60.0, 30.0), offers, profiles, model_params_b=7.0,
+                          batch_tokens=8 * 8 * 512)
+    assert out["fleet"] == direct.as_dict()["fleet"] and out["usd_per_hour"] == pytest.approx(direct.usd_per_hour)
+    assert out["usd_actors"] == pytest.approx(direct.usd_per_hour * out["hours"])

@@ -37,8 +37,12 @@ the search hits ``max_evaluations`` predict calls or ``MAX_NODES`` nodes; then
 activation (``activation.py``) reuses with one cover and convex per-type costs.
 
 Reclaims: ``simulate_reclaims`` (its docstring has the model) tells how many extra workers hold
-the planned throughput when spot workers are reclaimed. Nothing here prints: the CLI
-(``echo2 plan``) and the flows format the dicts ``plan`` returns.
+the planned throughput when spot workers are reclaimed. Nothing here prints.
+
+Who uses what: ``echo2 plan`` chooses its fleet with ``choose.choose_fleet`` (``run_plan.py``), the one
+chooser the live fleet also buys with, and runs ``simulate_reclaims`` on that fleet; ``cheapest_mix`` and
+``plan`` remain the exact planner over (GPU, GPU count) worker types, checked against brute force in
+tests/test_plan.py.
 """
 
 from __future__ import annotations

@@ -68,6 +68,17 @@ def _check_gpus(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profi
                               f"{', '.join(sorted({o.gpu for o in offers}))}")
 
 
+def _learner_gpus(wf: WorkloadFile, offers: list[Offer]) -> int:
+    """The fewest of 1, 2, 4, 8 GPUs of the learner's kind and market that hold the training state; 8 if none."""
+    for n in (1, 2, 4, 8):
+        try:
+            learner_offer(wf.model_copy(update={"learner": wf.learner.model_copy(update={"gpus": n})}), offers)
+            return n
+        except Echo2InputError:
+            continue
+    return 8
+
+
 def learner_offer(wf: WorkloadFile, offers: list[Offer]) -> Offer:
     """The cheapest instance for the learner (module docstring, step 6) whose GPUs hold the training state:
     ``LEARNER_BYTES_PER_PARAM`` bytes per parameter sharded over the learner's GPUs (an unknown memory size
@@ -177,8 +188,8 @@ def _fleet_rows(activation) -> list[dict]:
     return activation.as_dict()["fleet"] if activation else []
 
 
-def _neighbour(wf, t, vbytes, offers, profiles, total_b, active_b, budget, staleness) -> dict:
-    w = capacity_workload(wf, t, _dissemination(wf, vbytes, []), staleness)
+def _neighbour(wf, t, d, offers, profiles, total_b, active_b, budget, staleness) -> dict:
+    w = capacity_workload(wf, t, d, staleness)
     found = _choose(wf, w, offers, profiles, total_b, active_b, budget)
     if found is None:
         return {"staleness": staleness, "feasible": False, "fleet": [], "workers": 0, "usd_per_hour": None,
@@ -200,6 +211,9 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
     ``reclaim_hours``: simulate reclaims over that many hours instead of the run's."""
     total_b, active_b = wf.params_b()
     _check_gpus(wf, offers, profiles)
+    auto_gpus = wf.learner.gpus is None
+    if auto_gpus:
+        wf = wf.model_copy(update={"learner": wf.learner.model_copy(update={"gpus": _learner_gpus(wf, offers)})})
     t, t_info = _train_seconds(wf, active_b or total_b, mfu)
     if changed_fraction is None:
         changed_fraction = ((wf.network.changed_fraction, wf.sources.get("network.changed_fraction", "given"))
@@ -232,11 +246,15 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
         "prices": wf.actors.market, "feasible": found is not None,
         "required_throughput": wf.rollout.groups_per_step / t,
         "required_tokens_per_second": wf.completion_tokens_per_step() / t}
-    out["neighbours"] = [_neighbour(wf, t, vb["mean"], offers, profiles, total_b, active_b, budget_usd_per_hour,
+    out["neighbours"] = [_neighbour(wf, t, d, offers, profiles, total_b, active_b, budget_usd_per_hour,
                                     wf.train.staleness + k) for k in neighbours
                          if k and wf.train.staleness + k >= wf.train.publish_every - 1]
     out["assumptions"] = _assumptions(wf, t_info, changed_fraction, total_b, active_b, profiles,
                                       {c.gpu_type or c.offer.gpu for c, _ in found.fleet} if found else set())
+    if auto_gpus:
+        row = next(a for a in out["assumptions"] if a["name"] == "learner.gpus")
+        row["source"] = (f"chosen: the fewest of 1, 2, 4, 8 {wf.learner.gpu} whose memory holds "
+                         f"{LEARNER_BYTES_PER_PARAM:g} bytes per parameter (training state, sharded)")
     if found is None:
         out.update({"fleet": [], "workers": 0, "usd_per_hour": None, "predicted_utilization": None,
                     "utilization": None, "step_seconds": None, "min_staleness": None,

@@ -95,9 +95,9 @@ class TrainSpec(_Part):
 class LearnerSpec(_Part):
     gpu: str = "H100"
     """The learner's GPU (a catalog GPU name; its bf16 peak from step_time.PEAK_BF16_TFLOPS)."""
-    gpus: int = Field(1, ge=1)
+    gpus: int | None = Field(None, ge=1)
     """GPUs of the learner, on one instance (the cheapest catalog offer with at least this many is billed
-    whole)."""
+    whole); None: the fewest of 1, 2, 4, 8 whose memory holds the training state (run_plan.py)."""
     market: Literal["on-demand", "spot"] = "on-demand"
     """The learner's market."""
     provider: str | None = None
