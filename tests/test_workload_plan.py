@@ -230,3 +230,24 @@ def test_plan_buys_what_choose_fleet_buys(offers, profiles):
                           batch_tokens=8 * 8 * 512)
     assert out["fleet"] == direct.as_dict()["fleet"] and out["usd_per_hour"] == pytest.approx(direct.usd_per_hour)
     assert out["usd_actors"] == pytest.approx(direct.usd_per_hour * out["hours"])
+
+
+def test_every_field_is_documented_in_the_readme():
+    from echo2.fleet.sizing.workload_file import WORKLOADS, WorkloadFile, _Part
+
+    readme = (WORKLOADS / "README.md").read_text()
+    for section, info in WorkloadFile.model_fields.items():
+        cls = info.annotation
+        if isinstance(cls, type) and issubclass(cls, _Part):
+            for field, finfo in cls.model_fields.items():
+                assert f"`{section}.{field}`" in readme, f"{section}.{field}"
+                assert finfo.description, f"{section}.{field} has no docstring"
+
+
+def test_cli_mfu_from_a_bench_file(tmp_path, preset):
+    _, out = preset
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"case": "8192", "tokens": 8192, "mfu": 0.5}) + "\n")
+    got = json.loads(_cli("--workload", "echo2-paper-30b", "--mfu-from", str(bench), "--json").stdout)
+    assert got["learner_step"]["mfu"] == 0.5 and got["learner_step"]["mfu_source"].startswith("measured")
+    assert got["learner_step"]["train_seconds"] == pytest.approx(out["learner_step"]["train_seconds"] / 2)
