@@ -33,6 +33,15 @@ A parent of the plan that failed to deliver (``relay.py``: held a request past i
 died, sent bad bytes) is remembered with the version it failed: the receiver asks it for nothing for
 ``topology.REPORT_VERSIONS`` versions, whatever later plans say, and reports it in its peer record
 (``failed_parents``), from which the learner plans around it (``topology.plan``).
+
+What the actor read, for the bill (``fleet/egress.py``): every chunk byte read from the store (counted as it
+is read, whatever becomes of its fetch: abandoned, failed or a delta chain's link) and every chunk byte a
+parent peer delivered and that matched the manifest, per the parent's site in the signed plan (counted when
+its fetch ends, done or not; a chunk that failed its hash is not counted). Manifests and pointers (a few KB)
+are not counted. The counters go into the peer record (``read_bytes``) at every heartbeat, and a fetch that
+ends wakes the heartbeat at once; with ``broadcast.mode: store`` (no heartbeat) the record is written after
+each fetch ends, for the counters alone (the learner plans nothing in store mode), and removed at ``close``
+as in relay mode.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ from echo2.data.weights import read_manifest
 
 log = logging.getLogger("echo2.broadcast")
 
+MAX_PEER_SITES = 8
+"""Sites the counters name (``fleet/egress.MAX_SITES``); bytes from further sites count under "" (unknown)."""
 IDENTITY_CHECK_S = 10.0
 """How often the manifest of the version held is checked to still be the one in the store (one HEAD)."""
 
@@ -87,12 +98,19 @@ class PolicyReceiver:
         self._pending_stamp: float | None = None
         self._identity_checked_at = 0.0
         self._pending: tuple[int, Future] | None = None
+        self._pending_sites: dict[str, str] = {}  # str(Peer) -> site, of the fetch in flight
         self._bad_latest: bytes | None = None  # the malformed LATEST already logged
         self._failed_parents: dict[str, int] = {}
         """Parent -> the newest version it failed to deliver to us (written on the relay loop, read by the
         heartbeat)."""
         self._failed_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._read_store = 0
+        self._read_peers: dict[str, int] = {}
+        """Parent's site -> chunk bytes parents there delivered (``read_bytes``)."""
+        self._registered = False
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a beat now (a fetch ended), not at the next heartbeat_s
         self._heartbeat: threading.Thread | None = None
         if config.mode == "relay":
             self._beat()
@@ -107,10 +125,38 @@ class PolicyReceiver:
 
     def _store_read(self, chunk: Chunk, manifest: dict) -> bytes:
         key = f"{layout.policy_dir(int(manifest['version']))}/{chunk.file}"
-        return self.store.get_range(key, chunk.offset, chunk.offset + chunk.size)
+        data = self.store.get_range(key, chunk.offset, chunk.offset + chunk.size)
+        with self._read_lock:
+            self._read_store += len(data)
+        return data
+
+    @property
+    def read_bytes(self) -> dict:
+        """What this actor read so far: {"store": bytes, "peers": {parent's site: bytes}} (a copy)."""
+        with self._read_lock:
+            return {"store": self._read_store, "peers": dict(self._read_peers)}
+
+    def _count_peer_chunks(self, buffer: VersionBuffer, sites: dict[str, str]) -> None:
+        """Add the chunks of ``buffer`` that peers delivered; ``sites``: str(Peer) -> the parent's site."""
+        with self._read_lock:
+            for chunk, source in zip(buffer.chunks, buffer.sources):
+                if source is not None and source in sites:
+                    site = sites[source]
+                    if site not in self._read_peers and len(self._read_peers) >= MAX_PEER_SITES:
+                        site = ""
+                    self._read_peers[site] = self._read_peers.get(site, 0) + chunk.size
+
+    def _fetch_ended(self, future: Future, manifest: dict, sites: dict[str, str]) -> None:
+        """Count what peers delivered to a fetch that failed or was cancelled (a done one: ``_collect``)."""
+        if not future.cancelled() and future.exception() is None:
+            return
+        buffer = self.node.server.buffers.get(int(manifest["version"]))
+        if buffer is not None and buffer.manifest is manifest:  # else dropped by the relay: uncounted
+            self._count_peer_chunks(buffer, sites)
 
     def _beat(self) -> None:
-        topology.register(self.store, self.actor_id, self.url, self.current, self.failed_parents)
+        topology.register(self.store, self.actor_id, self.url, self.current, self.failed_parents, self.read_bytes)
+        self._registered = True
 
     @property
     def failed_parents(self) -> dict[str, int]:
@@ -133,7 +179,11 @@ class PolicyReceiver:
             return set(self._failed_parents)
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.config.heartbeat_s):
+        while True:
+            self._wake.wait(self.config.heartbeat_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._beat()
             except Exception as exc:  # a missed heartbeat only makes us look dead for a while
@@ -197,12 +247,26 @@ class PolicyReceiver:
             buffer = future.result()
         except Exception as exc:
             log.error("receiving v%d failed (will retry): %s", version, exc)
+            self._report_reads()
             return None
         self.current, self._held_stamp = version, self._pending_stamp
+        self._count_peer_chunks(buffer, self._pending_sites)
+        self._report_reads()
         sources = {s for s in buffer.sources}
         log.info("v%d received and verified (%d chunks, from %s)", version, len(buffer.chunks),
                  ", ".join(sorted(sources)))
         return buffer
+
+    def _report_reads(self) -> None:
+        """The counters into the peer record now that a fetch ended: by waking the heartbeat (no store write on
+        the actor's own path), or with no heartbeat (store mode) here."""
+        if self._heartbeat is not None:
+            self._wake.set()
+            return
+        try:
+            self._beat()
+        except Exception as exc:  # the next heartbeat or fetch tries again
+            log.warning("could not report the bytes read: %s", exc)
 
     def fetch_blocking(self, version: int) -> VersionBuffer:
         """A whole older version (the base of a LoRA adapter, a link of a delta chain) from the store,
@@ -271,15 +335,20 @@ class PolicyReceiver:
             log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()
         started = time.time()
+        relay = manifest.get("relay", {})
+        sites = {str(p): topology.site_of(relay, p.actor_id) for p in peers}
         future = self.node.start_fetch(manifest, peers, on_left=self._parent_failed)
+        future.add_done_callback(lambda f: self._fetch_ended(f, manifest, sites))
         # how long the transfer itself took (not the wait for the actor to swap): the capacity fit's D
         future.add_done_callback(lambda f: setattr(self, "last_fetch_seconds", time.time() - started))
-        self._pending, self._pending_stamp = (version, future), stamp
+        self._pending, self._pending_stamp, self._pending_sites = (version, future), stamp, sites
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5)
+        if self._registered:
             try:
                 topology.unregister(self.store, self.actor_id)
             except Exception as exc:

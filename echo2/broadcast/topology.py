@@ -5,6 +5,17 @@ manifest, so every actor derives the same tree. Peers are ordered by sha256(vers
 rotates the roots and inner nodes from version to version. With ``roots`` roots and fan-out
 ``f``, node k (k >= roots) has parent (k - roots) // f: f = 1 is a chain per root.
 
+Sites: where the fleet placed each actor (provider and region, from the ledger's launch, requested,
+running and ready events: ``LaunchedActors.placement``, written by the learner's fleet, never by an actor),
+the plan is one forest per site, so a parent is always in its child's provider and region and a copy
+crosses a cloud or region boundary only where a site's root reads the store. Each peer of the plan carries
+its ``site`` (``provider/region``; "" where the ledger says nothing) and the plan ``site_roots``: a site
+gets ``roots`` roots where the store is (``store.provider``/``store.region``), where the store's place is
+unknown, and in the unknown site "", and one root elsewhere (the copy that crosses). Within a site the rule
+above holds over that site's peers in the hash order; the sites are listed in name order. A plan without
+sites (no actor placed, as in tests of the relay alone, or a manifest from before sites) is the one forest
+above.
+
 Peer records (``peers/<actor>.json``) are written by untrusted actors and read by the learner
 while it publishes, so ``read_peers`` takes nothing on trust and never raises on a record: a record
 is read with one ranged GET of at most ``MAX_RECORD_BYTES`` + 1 bytes (whatever the object's size: a
@@ -61,7 +72,13 @@ QUORUM = 2
 READ_THREADS = 8
 """Peer records read at once while publishing (two small requests each: a HEAD, a ranged GET)."""
 
+_SITE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _URL_RE = re.compile(r"https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+
+
+def site_name(provider: str, region: str) -> str:
+    """How a site is spelled in a plan (the same spelling as ``fleet/egress.site_name``)."""
+    return f"{provider.lower()}/{region}"
 
 
 class PeerRecord(NamedTuple):
@@ -84,16 +101,28 @@ def parent_index(k: int, *, fanout: int, roots: int) -> int | None:
 
 def source_peers(relay: dict, actor_id: str) -> list[tuple[str, str]]:
     """(url, peer id) to fetch from, best first: parent, then its ancestors up to a root. Empty = store only.
-    The id is who the peer must prove to be over TLS (``relay_tls.py``): the url is only where it says it is."""
+    The id is who the peer must prove to be over TLS (``relay_tls.py``): the url is only where it says it is.
+    In a plan with sites, only the peers of the actor's own site (see the module docstring)."""
     peers: list[dict] = relay.get("peers", [])
     ids = [p["id"] for p in peers]
     if actor_id not in ids:
         return []
+    roots = relay["roots"]
+    if "site_roots" in relay:
+        site = peers[ids.index(actor_id)].get("site", "")
+        peers = [p for p in peers if p.get("site", "") == site]
+        ids = [p["id"] for p in peers]
+        roots = relay["site_roots"].get(site, roots)
     out = []
     k: int | None = ids.index(actor_id)
-    while (k := parent_index(k, fanout=relay["fanout"], roots=relay["roots"])) is not None:
+    while (k := parent_index(k, fanout=relay["fanout"], roots=roots)) is not None:
         out.append((peers[k]["url"], peers[k]["id"]))
     return out
+
+
+def site_of(relay: dict, actor_id: str) -> str:
+    """The site the plan places ``actor_id`` in ("" when it names none)."""
+    return next((p.get("site", "") for p in relay.get("peers", []) if p.get("id") == actor_id), "")
 
 
 def sources(relay: dict, actor_id: str) -> list[str]:
@@ -102,21 +131,35 @@ def sources(relay: dict, actor_id: str) -> list[str]:
 
 
 def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
-         reports: dict[str, set[str]] | None = None) -> dict:
-    """The relay section of a manifest: ordered peers (id, url) and the shape of the forest.
+         reports: dict[str, set[str]] | None = None, placement: dict[str, tuple[str, str]] | None = None,
+         store_site: tuple[str, str] | None = None) -> dict:
+    """The relay section of a manifest: ordered peers (id, url[, site]) and the shape of the forest.
 
     ``reports``: parent -> the children that reported it failed (``standing_reports``); a parent with
-    ``QUORUM`` reporters is left out, the rest keep the hash order."""
+    ``QUORUM`` reporters is left out, the rest keep the hash order. ``placement``: actor -> (provider,
+    region) from the ledger; given, the plan is one forest per site (module docstring), with ``store_site``
+    the store's (provider, region), None if unknown."""
     out = {p for p, who in (reports or {}).items() if len(who) >= QUORUM}
     ids = [i for i in order(list(live), version) if i not in out]
-    return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
+    if not placement:
+        return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
+    site = {i: site_name(*placement[i]) if i in placement else "" for i in ids}
+    home = None if store_site is None else site_name(*store_site)
+    sites = sorted(set(site.values()))
+    ids = [i for s in sites for i in ids if site[i] == s]  # grouped by site, hash order within
+    return {"fanout": fanout, "roots": roots,
+            "site_roots": {s: roots if home is None or s in (home, "") else 1 for s in sites},
+            "peers": [{"id": i, "url": live[i], "site": site[i]} for i in ids]}
 
 
 def register(store: ObjectStore, actor_id: str, url: str, version: int | None,
-             failed_parents: dict[str, int] | None = None) -> None:
-    """Heartbeat: the peer record is a pointer, rewritten every few seconds."""
+             failed_parents: dict[str, int] | None = None, read_bytes: dict | None = None) -> None:
+    """Heartbeat: the peer record is a pointer, rewritten every few seconds. ``read_bytes``: what the actor
+    read so far (``fleet/egress.py``: only the learner's bill reads it; planning ignores it)."""
     record = {"id": actor_id, "url": url, "version": version, "heartbeat": time.time(),
               "failed_parents": dict(failed_parents or {})}
+    if read_bytes is not None:
+        record["read_bytes"] = read_bytes
     store.put_pointer(layout.peer_key(actor_id), json.dumps(record).encode())
 
 
@@ -249,14 +292,18 @@ def standing_reports(records: dict[str, PeerRecord], version: int) -> dict[str, 
 class LaunchedActors:
     """Actor ids the fleet chose in this run ("requested" or "launch" events in the ledger, which the
     learner's fleet manager writes and actors' scoped credentials cannot), read incrementally: each event
-    once. A peer record under any other name is not an actor of this fleet and never gets into a plan."""
+    once. A peer record under any other name is not an actor of this fleet and never gets into a plan.
+    ``placement``: actor -> (provider, region) from those events and its "running"/"ready" ones (the offer a
+    launch landed on), the newest event read winning; actors no event places are not in it."""
 
     KINDS = frozenset({"requested", "launch"})
+    PLACED_BY = frozenset({"requested", "launch", "running", "ready"})
 
     def __init__(self, store: ObjectStore):
         self.store = store
         self._read: set[str] = set()
         self.ids: set[str] = set()
+        self.placement: dict[str, tuple[str, str]] = {}
 
     def __call__(self) -> set[str]:
         for key in self.store.list(layout.LEDGER_EVENTS):
@@ -267,15 +314,23 @@ class LaunchedActors:
             except NotFound:
                 continue
             self._read.add(key)
-            if isinstance(event, dict) and event.get("kind") in self.KINDS and isinstance(event.get("actor_id"), str):
-                self.ids.add(event["actor_id"])
+            if not isinstance(event, dict) or not isinstance(actor := event.get("actor_id"), str):
+                continue
+            if event.get("kind") in self.KINDS:
+                self.ids.add(actor)
+            provider, region = event.get("provider"), event.get("region")
+            if (event.get("kind") in self.PLACED_BY and isinstance(provider, str) and isinstance(region, str)
+                    and _SITE_PART.match(provider) and _SITE_PART.match(region)):
+                self.placement[actor] = (provider.lower(), region)
         return self.ids
 
 
 def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max_age_s: float,
-               revoked: Collection[str] = (), known: Collection[str] | None = None) -> dict:
+               revoked: Collection[str] = (), known: Collection[str] | None = None,
+               placement: dict[str, tuple[str, str]] | None = None, store_site: tuple[str, str] | None = None) -> dict:
     """The relay section of version ``version``: the live peers that the fleet knows (``known``; None = no
-    fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports."""
+    fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports, one
+    forest per site where ``placement`` is given (``plan``)."""
     records = read_peers(store, max_age_s=max_age_s)
     strangers = {a for a in records if known is not None and a not in known}
     for actor in sorted(strangers):
@@ -286,7 +341,8 @@ def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max
         if len(who) >= QUORUM:
             log.warning("v%d: %s is left out of the relay plan: %s report it failed to deliver", version, parent,
                         ", ".join(sorted(who)))
-    return plan({a: r.url for a, r in records.items()}, version, fanout=fanout, roots=roots, reports=reports)
+    return plan({a: r.url for a, r in records.items()}, version, fanout=fanout, roots=roots, reports=reports,
+                placement=placement, store_site=store_site)
 
 
 def unregister(store: ObjectStore, actor_id: str) -> None:

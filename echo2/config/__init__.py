@@ -70,6 +70,25 @@ class StoreConfig(_Section):
     retry_s: float = Field(120.0, gt=0)
     """How long a store operation retries transient errors (connection lost, 503 SlowDown, 500) before it
     fails: the learner and every actor ride out an outage of the store this long."""
+    provider: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """Where the store lives, for traffic: the provider as the price catalog names it (``aws``, ``gcp``...,
+    ``echo2 prices --json``). The cost report prices what actors read from the store with
+    ``fleet/providers.py``'s egress table from here to each actor's placement, and the relay plan gives every
+    other (provider, region) one root that reads the store. None: unknown (store reads unpriced, and every
+    (provider, region) of the fleet gets ``broadcast.roots`` roots)."""
+    region: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    """The store's region as the catalog names it (``us-east-1``, ``us-central1``); needs ``store.provider``."""
+
+    @model_validator(mode="after")
+    def _region_needs_provider(self) -> "StoreConfig":
+        if self.region is not None and self.provider is None:
+            raise ValueError("store.region needs store.provider (where the store lives: provider and region)")
+        return self
+
+    @property
+    def site(self) -> tuple[str, str] | None:
+        """(provider, region) of the store, lower-case provider; region "?" when only the provider is known."""
+        return None if self.provider is None else (self.provider.lower(), self.region or "?")
 
 
 class ModelConfig(_Section):

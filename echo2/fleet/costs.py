@@ -22,6 +22,16 @@ row ends at that learner's last ledger activity before the next ``resume`` event
 (not the live ``usd_so_far`` of a running learner) at the run's last activity: never at the time the
 report is made.
 
+Traffic: what each actor read (``egress.py``: the learner's snapshots of the actors' own counters, folded
+in at each publish and here before a report is written) is priced with ``providers.transfer_usd_per_gb``:
+bytes from the store from where the store lives (``store.provider``/``store.region`` in ``run.json``'s
+config) to the actor's placement (its row's provider and region, from its ledger events), bytes from peers
+from the parent's site (``provider/region`` as the signed relay plan named it) to the actor's, and from an
+unknown site ("") as if within the actor's own site ($0). Where the store's place, the actor's provider, or
+(within the store's provider) its region is not known, those bytes are counted and unpriced, and the report
+says so. ``total_usd`` is GPU plus traffic (``gpu_usd``, ``traffic_usd``); ``fleet_usd``, the live figure the
+fleet's budget reads, stays GPU hours only.
+
 Prices marked ``simulated_price`` (a local actor priced as a catalog offer) make the whole report
 say "simulated prices" in its title: the dollars are what the hours would have cost, not a bill.
 """
@@ -37,6 +47,8 @@ from echo2.data import layout
 from echo2.data.audit import failure_kind, finite_number
 from echo2.data.ledger import consumed_keys, read_events
 from echo2.data.store import NotFound, ObjectStore
+from echo2.fleet import egress
+from echo2.fleet.providers import transfer_usd_per_gb
 
 STARTS = ("launch", "requested")
 STATUS = ("running", "ready")
@@ -198,6 +210,66 @@ def _group(rows: list[dict], field: str) -> dict[str, dict]:
     return dict(sorted(out.items()))
 
 
+def store_site(run_record: dict) -> tuple[str, str] | None:
+    """Where the run's store lives, from its config in ``run.json`` (``store.provider``/``store.region``);
+    None if the config does not say. A provider without a region gives region "?"."""
+    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
+    section = config.get("store") if isinstance(config.get("store"), dict) else {}
+    provider, region = section.get("provider"), section.get("region")
+    if not isinstance(provider, str) or not provider:
+        return None
+    return provider.lower(), region if isinstance(region, str) and region else "?"
+
+
+def _placement(rows: list[dict]) -> dict[str, tuple[str | None, str | None]]:
+    """actor -> (provider, region) as its billing rows know them (None where unknown)."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    for r in rows:
+        if r["role"] == "learner":
+            continue
+        provider = r["provider"] if r["provider"] not in (None, "?") else None
+        out[r["actor_id"]] = (provider and provider.lower(), r["region"] if r["region"] not in ("-", "") else None)
+    return out
+
+
+def _usd_per_gb(src: tuple[str | None, str | None] | None, dst: tuple[str | None, str | None]) -> float | None:
+    """``transfer_usd_per_gb`` from ``src`` to ``dst``, or None where what is unknown decides the price."""
+    if src is None or src[0] is None or dst[0] is None:
+        return None
+    if src[0] != dst[0]:  # across providers: the sender's internet egress, whatever the regions
+        return transfer_usd_per_gb(src[0], src[1] or "?", dst[0], dst[1] or "?")
+    if src[1] in (None, "?") or dst[1] is None:
+        return None  # within one provider: same region or not decides, and one is unknown
+    return transfer_usd_per_gb(src[0], src[1], dst[0], dst[1])
+
+
+def traffic_rows(reads: dict[str, egress.ReadBytes], placement: dict[str, tuple[str | None, str | None]],
+                 store_at: tuple[str, str] | None) -> list[dict]:
+    """One row per actor the fleet launched with counters: bytes from the store and from peers, priced."""
+    rows = []
+    for actor, read in sorted(reads.items()):
+        if actor not in placement:
+            continue  # not an actor of this fleet's ledger: nothing to bill it to
+        at = placement[actor]
+        store_price = _usd_per_gb(store_at, at)
+        usd, unpriced = 0.0, 0
+        if store_price is None:
+            unpriced += read.store
+        else:
+            usd += read.store / egress.GB * store_price
+        for site, n in read.peers.items():
+            parent = egress.split_site(site)
+            price = 0.0 if parent is None else _usd_per_gb((parent[0].lower(), parent[1]), at)
+            if price is None:
+                unpriced += n
+            else:
+                usd += n / egress.GB * price
+        rows.append({"actor_id": actor, "provider": at[0], "region": at[1], "bytes_from_store": read.store,
+                     "bytes_from_peers": sum(read.peers.values()), "peers_by_site": dict(read.peers),
+                     "store_usd_per_gb": store_price, "usd": usd, "unpriced_bytes": unpriced})
+    return rows
+
+
 def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float | None = None) -> dict:
     """Every cost figure of the run at ``store`` (JSON-ready). ``summary`` (steps, eval_before,
     eval_after, wall_seconds) defaults to ``reports/summary.json`` when the run has one."""
@@ -206,11 +278,16 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     events = read_events(store)
     facts = _ledger_facts(store)
     rows = worker_rows(events, now, learner_activity=facts["written"])
+    run_record = _get(store, layout.RUN_JSON)
     if not any(r["role"] == "learner" for r in rows):
         last = max([facts["last_activity"] or 0.0, *(float(e["ts"]) for e in _timeline(events))]) or None
-        learner = _learner_row(_get(store, layout.RUN_JSON), summary, last, now)
+        learner = _learner_row(run_record, summary, last, now)
         rows += [learner] if learner else []
-    total = sum(r["usd"] for r in rows)
+    store_at = store_site(run_record)
+    traffic = traffic_rows(egress.read_snapshots(store), _placement(rows), store_at)
+    gpu_usd = sum(r["usd"] for r in rows)
+    traffic_usd = sum(t["usd"] for t in traffic)
+    total = gpu_usd + traffic_usd
     steps = int(_num(summary.get("steps"), facts["steps"]))
     completions = facts["completions_used"]
     before, after = _num(summary.get("eval_before")), _num(summary.get("eval_after"))
@@ -222,6 +299,13 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     return {
         "run_id": str(summary.get("run_id") or store.url.rstrip("/").rsplit("/", 1)[-1]),
         "total_usd": total,
+        "gpu_usd": gpu_usd,
+        "traffic_usd": traffic_usd,
+        "store_site": None if store_at is None else egress.site_name(*store_at),
+        "traffic_bytes_from_store": sum(t["bytes_from_store"] for t in traffic),
+        "traffic_bytes_from_peers": sum(t["bytes_from_peers"] for t in traffic),
+        "traffic_unpriced_bytes": sum(t["unpriced_bytes"] for t in traffic),
+        "traffic": traffic,
         "hours": sum(r["hours"] for r in rows),
         "by_role": _group(rows, "role"),
         "by_gpu": _group(rows, "gpu"),
@@ -270,7 +354,14 @@ def cost_markdown(report: dict) -> str:
               f"- all on-demand the same hours would have cost {_usd(report['on_demand_equivalent_usd'])}"
               + (f" ({saved / report['on_demand_equivalent_usd']:.0%} saved)" if report["on_demand_equivalent_usd"] > 0
                  else ""),
-              f"- reclaims: {report['reclaims']}, crashes: {report['crashes']}"]
+              f"- reclaims: {report['reclaims']}, crashes: {report['crashes']}",
+              f"- GPU {_usd(report['gpu_usd'])}, traffic {_usd(report['traffic_usd'], 6)}: "
+              f"{report['traffic_bytes_from_store'] / egress.GB:.3f} GB read from the store"
+              f" ({report['store_site'] or 'where it lives is unknown: set store.provider and store.region'}), "
+              f"{report['traffic_bytes_from_peers'] / egress.GB:.3f} GB from relay peers"]
+    if report["traffic_unpriced_bytes"]:
+        lines.append(f"- {report['traffic_unpriced_bytes'] / egress.GB:.3f} GB of that traffic is unpriced: the "
+                     "store's or an actor's place is not known")
     if not report["learner_priced"]:
         lines.append("- the learner is unpriced ($0): the run's config has no learner price "
                      f"(`{'.'.join(LEARNER_PRICE_FIELD)}`)")
@@ -286,6 +377,14 @@ def cost_markdown(report: dict) -> str:
         lines.append(f"| {r['actor_id']} | {role} | {r['provider']} | {r['gpu']} | {r['region']} | {r['market']} | "
                      f"{r['price_usd_per_hour']:.4f} | {r['on_demand_usd_per_hour']:.4f} | {r['hours']:.4f} | "
                      f"{r['usd']:.4f} | {r['ended_by'] or 'running'} |")
+    if report["traffic"]:
+        lines += ["", "| actor | provider | region | GB from the store | $/GB from the store | GB from peers | $ |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        for t in report["traffic"]:
+            price = "unpriced" if t["store_usd_per_gb"] is None else f"{t['store_usd_per_gb']:.4f}"
+            lines.append(f"| {t['actor_id']} | {t['provider'] or '?'} | {t['region'] or '?'} | "
+                         f"{t['bytes_from_store'] / egress.GB:.4f} | {price} | "
+                         f"{t['bytes_from_peers'] / egress.GB:.4f} | {t['usd']:.4f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -331,8 +430,11 @@ def cost_png(report: dict) -> bytes:
 
 
 def write_cost_reports(store: ObjectStore, *, summary: dict | None = None, now: float | None = None) -> dict:
-    """Compute the report and write ``reports/cost.json``, ``cost.md`` and ``cost.png`` (overwriting:
-    ``echo2 report`` recomputes a finished or crashed run's report from its ledger)."""
+    """Fold the byte counters of actors still registered into the ledger (``egress.py``), compute the report
+    and write ``reports/cost.json``, ``cost.md`` and ``cost.png`` (overwriting: ``echo2 report`` recomputes a
+    finished or crashed run's report from its ledger)."""
+    launched = {str(e.get("actor_id")) for e in read_events(store) if isinstance(e, dict) and e.get("kind") in STARTS}
+    egress.EgressLedger(store).fold(launched)  # the counters of actors still registered, before they are gone
     report = cost_report(store, summary=summary, now=now)
     store.put_json(layout.report_key("cost.json"), report, if_absent=False)
     store.put(layout.report_key("cost.md"), cost_markdown(report).encode(), if_absent=False)

@@ -4,7 +4,11 @@ A version is committed by its signed manifest (written last), then ``policy/LATE
 The manifest carries the relay tree over the peers alive at publish time that the fleet launched
 (``topology.relay_plan``: peer records are untrusted input, parents their children report failed are
 planned around), and the actors whose relay tokens are revoked (``data/relay_tokens.py``): no revoked
-actor gets children. Versions older than t - S (no rollout of them can be used) are deleted beyond
+actor gets children. The tree is one forest per (provider, region) the fleet placed actors in (the ledger's
+launch events), with one root reading the store in each site the store is not in (``store_site``: the
+run config's ``store.provider``/``store.region``). Each publish also folds the byte counters actors report
+in their peer records into the ledger (``fleet/egress.py``: the bill's traffic; nothing here waits on them).
+Versions older than t - S (no rollout of them can be used) are deleted beyond
 the newest ``keep_versions``; with LoRA version 0 stays, since every adapter version applies to it;
 with sparse deltas every version a kept version's chain needs stays (``delta_chain.chain_closure``).
 
@@ -35,19 +39,37 @@ from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
 from echo2.data.delta_chain import chain_closure
-from echo2.data.store import ObjectStore
+from echo2.data.store import NotFound, ObjectStore
 from echo2.data.weights import delete_folder, publish_delta_version, publish_version, published_versions
+from echo2.fleet.egress import EgressLedger
 
 log = logging.getLogger("echo2.learner")
 
 
 def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str],
-                fleet: LaunchedActors) -> dict:
-    """The relay section; ``fleet``: the actors the run's fleet launched (no other peer gets into the plan)."""
+                fleet: LaunchedActors, store_site: tuple[str, str] | None = None) -> dict:
+    """The relay section; ``fleet``: the actors the run's fleet launched (no other peer gets into the plan)
+    and where it placed them, as last read; ``store_site``: the store's (provider, region), None if unknown."""
     if broadcast.mode != "relay":
         return {"fanout": broadcast.fanout, "roots": broadcast.roots, "peers": []}
     return relay_plan(store, version, fanout=broadcast.fanout, roots=broadcast.roots,
-                      max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=fleet())
+                      max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=fleet.ids,
+                      placement=fleet.placement, store_site=store_site)
+
+
+def store_site_of_run(store: ObjectStore) -> tuple[str, str] | None:
+    """The store's (provider, region) from the run's own config in ``run.json`` (written by the learner);
+    None where it does not say, or there is no readable run record (tests of the publisher alone)."""
+    try:
+        record = store.get_json(layout.RUN_JSON)
+    except (NotFound, ValueError):
+        return None
+    section = record.get("config", {}).get("store", {}) if isinstance(record, dict) else {}
+    provider = section.get("provider") if isinstance(section, dict) else None
+    region = section.get("region") if isinstance(section, dict) else None
+    if not isinstance(provider, str) or not provider:
+        return None
+    return provider.lower(), region if isinstance(region, str) and region else "?"
 
 
 def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, cache: dict[int, dict] | None = None) -> None:
@@ -73,8 +95,12 @@ class Publisher:
     """Publishes the learner's versions, as sparse deltas where ``train.publish_delta`` says so."""
 
     def __init__(self, store: ObjectStore, *, train: TrainConfig, broadcast: BroadcastConfig,
-                 key: Ed25519PrivateKey, extra_files: dict[str, bytes]):
+                 key: Ed25519PrivateKey, extra_files: dict[str, bytes], store_site: tuple[str, str] | None = None):
+        """``store_site``: where the store lives (``StoreConfig.site``); None: read from ``run.json``'s config."""
         self.store, self.train, self.broadcast, self.key, self.extra_files = store, train, broadcast, key, extra_files
+        self.store_site = store_site if store_site is not None else store_site_of_run(store)
+        self.egress = EgressLedger(store)
+        """The actors' byte counters, folded into the ledger at each publish (the bill's traffic)."""
         self.last: tuple[int, dict[str, torch.Tensor]] | None = None
         """The newest published version and its tensors, as actors rebuild them (delta runs only)."""
         self.keyframe: int | None = None
@@ -92,7 +118,9 @@ class Publisher:
         full_bytes = _nbytes(tensors)
         stats: dict = {"publish_full_bytes": full_bytes}
         chunk_size = int(self.broadcast.chunk_mb * 2**20)
-        relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet)
+        self.fleet()  # who the fleet launched, and where: the ledger's new events
+        relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet, self.store_site)
+        self.egress.fold(self.fleet.ids)  # never raises on what actors wrote
         meta = {**meta, "revoked": sorted(revoked)}
         try:
             manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)

@@ -1,0 +1,205 @@
+"""What each actor read, in the learner's ledger: the actors' own byte counters, folded in by the learner.
+
+An actor counts the policy bytes it read (``broadcast/receiver.py``): chunks from the store, and chunks from
+relay peers by the parent's site (``provider/region`` from the signed relay plan, "" where the plan names
+none). It reports them in its peer record (``peers/<actor>.json``, the one object besides its rollout files
+that its credentials may write), as ``read_bytes``::
+
+    {"store": <int>, "peers": {"<provider>/<region>": <int>, ...}}
+
+Counters are cumulative over the actor's life; an actor id is used for one life only (the fleet draws a new
+one per launch), so the larger of two readings is the newer. The learner (trusted) copies them into its
+ledger with ``fold``: at every publish and when the cost report is written, for the actors its fleet launched
+(the ledger's launch events), as ``ledger/egress/<actor>.json``, keeping per counter the largest value it has
+seen. The cost report (``costs.py``) prices those snapshots; a peer record is deleted when its actor stops,
+so what an actor read after the learner's last fold and before a clean stop is not in the bill (at most the
+versions published since that fold: the fold at each publish bounds it to about one version per actor).
+
+The counters are untrusted input, and they only ever affect the bill: nothing plans, trains or waits on them.
+A record is read with one ranged GET of at most ``MAX_RECORD_BYTES`` + 1 bytes; one that cannot be read,
+is larger, is not JSON, names another actor, or whose ``read_bytes`` is not the shape above (non-negative
+integers up to ``MAX_COUNTER``, at most ``MAX_SITES`` sites of the site pattern) is skipped, logged once
+per (actor, reason), and never raises. An actor can inflate its own bill up to ``MAX_COUNTER`` bytes per
+counter, or report less than it read (its own bill, never below what the learner saw before: snapshots only
+grow); it cannot change another actor's.
+
+Assumption: a GB is 10^9 bytes (cloud providers bill per GB; the report prices bytes / 1e9).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
+
+from echo2.data import layout
+from echo2.data.store import NotFound, ObjectStore, StoreError
+
+log = logging.getLogger("echo2.fleet")
+
+FIELD = "read_bytes"
+"""The peer record's field (``broadcast/topology.register``)."""
+EGRESS = "ledger/egress/"
+"""The learner's snapshots, one object per actor (``layout`` spells no other ledger folder for it yet)."""
+MAX_RECORD_BYTES = 4096
+"""A peer record is never read past this (the same bound as ``broadcast/topology.MAX_RECORD_BYTES``)."""
+MAX_SITES = 8
+"""Peer sites one record may name (``broadcast/receiver.py`` keeps at most this many, the rest under "")."""
+MAX_COUNTER = 2**50
+"""The largest counter taken (about 1.1 PB): an absurd claim is refused, not billed."""
+READ_THREADS = 8
+GB = 1e9
+
+_SITE_RE = re.compile(r"^$|^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/[A-Za-z0-9?][A-Za-z0-9_.?-]{0,63}$")
+
+
+class ReadBytes(NamedTuple):
+    """What one actor read: bytes from the store, and from peers per the parent's site ("" = unknown)."""
+
+    store: int
+    peers: dict[str, int]
+
+    def merged(self, other: "ReadBytes") -> "ReadBytes":
+        """Per counter the larger of the two (counters only grow within an actor's life)."""
+        sites = set(self.peers) | set(other.peers)
+        return ReadBytes(max(self.store, other.store),
+                         {s: max(self.peers.get(s, 0), other.peers.get(s, 0)) for s in sorted(sites)})
+
+    def as_json(self) -> dict:
+        return {"store": self.store, "peers": dict(self.peers)}
+
+
+def egress_key(actor_id: str) -> str:
+    return f"{EGRESS}{actor_id}.json"
+
+
+def _counter(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNTER
+
+
+def parse_read_bytes(value: object) -> ReadBytes | str:
+    """``value`` as counters, or why it is not (see the module docstring for the shape)."""
+    if not isinstance(value, dict) or set(value) - {"store", "peers"}:
+        return f"{FIELD} is not an object of store and peers"
+    store, peers = value.get("store", 0), value.get("peers", {})
+    if not _counter(store):
+        return f"{FIELD}.store {store!r} is not a byte count (0..{MAX_COUNTER})"
+    if not isinstance(peers, dict) or len(peers) > MAX_SITES:
+        return f"{FIELD}.peers is not an object of at most {MAX_SITES} sites"
+    for site, n in peers.items():
+        if not isinstance(site, str) or not _SITE_RE.match(site) or not _counter(n):
+            return f"{FIELD}.peers entry {str(site)[:80]!r}: {n!r} is not site: byte count"
+    return ReadBytes(store, dict(peers))
+
+
+def site_name(provider: str, region: str) -> str:
+    """How a site is spelled in plans and counters."""
+    return f"{provider.lower()}/{region}"
+
+
+def split_site(site: str) -> tuple[str, str] | None:
+    """(provider, region) of a site name; None for the unknown site ""."""
+    provider, sep, region = site.partition("/")
+    return (provider, region) if sep else None
+
+
+class _Once:
+    def __init__(self, limit: int = 4096):
+        self.seen: set[tuple[str, str]] = set()
+        self.limit = limit
+
+    def warn(self, actor: str, why: str) -> None:
+        if (actor, why) in self.seen:
+            return
+        if len(self.seen) >= self.limit:
+            self.seen.clear()
+        self.seen.add((actor, why))
+        log.warning("not billing the read_bytes of %s: %s", actor, why)
+
+
+_once = _Once()
+
+
+def read_reported(store: ObjectStore, actors: Collection[str]) -> dict[str, ReadBytes]:
+    """actor -> the counters in its peer record, for the ``actors`` given that have a well-formed one.
+    Never raises on a record (a store that is down does raise)."""
+    wanted = set(actors)
+    todo = [(k, a) for k in store.list(layout.PEERS) if (a := layout.actor_of_peer_key(k)) in wanted]
+
+    def read(item: tuple[str, str]) -> ReadBytes | None:
+        key, actor = item
+        try:
+            raw = store.get_range(key, 0, MAX_RECORD_BYTES + 1)
+        except NotFound:
+            return None
+        except (OSError, StoreError) as exc:  # GLACIER, SSE-C, an empty object's bad range ...
+            _once.warn(actor, f"its record cannot be read ({type(exc).__name__})")
+            return None
+        if len(raw) > MAX_RECORD_BYTES:
+            _once.warn(actor, f"its record is larger than {MAX_RECORD_BYTES} bytes")
+            return None
+        try:
+            record = json.loads(raw)
+        except (ValueError, RecursionError):
+            _once.warn(actor, "its record is not JSON")
+            return None
+        if not isinstance(record, dict) or record.get("id") != actor or FIELD not in record:
+            return None  # not a record of this actor, or one without counters (nothing read yet, an old actor)
+        parsed = parse_read_bytes(record[FIELD])
+        if isinstance(parsed, str):
+            _once.warn(actor, parsed)
+            return None
+        return parsed
+
+    if not todo:
+        return {}
+    with ThreadPoolExecutor(min(READ_THREADS, len(todo)), thread_name_prefix="echo2-egress") as pool:
+        return {a: r for (_, a), r in zip(todo, pool.map(read, todo)) if r is not None}
+
+
+def read_snapshots(store: ObjectStore) -> dict[str, ReadBytes]:
+    """actor -> the counters the learner folded into its ledger (malformed snapshots are skipped)."""
+    out: dict[str, ReadBytes] = {}
+    for key in store.list(EGRESS):
+        if not key.endswith(".json"):
+            continue
+        actor = key[len(EGRESS):-len(".json")]
+        try:
+            value = store.get_json(key)
+        except (NotFound, ValueError):
+            continue
+        parsed = parse_read_bytes({k: v for k, v in value.items() if k in ("store", "peers")}
+                                  if isinstance(value, dict) else None)
+        if layout.valid_actor_id(actor) and not isinstance(parsed, str):
+            out[actor] = parsed
+    return out
+
+
+class EgressLedger:
+    """The learner's side: ``fold`` copies actors' counters into the ledger, writing a snapshot only when it
+    grew. Keeps what it wrote, so a fold costs one listing and one small GET per actor's record."""
+
+    def __init__(self, store: ObjectStore):
+        self.store = store
+        self.written: dict[str, ReadBytes] | None = None
+
+    def fold(self, actors: Collection[str]) -> dict[str, ReadBytes]:
+        """Fold the records of ``actors`` (those the fleet launched) in; returns every snapshot. A failure
+        of the store is logged, not raised: it only delays the bill to the next fold."""
+        try:
+            if self.written is None:
+                self.written = read_snapshots(self.store)
+            for actor, reported in read_reported(self.store, actors).items():
+                before = self.written.get(actor)
+                now = reported if before is None else before.merged(reported)
+                if now != before:
+                    self.store.put_pointer(egress_key(actor), json.dumps(
+                        {"actor_id": actor, **now.as_json(), "folded_at": time.time()}).encode())
+                    self.written[actor] = now
+        except (OSError, StoreError) as exc:
+            log.warning("egress counters not folded into the ledger this time: %s", exc)
+        return dict(self.written or {})
