@@ -120,7 +120,6 @@ class Publisher:
         chunk_size = int(self.broadcast.chunk_mb * 2**20)
         self.fleet()  # who the fleet launched, and where: the ledger's new events
         relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet, self.store_site)
-        self.egress.fold(self.fleet.ids)  # never raises on what actors wrote
         meta = {**meta, "revoked": sorted(revoked)}
         try:
             manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)
@@ -129,6 +128,7 @@ class Publisher:
             raise
         self._manifests[version] = manifest
         collect_garbage(self.store, version, self.train, self._manifests)
+        self.egress.fold(self.fleet.ids)  # after the commit, so the version does not wait; never raises on input
         stats["publish_seconds"] = time.perf_counter() - started
         return manifest, stats
 
