@@ -1,8 +1,9 @@
 """A generic bounded integer covering search: the cheapest counts of item types whose gains meet every cover.
 
-Shared by ``echo2 plan`` (``plan.cheapest_mix``: two covers, throughput and freshness, then the capacity
-model's check as ``accept``) and cost-aware activation (``activation.activate``: one cover, convex per-type
-costs), which is also what the live fleet buys with ``fleet.actors: auto``. The algorithm (depth-first
+Shared by cost-aware activation (``activation.activate``: one cover, convex per-type costs), on which
+``choose.choose_fleet`` stands, the one chooser of what is bought (``echo2 plan``, ``echo2 bench cost`` and the
+live fleet with ``fleet.actors: auto``), and ``plan.cheapest_mix`` (two covers, throughput and freshness, then
+the capacity model's check as ``accept``). The algorithm (depth-first
 branch and bound, counts tried from the greedy cover downwards, pruned by each cover's fractional bound) is
 described in ``plan.py``'s module docstring; tests/test_plan.py and tests/test_activation.py check it against
 brute force.
