@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -297,3 +298,18 @@ def test_egress_of_a_real_local_run_is_bytes_times_price(tiny_model, tmp_path):
     assert version0 is None or cost["traffic_bytes_from_store"] >= sum(e["size"] for e in version0["files"])
     assert cost["traffic_bytes_from_store"] + cost["traffic_bytes_from_peers"] > 0 and published
     assert "traffic $" in run.get(layout.report_key("cost.md")).decode()
+
+
+def test_counters_from_parents_of_many_sites_stay_a_valid_record(store):
+    """More parent sites than a record may name: the rest count under "" and nothing is lost or refused."""
+    receiver = PolicyReceiver(store, "s1", PUBLIC, TOKEN, BroadcastConfig(mode="store"), staleness=2, run_id=RUN_ID)
+    try:
+        sites = {f"p{i} at http://127.0.0.1:{9000 + i}": f"aws/r{i}" for i in range(12)}
+        chunks = [SimpleNamespace(size=100 + i) for i in range(12)]
+        receiver._count_peer_chunks(SimpleNamespace(chunks=chunks, sources=list(sites)), sites)
+        counted = receiver.read_bytes
+        assert len(counted["peers"]) == egress.MAX_SITES and "" in counted["peers"]
+        assert sum(counted["peers"].values()) == sum(c.size for c in chunks)
+        assert egress.parse_read_bytes(counted) == egress.ReadBytes(0, counted["peers"])
+    finally:
+        receiver.close()

@@ -67,7 +67,8 @@ from echo2.data.weights import read_manifest
 log = logging.getLogger("echo2.broadcast")
 
 MAX_PEER_SITES = 8
-"""Sites the counters name (``fleet/egress.MAX_SITES``); bytes from further sites count under "" (unknown)."""
+"""Sites the counters may hold (``fleet/egress.MAX_SITES``), "" included: bytes from parents of further sites
+count under "" (unknown, billed as within the actor's own site)."""
 IDENTITY_CHECK_S = 10.0
 """How often the manifest of the version held is checked to still be the one in the store (one HEAD)."""
 
@@ -142,8 +143,9 @@ class PolicyReceiver:
             for chunk, source in zip(buffer.chunks, buffer.sources):
                 if source is not None and source in sites:
                     site = sites[source]
-                    if site not in self._read_peers and len(self._read_peers) >= MAX_PEER_SITES:
-                        site = ""
+                    named = len(self._read_peers) - ("" in self._read_peers)
+                    if site not in self._read_peers and named >= MAX_PEER_SITES - 1:
+                        site = ""  # at most MAX_PEER_SITES - 1 named sites and "": the record stays valid
                     self._read_peers[site] = self._read_peers.get(site, 0) + chunk.size
 
     def _fetch_ended(self, future: Future, manifest: dict, sites: dict[str, str]) -> None:
