@@ -313,3 +313,13 @@ def test_counters_from_parents_of_many_sites_stay_a_valid_record(store):
         assert egress.parse_read_bytes(counted) == egress.ReadBytes(0, counted["peers"])
     finally:
         receiver.close()
+
+
+def test_placement_comes_only_from_well_formed_fleet_events(store):
+    write_event(store, "launch", "a0", provider="AWS", region="us-east-1")
+    write_event(store, "launch", "a1", provider="aws/../gcp", region="us-east-1")  # would forge a site name
+    write_event(store, "launch", "a2", provider="gcp", region=7)
+    write_event(store, "exited", "a0", provider="gcp", region="us-central1")  # not an event that places
+    launched = topology.LaunchedActors(store)
+    assert launched() == {"a0", "a1", "a2"}
+    assert launched.placement == {"a0": ("aws", "us-east-1")}
