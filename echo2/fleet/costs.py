@@ -335,6 +335,11 @@ def _usd(x: float | None, digits: int = 4) -> str:
     return "n/a" if x is None else f"${x:,.{digits}f}"
 
 
+def _bytes(n: float) -> str:
+    """GB (10^9 bytes, as billed), or MB below a tenth of one."""
+    return f"{n / egress.GB:.3f} GB" if n >= egress.GB / 10 else f"{n / 1e6:.3f} MB"
+
+
 def cost_markdown(report: dict) -> str:
     """The Markdown report (``reports/cost.md``, and the Prefect cost artifact)."""
     sim = " (simulated prices)" if report["simulated_prices"] else ""
@@ -356,11 +361,11 @@ def cost_markdown(report: dict) -> str:
                  else ""),
               f"- reclaims: {report['reclaims']}, crashes: {report['crashes']}",
               f"- GPU {_usd(report['gpu_usd'])}, traffic {_usd(report['traffic_usd'], 6)}: "
-              f"{report['traffic_bytes_from_store'] / egress.GB:.3f} GB read from the store"
+              f"{_bytes(report['traffic_bytes_from_store'])} read from the store"
               f" ({report['store_site'] or 'where it lives is unknown: set store.provider and store.region'}), "
-              f"{report['traffic_bytes_from_peers'] / egress.GB:.3f} GB from relay peers"]
+              f"{_bytes(report['traffic_bytes_from_peers'])} from relay peers"]
     if report["traffic_unpriced_bytes"]:
-        lines.append(f"- {report['traffic_unpriced_bytes'] / egress.GB:.3f} GB of that traffic is unpriced: the "
+        lines.append(f"- {_bytes(report['traffic_unpriced_bytes'])} of that traffic is unpriced: the "
                      "store's or an actor's place is not known")
     if not report["learner_priced"]:
         lines.append("- the learner is unpriced ($0): the run's config has no learner price "
