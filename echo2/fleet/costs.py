@@ -27,10 +27,11 @@ in at each publish and here before a report is written) is priced with ``provide
 bytes from the store from where the store lives (``store.provider``/``store.region`` in ``run.json``'s
 config) to the actor's placement (its row's provider and region, from its ledger events), bytes from peers
 from the parent's site (``provider/region`` as the signed relay plan named it) to the actor's, and from an
-unknown site ("") as if within the actor's own site ($0). Where the store's place, the actor's provider, or
-(within the store's provider) its region is not known, those bytes are counted and unpriced, and the report
-says so. ``total_usd`` is GPU plus traffic (``gpu_usd``, ``traffic_usd``); ``fleet_usd``, the live figure the
-fleet's budget reads, stays GPU hours only.
+unknown site ("") as if within the actor's own site (what a transfer within a site costs: $0 on
+hyperscalers). Where the store's place, the actor's provider, or (within the store's provider) its region
+is not known, those bytes are counted and unpriced, and the report says so. ``total_usd`` is GPU plus
+traffic (``gpu_usd``, ``traffic_usd``); ``fleet_usd``, the live figure the fleet's budget reads, stays GPU
+hours only.
 
 Prices marked ``simulated_price`` (a local actor priced as a catalog offer) make the whole report
 say "simulated prices" in its title: the dollars are what the hours would have cost, not a bill.
@@ -236,7 +237,7 @@ def _usd_per_gb(src: tuple[str | None, str | None] | None, dst: tuple[str | None
     """``transfer_usd_per_gb`` from ``src`` to ``dst``, or None where what is unknown decides the price."""
     if src is None or src[0] is None or dst[0] is None:
         return None
-    if src[0] != dst[0]:  # across providers: the sender's internet egress, whatever the regions
+    if src[0] != dst[0]:  # across providers: the sender's internet egress (+ ingress), whatever the regions
         return transfer_usd_per_gb(src[0], src[1] or "?", dst[0], dst[1] or "?")
     if src[1] in (None, "?") or dst[1] is None:
         return None  # within one provider: same region or not decides, and one is unknown
@@ -259,7 +260,7 @@ def traffic_rows(reads: dict[str, egress.ReadBytes], placement: dict[str, tuple[
             usd += read.store / egress.GB * store_price
         for site, n in read.peers.items():
             parent = egress.split_site(site)
-            price = 0.0 if parent is None else _usd_per_gb((parent[0].lower(), parent[1]), at)
+            price = _usd_per_gb(at if parent is None else (parent[0].lower(), parent[1]), at)
             if price is None:
                 unpriced += n
             else:
