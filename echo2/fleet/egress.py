@@ -43,7 +43,7 @@ log = logging.getLogger("echo2.fleet")
 
 FIELD = "read_bytes"
 """The peer record's field (``broadcast/topology.register``)."""
-EGRESS = "ledger/egress/"
+EGRESS = layout.LEDGER_EGRESS
 """The learner's snapshots, one object per actor (``layout`` spells no other ledger folder for it yet)."""
 MAX_RECORD_BYTES = 4096
 """A peer record is never read past this (the same bound as ``broadcast/topology.MAX_RECORD_BYTES``)."""

@@ -251,7 +251,8 @@ class LearnerRun:
         also the first publish after a resume)."""
         if self.publisher is None:
             self.publisher = Publisher(self.store, train=self.config.train, broadcast=self.config.broadcast,
-                                       key=self.key, extra_files=self.learner.extra_files)
+                                       key=self.key, extra_files=self.learner.extra_files,
+                                       store_site=self.config.store.site)
         tensors, meta = self.learner.policy_version_tensors()
         if self.auditor is not None:
             self._audit_as_published(tensors, meta)
