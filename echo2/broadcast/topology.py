@@ -69,6 +69,10 @@ REPORT_VERSIONS = 20
 """How many versions a report of a failed parent counts for, after the version that failed."""
 QUORUM = 2
 """Distinct reporters that take a parent out of the plan (one reporter only moves itself)."""
+MAX_RATE_MBIT = 100_000.0
+"""The largest up- or download rate (Mbit/s) a peer record may claim: 100 Gbit/s, above any NIC an actor
+gets today. A claim that is not a finite number in (0, MAX_RATE_MBIT] is read as unknown (None), and the
+record stays valid: a bad rate never costs a peer its place, it only loses what its rate would buy."""
 READ_THREADS = 8
 """Peer records read at once while publishing (two small requests each: a HEAD, a ranged GET)."""
 
@@ -89,6 +93,11 @@ class PeerRecord(NamedTuple):
     """What the actor claims; liveness uses the store's commit time of the record instead."""
     failed_parents: dict[str, int]
     """Parent actor -> the newest version it failed to deliver to this actor."""
+    up_mbit: float | None = None
+    """The upload rate the actor says it measured on real transfers (Mbit/s), None if unknown or invalid.
+    Untrusted: planning caps it and demotes a peer its children report (``plan``)."""
+    down_mbit: float | None = None
+    """The download rate the actor says it measured (Mbit/s), None if unknown or invalid."""
 
 
 def order(peer_ids: list[str], version: int) -> list[str]:
@@ -153,13 +162,19 @@ def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
 
 
 def register(store: ObjectStore, actor_id: str, url: str, version: int | None,
-             failed_parents: dict[str, int] | None = None, read_bytes: dict | None = None) -> None:
+             failed_parents: dict[str, int] | None = None, read_bytes: dict | None = None,
+             up_mbit: float | None = None, down_mbit: float | None = None) -> None:
     """Heartbeat: the peer record is a pointer, rewritten every few seconds. ``read_bytes``: what the actor
-    read so far (``fleet/egress.py``: only the learner's bill reads it; planning ignores it)."""
+    read so far (``fleet/egress.py``: only the learner's bill reads it; planning ignores it). ``up_mbit``,
+    ``down_mbit``: the rates the actor measured on its own real transfers (None: not measured yet); only
+    valid ones are written (``rate``)."""
     record = {"id": actor_id, "url": url, "version": version, "heartbeat": time.time(),
               "failed_parents": dict(failed_parents or {})}
     if read_bytes is not None:
         record["read_bytes"] = read_bytes
+    for name, value in (("up_mbit", up_mbit), ("down_mbit", down_mbit)):
+        if (value := rate(value)) is not None:
+            record[name] = value
     store.put_pointer(layout.peer_key(actor_id), json.dumps(record).encode())
 
 
@@ -170,6 +185,11 @@ def valid_url(url: object) -> bool:
 
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def rate(x: object) -> float | None:
+    """A claimed rate in Mbit/s if it is a finite number in (0, ``MAX_RATE_MBIT``], else None (unknown)."""
+    return float(x) if _number(x) and 0 < x <= MAX_RATE_MBIT else None
 
 
 def _version(x: object) -> bool:
@@ -208,7 +228,8 @@ def parse_record(actor: str, raw: bytes) -> PeerRecord | str:
     failed = _failed_parents(record.get("failed_parents", {}))
     if isinstance(failed, str):
         return failed
-    return PeerRecord(record["url"], float(record["heartbeat"]), failed)
+    return PeerRecord(record["url"], float(record["heartbeat"]), failed,
+                      rate(record.get("up_mbit")), rate(record.get("down_mbit")))
 
 
 class _Once:
