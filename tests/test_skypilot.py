@@ -25,6 +25,7 @@ from echo2.fleet.backends.skypilot import (  # noqa: E402
     Cluster,
     Launched,
     SkyPilotBackend,
+    SkySdk,
     build_task,
     cloud_end_reason,
     cluster_name,
@@ -56,6 +57,18 @@ def spec(actor_id="actor0-abc123", offer=L4_EAST, alternatives=(L4_WEST, L4_GCP)
                        secrets={"ECHO2_RELAY_TOKEN": SECRET, "ECHO2_RELAY_TLS": TLS_SECRET},
                        offer=offer,
                        alternatives=alternatives)
+
+
+REAL_ENABLED_CLOUDS = SkySdk.enabled_clouds
+
+
+@pytest.fixture(autouse=True)
+def enabled_clouds(monkeypatch):
+    """Test double of ``sky.enabled_clouds()`` for the real SDK: a request to SkyPilot's API server, which would
+    start one here and ask it about clouds no test can reach. A test changes the list to change the answer."""
+    clouds = ["aws", "gcp"]
+    monkeypatch.setattr(SkySdk, "enabled_clouds", lambda self: list(clouds))
+    return clouds
 
 
 @pytest.fixture
@@ -173,6 +186,11 @@ class FakeLaunchApi:
         """Recorded only: the launch in flight goes on (as one the API server had already begun would)."""
         self.calls.append(("cancel_launch", cluster_name))
 
+    def enabled_clouds(self):
+        return list(self.enabled)
+
+    enabled = ("aws", "gcp")
+
 
 def backend_with(api, **config) -> SkyPilotBackend:
     backend = SkyPilotBackend(SkyPilotFleetConfig(status_poll_s=0.0, **config), run_id=RUN, api=api,
@@ -211,6 +229,37 @@ def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_sec
     assert SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
     assert TLS_SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
     assert task.run.strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
+
+
+def test_every_candidate_carries_the_price_the_plan_bought_as_max_hourly_cost(offline_optimizer, source):
+    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
+    # the dearest of the launch's offer and its alternatives (the manager names none dearer than the plan's)
+    assert {r.max_hourly_cost for r in task.resources} == {0.31}
+    assert optimize(task).instance_type == "g2-standard-4"  # SkyPilot's optimizer takes the ceiling in its stride
+    free = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1")
+    assert {r.max_hourly_cost for r in build_task(spec(offer=free, alternatives=()), SkyPilotFleetConfig(),
+                                                  run_id=RUN, workdir=source).resources} == {None}
+
+
+def test_candidate_clouds_are_those_skypilot_has_enabled(tmp_path, monkeypatch):
+    from echo2.errors import Echo2InputError
+
+    api = FakeLaunchApi()
+    api.enabled = ("gcp",)
+    config = {"providers": None, "gpus": ["L4", "A100"], "allow_broad_vm_identity": True}
+    offers = backend_with(api, **config).offers(0.135)
+    assert offers and {o.provider for o in offers} == {"gcp"}
+    api.enabled = ("aws", "gcp", "kubernetes")
+    assert {o.provider for o in backend_with(api, **config).offers(0.135)} == {"aws", "gcp"}
+    api.enabled = ("kubernetes",)
+    with pytest.raises(Echo2InputError, match="SkyPilot has none of .* enabled .*sky check"):
+        backend_with(api, **config).offers(0.135)
+    # the real SDK asks its API server (sky.client.sdk.enabled_clouds, then sky.get): played here
+    from sky.client import sdk
+
+    monkeypatch.setattr(sdk, "enabled_clouds", lambda *a, **k: "request-1")
+    monkeypatch.setattr(sky, "get", lambda request: ["aws", "lambda"] if request == "request-1" else None)
+    assert REAL_ENABLED_CLOUDS(SkySdk()) == ["aws", "lambda"]
 
 
 def test_a_task_file_resource_that_would_override_the_candidates_is_refused(source):

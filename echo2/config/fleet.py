@@ -94,10 +94,13 @@ class LocalFleetConfig(FleetConfigBase):
     """Notice a reclaimed actor gets: SIGTERM, then SIGKILL this many seconds later if it is still there."""
     seed: int = 0
     """Seed of the reclaim injector, so a chaos run can be repeated."""
-    price_as: str | None = None
+    price_as: str | list[str] | None = None
     """Price every local actor as this catalog offer (``provider/instance_type@region``, as ``echo2 prices
     --json`` names them, from ``fleet.prices``): the run's cost report then shows what the same hours would
-    have cost there, and its title says "simulated prices". None: local actors cost $0."""
+    have cost there, and its title says "simulated prices". None: local actors cost $0. A list: each actor is
+    priced as one of them, as if it ran there (its speed the worker profile's); with ``actors: auto`` the
+    chooser (``echo2/fleet/sizing/choose.py``) picks the mix, as ``echo2 plan`` would, else the cheapest per
+    expected token/s first."""
     price_as_spot: bool = True
     """With ``price_as``: bill the offer's spot price (True) or its on-demand price."""
     actor_python: str | None = None

@@ -12,14 +12,19 @@
             bounded retries) skips the rest of the pass, logged; the next pass asks again, and a
             replacement it could not launch is owed to its slot (crash count kept)
         an actor whose scoped store credentials expire within CREDENTIAL_MARGIN_S is replaced
-        launch what is missing, cheapest offer first (by $ per expected token/s); an offer that has
-            no capacity now (CapacityError at once, or UNAVAILABLE once a launch gave up) is skipped
-            for the next cheapest, and asked again after ``unavailable_retry_s``; a launch also names
-            the offers interchangeable with its own (same GPU, other regions or clouds) that fit the
-            budget, for backends that can take any of several (SkyPilot's any_of)
+        launch what is missing: a fixed count cheapest offer first (by $ per expected token/s), an offer that
+            has no capacity now (CapacityError at once, or UNAVAILABLE once a launch gave up) skipped for the
+            next cheapest and asked again after ``unavailable_retry_s``; with fleet.actors: auto over catalog
+            offers, the chooser's mix (``sizing/choose.py`` through ``autosize.FleetChooser``: counts per
+            offer), an offer found full asking the chooser again with that offer capped at what the fleet
+            holds of it. A launch also names the offers interchangeable with its own (same GPU, other regions
+            or clouds) that fit the budget (and, for a mix, cost no more than its own), for backends that can
+            take any of several (SkyPilot's any_of)
         never start a worker that would take the fleet above fleet.max_usd_per_hour
-    autosize(step, size): with fleet.actors: auto, resize(n) to what the capacity model asks for, at the
-           steps autosize.due names (autosize.py); resize(n): grow, or retire the newest actors
+    autosize(step, size): with fleet.actors: auto, at the steps autosize.due names (autosize.py): the
+           chooser's mix for the fitted workload, the run's measured speeds and (where they differ beyond
+           chance from the assumed ones) its ledger's reclaim rates in place; without catalog offers,
+           resize(n) to the count the capacity model asks for; resize(n): grow, or retire the newest actors
     expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it; the flow
            hands reconcile the learner's banned actors, and reconcile returns every actor that ended or was
            retired, whose relay tokens the next published version revokes
@@ -38,7 +43,6 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -46,9 +50,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.config import FleetConfig
 from echo2.data.ledger import read_events, write_event
-from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
-from echo2.data.relay_tokens import RELAY_TOKEN_ENV
-from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.store import ObjectStore
 from echo2.fleet.backends import (
     ActorLaunch,
@@ -60,7 +61,9 @@ from echo2.fleet.backends import (
     LaunchContext,
     make_backend,
 )
+from echo2.fleet.backends.base import RelaySecrets
 from echo2.fleet.costs import fleet_usd
+from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix, measured_reclaim_rates, rate_differs
 from echo2.fleet.sizing.autosize import due as autosize_due
 
 log = logging.getLogger("echo2.fleet")
@@ -77,6 +80,10 @@ ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "termi
 """Ledger events after which an actor runs no more (``costs.py`` closes its bill at them)."""
 
 
+MAX_REPLANS_PER_PASS = 4
+"""Times one pass asks the chooser again after offers ran out of capacity (each caps what it found full)."""
+
+
 @dataclass
 class _Slot:
     index: int
@@ -85,19 +92,39 @@ class _Slot:
     crashes: int = 0
     running_seen: bool = False
     expires_at: float | None = None
+    planned: ActorOffer | None = None
+    """The offer of the chooser's mix this actor was launched for (``offer`` may be an alternative it landed on)."""
 
 
 class FleetManager:
     def __init__(self, backend: FleetBackend, config: FleetConfig, store: ObjectStore, *,
-                 launch_spec: Callable[[str, ActorOffer], ActorLaunch], offers: list[ActorOffer] | None = None,
-                 desired: int | None = None, alternatives: int = 0, unavailable_retry_s: float = 300.0):
-        """``launch_spec(actor_id, offer)`` builds what the backend launches; ``offers`` are the
-        candidates (default: this machine, free), tried cheapest per expected token/s first;
-        ``alternatives``: how many interchangeable offers a launch may name beside its own."""
+                 launch: LaunchContext | None = None,
+                 launch_spec: Callable[[str, ActorOffer], ActorLaunch] | None = None,
+                 offers: list[ActorOffer] | None = None, desired: int | None = None, alternatives: int = 0,
+                 unavailable_retry_s: float = 300.0, chooser: FleetChooser | None = None,
+                 plan_from: FleetSize | None = None):
+        """The backend builds each launch from ``launch`` (``FleetBackend.launch_spec``), or ``launch_spec(actor_id,
+        offer)`` does (a test's); ``offers`` are the candidates (default: this machine, free), tried cheapest per
+        expected token/s first; ``alternatives``: how many interchangeable offers a launch may name beside its
+        own. ``chooser`` (``fleet.actors: auto`` over catalog offers): the fleet is the chooser's mix, first for
+        ``plan_from`` (the workload to plan from before anything is measured) where given, else ``min_actors``
+        cheapest first until the first sizing."""
         self.backend = backend
         self.config = config
         self.store = store
-        self.launch_spec = launch_spec
+        if launch is None and launch_spec is None:
+            raise ValueError("FleetManager needs the launch context (or a launch_spec builder)")
+        self.launch = launch
+        self._spec_builder = launch_spec
+        self.chooser = chooser
+        self.plan_from = plan_from
+        self.mix: dict[ActorOffer, int] | None = None
+        """The chooser's fleet: instances wanted per offer (None: a count, cheapest offer first)."""
+        self._inputs: FleetSize | None = None
+        """The workload and tokens per batch the mix was chosen for (asked again when an offer is full)."""
+        self.reclaim_overrides: dict[str, float] = {}
+        """Reclaims per instance-hour the run's ledger measured, per offer, where they differ from the assumed."""
+        self._replan_wanted = False
         self.offers = sorted(offers or [ActorOffer()], key=lambda o: (o.usd_per_throughput, o.usd_per_hour))
         self.alternatives = alternatives
         self.unavailable_retry_s = unavailable_retry_s
@@ -120,11 +147,21 @@ class FleetManager:
         self._stopped = False
         atexit.register(self.stop)
 
+    def launch_spec(self, actor_id: str, offer: ActorOffer) -> ActorLaunch:
+        """What the backend launches for ``actor_id`` on ``offer``: the backend's own spec from the run's launch
+        context (or the test's builder)."""
+        if self._spec_builder is not None:
+            return self._spec_builder(actor_id, offer)
+        return self.backend.launch_spec(actor_id, offer, self.launch)
+
     # -- desired against actual ------------------------------------------------------------
     def start(self) -> None:
         self.backend.start()
         self._release_leftovers()
-        self._fill()
+        if self.chooser is not None and self.plan_from is not None:
+            self.plan(self.plan_from, "first plan, from the workload given")
+        else:
+            self._fill()
 
     def _release_leftovers(self) -> None:
         """A resumed run: actors its ledger launched and never saw end belong to the dead learner's timeline
@@ -196,21 +233,97 @@ class FleetManager:
         self._owed.append((index, crashes, replaces))
         self._fill()
 
-    def autosize(self, step: int, size: Callable[[], tuple[int, str] | None]) -> None:
+    def autosize(self, step: int, size: Callable[[], tuple[int, str] | FleetSize | None]) -> None:
         """``fleet.actors: auto``: at the learner steps ``autosize.due`` names, resize to what ``size`` (the
-        capacity model, ``autosize.auto_fleet_size``) asks for. A step where it cannot tell yet (None) is not
-        counted as a sizing, so the next step asks again. A fixed fleet size: nothing."""
+        capacity model, ``autosize.auto_fleet_size``) asks for: with a chooser, its mix for the fitted workload
+        (the run's measured speeds and reclaim rates in place), else that many actors. A step where it cannot
+        tell yet (None) is not counted as a sizing, so the next step asks again. A fixed fleet size: nothing."""
         if self.config.actors != "auto" or not autosize_due(step, self._sized_at):
             return
         sized = size()
-        if sized is not None:
+        if sized is None:
+            return
+        self._sized_at = step
+        if self.chooser is not None and isinstance(sized, FleetSize) and sized.workload is not None \
+                and sized.batch_tokens:
+            try:
+                self.chooser.measured(self.store)
+            except Exception as exc:  # an optimization: the profiles' figures stand
+                log.warning("fleet: could not read the run's measured speeds (%s); planning on the profiles", exc)
+            self.plan(sized, sized.reason)
+        else:
             self.resize(*sized)
-            self._sized_at = step
+
+    def plan(self, inputs: FleetSize, reason: str) -> bool:
+        """Buy the chooser's mix for ``inputs``, the ledger's measured reclaim rates in place; False (the fleet as it
+        is, logged) when the chooser finds none."""
+        self._update_reclaim_rates()
+        if not self._choose(inputs, reason):
+            return False
+        self._fill()
+        return True
+
+    def _choose(self, inputs: FleetSize, reason: str) -> bool:
+        """Ask the chooser (offers found full capped at what the fleet holds of them); set the mix and retire what
+        it no longer wants. Launching is ``_fill``'s."""
+        self._inputs = inputs
+        now = time.time()
+        caps = {o.name: sum(1 for s in self.slots if s.planned == o)
+                for o in self.offers if self._unavailable_until.get(o, 0.0) > now}
+        mix = self.chooser.choose(inputs.workload, inputs.batch_tokens, reclaim=dict(self.reclaim_overrides),
+                                  caps=caps)
+        if mix is None or not mix.counts:
+            log.warning("fleet: the chooser found no fleet within the caps and the budget (%s); the fleet stays "
+                        "as it is", reason)
+            write_event(self.store, "plan", "fleet", found=False, reason=reason, caps=caps,
+                        reclaim_overrides=dict(self.reclaim_overrides))
+            return False
+        self._buy(mix, reason)
+        return True
+
+    def _buy(self, mix: Mix, reason: str) -> None:
+        wanted = {}
+        for offer, n in mix.counts:
+            wanted[offer] = wanted.get(offer, 0) + n
+        total = sum(wanted.values())
+        write_event(self.store, "resize", "fleet", actors_from=self.desired, actors_to=total,
+                    reason=f"{reason}; {mix.reason}",
+                    mix=[{"offer": o.name, "count": n, "usd_per_hour_each": o.usd_per_hour} for o, n in wanted.items()],
+                    reclaim_overrides=dict(self.reclaim_overrides))
+        log.info("fleet: %s -> %s (%s; %s)", self.desired, ", ".join(f"{n} x {o.name}" for o, n in wanted.items()),
+                 reason, mix.reason)
+        self.mix, self.desired = wanted, total
+        for slot in reversed(list(self.slots)):  # the newest first, as resize retires
+            planned = slot.planned or slot.offer
+            if sum(1 for s in self.slots if (s.planned or s.offer) == planned) > wanted.get(planned, 0):
+                self.slots.remove(slot)
+                self._retire(slot, reason="the chooser's new mix")
+
+    def _update_reclaim_rates(self) -> None:
+        """Per offer of the fleet: the ledger's reclaims per instance-hour in place of the assumed rate where they
+        differ beyond chance (``autosize.rate_differs``)."""
+        if self.chooser is None:
+            return
+        try:
+            rates = measured_reclaim_rates(read_events(self.store), time.time())
+        except Exception as exc:  # the store may be slow now; the next sizing reads it again
+            log.warning("fleet: could not read the ledger's reclaims (%s)", exc)
+            return
+        for offer in self.chooser.offers:
+            k, hours = rates.get(offer.name, (0, 0.0))
+            assumed = self.chooser.assumed_reclaim_rate(offer)
+            if rate_differs(k, hours, assumed) and hours > 0:
+                measured = k / hours
+                if self.reclaim_overrides.get(offer.name) != measured:
+                    log.warning("fleet: %s was reclaimed %d times in %.3g instance-hours (%.3g/h; %.3g/h assumed): "
+                                "planning with the measured rate", offer.name, k, hours, measured, assumed)
+                self.reclaim_overrides[offer.name] = measured
 
     def resize(self, n: int, reason: str) -> None:
         """Grow to ``n`` actors, or retire the newest ones; recorded even when ``n`` is the size already
         (the decision and its reason are what a user auditing the fleet wants to see)."""
         write_event(self.store, "resize", "fleet", actors_from=self.desired, actors_to=n, reason=reason)
+        self.mix = None  # a count: cheapest offer first again
         if n == self.desired:
             return
         log.info("fleet: %d -> %d actors (%s)", self.desired, n, reason)
@@ -266,11 +379,19 @@ class FleetManager:
     # -- inside --------------------------------------------------------------------------------
     def _fill(self) -> None:
         """Launch owed replacements, then new slots, up to ``desired``; a launch that cannot be prepared now
-        (FleetApiError: STS throttled, say) ends it, logged, and the next reconcile goes on from there."""
-        try:
-            self._fill_slots()
-        except FleetApiError as exc:
-            log.warning("fleet: could not launch every actor yet (%s); the next reconcile tries again", exc)
+        (FleetApiError: STS throttled, say) ends it, logged, and the next reconcile goes on from there. With the
+        chooser's mix, an offer found full asks the chooser again (that offer capped at what the fleet holds)."""
+        for _ in range(MAX_REPLANS_PER_PASS + 1):
+            try:
+                self._fill_slots()
+            except FleetApiError as exc:
+                log.warning("fleet: could not launch every actor yet (%s); the next reconcile tries again", exc)
+                return
+            if not (self._replan_wanted and self._inputs is not None and self.chooser is not None):
+                return
+            self._replan_wanted = False
+            if not self._choose(self._inputs, "an offer had no capacity"):
+                return
 
     def _fill_slots(self) -> None:
         while self._owed and len(self.slots) < self.desired:
@@ -284,12 +405,27 @@ class FleetManager:
                 self._next_index -= 1
                 return
 
+    def _wanted_offers(self, available: list[ActorOffer]) -> list[ActorOffer]:
+        """The offers a launch may take now: with the chooser's mix, the first one short of its count (in the mix's
+        order) if it is available, else none (and the chooser is asked again); else every available offer, the
+        cheapest per expected token/s first."""
+        if self.mix is None:
+            return available
+        for offer, n in self.mix.items():
+            if sum(1 for s in self.slots if s.planned == offer) < n:
+                if offer in available:
+                    return [offer]
+                self._replan_wanted = True
+                return []
+        return []
+
     def _launch(self, index: int, *, crashes: int = 0, replaces: str | None = None) -> bool:
-        """Launch one actor in slot ``index`` on the cheapest offer that has capacity and fits the budget."""
+        """Launch one actor in slot ``index``: on the chooser's next offer, or the cheapest offer that has capacity
+        and fits the budget."""
         budget = self.config.max_usd_per_hour
         now = time.time()
         available = [o for o in self.offers if self._unavailable_until.get(o, 0.0) <= now]
-        for offer in available:
+        for offer in self._wanted_offers(available):
             if budget is not None and self.usd_per_hour() + offer.usd_per_hour > budget + 1e-9:
                 if not self._budget_logged:
                     write_event(self.store, "budget", "fleet", max_usd_per_hour=budget,
@@ -310,11 +446,14 @@ class FleetManager:
                 log.warning("offer %s/%s in %s unavailable (%s); trying the next", offer.provider,
                             offer.instance_type, offer.region, exc)
                 self._set_unavailable(offer, alternatives=False)
+                if self.mix is not None:  # the chooser decides what stands in for it
+                    self._replan_wanted = True
+                    return False
                 continue
             # the bill starts here: "launch" opens the billing row (fleet/costs.py); a "running" event
             # later names the alternative the backend took, whose price then bills the whole row
             write_event(self.store, "launch", actor_id, backend=self.backend.name, **offer.event_fields(), **details)
-            self.slots.append(_Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at))
+            self.slots.append(_Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at, planned=offer))
             self._budget_logged = False
             return True
         return False
@@ -325,6 +464,8 @@ class FleetManager:
             return ()
         budget = self.config.max_usd_per_hour
         room = None if budget is None else budget - self.usd_per_hour() + 1e-9
+        if self.mix is not None:  # none dearer than the chooser's offer: the mix costs what it was chosen at
+            room = offer.usd_per_hour + 1e-9 if room is None else min(room, offer.usd_per_hour + 1e-9)
         same = [o for o in available
                 if o != offer and offer.interchangeable(o) and (room is None or o.usd_per_hour <= room)]
         return tuple(same[: self.alternatives])
@@ -354,28 +495,23 @@ class FleetManager:
 
 def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
                run_key: Ed25519PrivateKey, seed: int = 0, actor_command: list[str] | None = None,
-               run_id: str | None = None, model_params_b: float | None = None) -> FleetManager:
+               run_id: str | None = None, model_params_b: float | None = None, active_params_b: float | None = None,
+               plan_from: FleetSize | None = None) -> FleetManager:
     """The configured backend behind a manager. ``actor_command`` replaces ``python -m echo2.cli
     actor`` (the overlap benchmark's timing workload); ``--run``, ``--actor-id`` and
     ``--parent-pid`` are appended to it. ``run_id`` and ``model_params_b`` (the policy's size, which
-    decides the GPUs it fits and their speed) are what a cloud backend needs beside. The backend answers
-    for its offers, its actors' launches and its manager options (``FleetBackend``): nothing here names one."""
-    # each actor gets its own relay token, signed with the learner's key (never the key itself), and its
-    # own relay certificate and key from the run's CA (data/relay_certs.py), valid as long as the token;
-    # secrets go through the backend's secret channel (local processes: their environment; SkyPilot:
-    # its secrets), never argv or the store
+    decides the GPUs it fits and their speed; ``active_params_b`` for a mixture of experts) are what a cloud
+    backend needs beside. The backend answers for its offers, its actors' launches (from the ``LaunchContext``
+    given here: the run's store, options and relay secrets) and its manager options (``FleetBackend``): nothing
+    here names one. With ``fleet.actors: auto`` over catalog offers the fleet is the chooser's
+    (``autosize.FleetChooser``), first for ``plan_from`` where given."""
     run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
-    relay_ca = RelayCA(run_key, run_id)
-
-    def relay_secrets(actor_id: str, expires_at: float) -> dict[str, str]:
-        return {RELAY_TOKEN_ENV: mint_relay_token(run_key, run_id, actor_id, expires_at),
-                RELAY_TLS_ENV: relay_ca.issue(actor_id, expires_at)}
-
-    launch = LaunchContext(store_url=store.url, store_options=store_options, relay_secrets=relay_secrets,
-                           run_id=run_id, actor_command=actor_command)
+    launch = LaunchContext(store_url=store.url, store_options=store_options,
+                           relay_secrets=RelaySecrets(run_key, run_id), run_id=run_id, actor_command=actor_command)
     backend = make_backend(config, run_id=run_id, log_dir=log_dir, seed=seed)
     # the offers before the backend starts: a fleet that fits no offer stops here, before a backend has started
     # its threads (the reclaim injector) or staged a workdir (SkyPilot); both wait for FleetManager.start
-    offers = backend.offers(model_params_b)
-    return FleetManager(backend, config, store, launch_spec=partial(backend.launch_spec, launch=launch),
-                        offers=offers, **backend.manager_options())
+    offers = backend.offers(model_params_b, active_params_b)
+    chooser = FleetChooser.for_offers(offers, config, model_params_b, active_params_b)
+    return FleetManager(backend, config, store, launch=launch, offers=offers, chooser=chooser, plan_from=plan_from,
+                        **backend.manager_options())

@@ -12,7 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from echo2.data.relay_certs import RELAY_TLS_ENV, RelayCA
+from echo2.data.relay_tokens import RELAY_TOKEN_ENV
+from echo2.data.relay_tokens import mint as mint_relay_token
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,9 @@ class ActorOffer:
     """True when a local process is priced as this offer (a realistic cost report of a local run)."""
     tokens_per_second: float | None = None
     """Expected rollout throughput of one instance (worker profiles at the model's size), where known."""
+    catalog: Any = field(default=None, compare=False, repr=False)
+    """The price catalog row (``prices.catalog.Offer``) this offer was bought from, where it was: what the
+    chooser (``sizing/choose.py``) weighs. Not part of the offer's identity."""
 
     @property
     def usd_per_throughput(self) -> float:
@@ -51,7 +60,7 @@ class ActorOffer:
         return cls(provider=offer.provider, instance_type=offer.instance_type, gpu=offer.gpu,
                    gpu_count=offer.gpu_count, region=offer.region, spot=spot, usd_per_hour=price,
                    on_demand_usd_per_hour=offer.on_demand_usd_per_hour or price, simulated_price=simulated,
-                   tokens_per_second=tokens_per_second)
+                   tokens_per_second=tokens_per_second, catalog=offer)
 
     @property
     def name(self) -> str:
@@ -85,6 +94,25 @@ class ActorLaunch:
     """When the actor's scoped credentials stop working (epoch seconds): the manager replaces it before."""
 
 
+class RelaySecrets:
+    """Each actor's relay secrets, issued by the learner: its own relay token, signed with the run key (never the
+    key itself), and its relay certificate and key from the run's CA (``data/relay_certs.py``), valid as long as
+    the token. They go through the backend's secret channel (local processes: their environment; SkyPilot: its
+    secrets), never argv or the store."""
+
+    def __init__(self, run_key: Ed25519PrivateKey, run_id: str):
+        self._key = run_key
+        self._ca = RelayCA(run_key, run_id)
+        self.run_id = run_id
+
+    def __repr__(self) -> str:  # never the key
+        return f"RelaySecrets({self.run_id!r})"
+
+    def __call__(self, actor_id: str, expires_at: float) -> dict[str, str]:
+        return {RELAY_TOKEN_ENV: mint_relay_token(self._key, self.run_id, actor_id, expires_at),
+                RELAY_TLS_ENV: self._ca.issue(actor_id, expires_at)}
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """What the run gives every backend to build its actors' launches (``FleetBackend.launch_spec``)."""
@@ -94,7 +122,7 @@ class LaunchContext:
     store_options: dict
     """The run's ``store.options`` as configured, credentials included: a backend passes on only what its
     actors may hold (a remote actor gets scoped credentials instead)."""
-    relay_secrets: Callable[[str, float], dict[str, str]]
+    relay_secrets: RelaySecrets
     """``relay_secrets(actor_id, expires_at)``: the actor's own relay token, certificate and key, valid until
     ``expires_at``, for its launch's ``secrets`` (never argv or the store)."""
     run_id: str
@@ -141,9 +169,10 @@ class FleetBackend(ABC):
 
     name: str
 
-    def offers(self, model_params_b: float | None) -> list[ActorOffer] | None:
-        """The offers its actors may run on, for a policy of ``model_params_b`` billion parameters; None: this
-        machine, free. Raises ``Echo2InputError`` when none fits."""
+    def offers(self, model_params_b: float | None, active_params_b: float | None = None) -> list[ActorOffer] | None:
+        """The offers its actors may run on, for a policy of ``model_params_b`` billion parameters (of which
+        ``active_params_b`` are active per token, a mixture of experts); None: this machine, free. Raises
+        ``Echo2InputError`` when none fits."""
         return None
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:

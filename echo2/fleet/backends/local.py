@@ -21,8 +21,8 @@ gets SIGTERM (the notice: it stops taking work and commits or drops its batch), 
 ``notice_s`` if it is still there. ``poll`` reports it as reclaimed, whatever its exit code, and
 the manager replaces it. The injector starts with the backend (``start``), not when it is built.
 
-Offers: this machine, free, or every actor priced as one catalog offer (``fleet.price_as``,
-``echo2/fleet/backends/offers.py``). Launch: ``python -m echo2.cli actor --run ... --actor-id ... --parent-pid ...``
+Offers: this machine, free, or each actor priced as one of the catalog offers ``fleet.price_as`` names
+(``echo2/fleet/backends/offers.py``). Launch: ``python -m echo2.cli actor --run ... --actor-id ... --parent-pid ...``
 under ``fleet.actor_python`` (or the run's ``actor_command``), the store options in its environment (the
 learner's own store, on its own machine) and its relay secrets, valid ``LOCAL_TOKEN_S``.
 """
@@ -105,8 +105,8 @@ class LocalBackend(FleetBackend):
         self._stop = threading.Event()
         self._injector: threading.Thread | None = None
 
-    def offers(self, model_params_b: float | None) -> list[ActorOffer] | None:
-        return local_offers(self.config)
+    def offers(self, model_params_b: float | None, active_params_b: float | None = None) -> list[ActorOffer] | None:
+        return local_offers(self.config, model_params_b, active_params_b)
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         command = launch.actor_command or [self.config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]

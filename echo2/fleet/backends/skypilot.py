@@ -1,8 +1,9 @@
 """SkyPilot backend: one SkyPilot cluster per actor, spot GPUs across clouds, through SkyPilot's Python SDK.
 
-    offers(model_params_b)  the catalog offers SkyPilot launches on that fit the model, each with its expected
-                            tokens/s (``echo2/fleet/backends/offers.py``); the manager names up to ``any_of - 1``
-                            interchangeable ones beside each launch's (``manager_options``)
+    offers(model_params_b)  the catalog offers on the clouds SkyPilot has enabled here (``sky.enabled_clouds()``)
+                            that fit the model, each with its expected tokens/s (``echo2/fleet/backends/offers.py``);
+                            the manager names up to ``any_of - 1`` interchangeable ones beside each launch's
+                            (``manager_options``)
     launch_spec(actor)      ``echo2 actor``, the store options without anything secret-looking
                             (``skypilot_trust.public_store_options``), and as secrets the actor's relay token
                             and certificate and, with ``fleet.credentials_role_arn``, its scoped store
@@ -22,7 +23,8 @@
                     (redacted in its dashboard, but kept in plain text in its API server's request log, so
                     only short-lived, narrowly scoped ones are ever sent)
         resources = any_of over the launch's offer and its interchangeable alternatives (same GPU type and
-                    count elsewhere), each spot or not, with the relay port opened and the run's labels
+                    count elsewhere), each spot or not, with the relay port opened, the run's labels and
+                    the price the plan bought as max_hourly_cost (``price_ceiling``)
         sky.launch(task, cluster_name, down=True, idle_minutes_to_autostop=...)
     poll(actor)             one sky.status request for every cluster, at most every status_poll_s
         launch under way                      -> STARTING
@@ -188,15 +190,29 @@ def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, w
     task = sky.Task.from_yaml_config(base, env_overrides=list(envs.items()),
                                      secrets_overrides=list(spec.secrets.items()))
     labels = {RUN_LABEL: run_label(run_id), ACTOR_LABEL: _fold(spec.actor_id, 63)}
+    ceiling = price_ceiling(offers)
     candidates = set()
     for offer in offers:
         overrides = {"infra": f"{offer.provider}/{offer.region}", "instance_type": offer.instance_type,
                      "use_spot": offer.spot, "ports": config.relay_port, "labels": labels}
+        if ceiling is not None:
+            overrides["max_hourly_cost"] = ceiling
         if offer.gpu_count:
             overrides["accelerators"] = {offer.gpu: offer.gpu_count}
         candidates.add(sky.Resources(**{**_plain_resources(resources_config), **overrides}))
     task.set_resources(candidates)
     return task
+
+
+def price_ceiling(offers: tuple[ActorOffer, ...]) -> float | None:
+    """The most one instance of a launch may cost per hour: the dearest of its offer and alternatives (the manager
+    names only alternatives within the budget, and with ``actors: auto`` none dearer than the chooser's offer, so
+    this is the price the plan bought). Given to SkyPilot as ``Resources(max_hourly_cost=...)``: SkyPilot 0.14
+    filters its catalog by it (spot price for spot) where it chooses an instance type itself
+    (``sky/catalog/common.py``); with the instance type named, as here, it is the launch's stated ceiling. None
+    where no offer has a price (SkyPilot wants a positive number)."""
+    prices = [o.usd_per_hour for o in offers if o.usd_per_hour > 0]
+    return max(prices) if prices else None
 
 
 def _refuse_uploads(config: dict) -> None:
@@ -290,8 +306,12 @@ class SkyPilotBackend(FleetBackend):
         self._refreshed_at = 0.0
         self._lock = threading.Lock()
 
-    def offers(self, model_params_b: float | None) -> list[ActorOffer]:
-        return skypilot_offers(self.config, model_params_b if model_params_b is not None else 1.0)
+    def offers(self, model_params_b: float | None, active_params_b: float | None = None) -> list[ActorOffer]:
+        """The catalog offers on the clouds SkyPilot has enabled here (``SkyApi.enabled_clouds``: one request to
+        its API server, retried like every other)."""
+        enabled = self._ask("sky.enabled_clouds", self.api.enabled_clouds)
+        return skypilot_offers(self.config, model_params_b if model_params_b is not None else 1.0, enabled,
+                               active_params_b=active_params_b)
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         from echo2.fleet.credentials import mint_actor_credentials

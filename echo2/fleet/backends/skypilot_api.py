@@ -58,6 +58,9 @@ class SkyApi(Protocol):
     def cancel_launch(self, cluster_name: str) -> None:
         """Abort the launch request of ``cluster_name`` in the API server, if one is under way; returns at once."""
 
+    def enabled_clouds(self) -> list[str]:
+        """The clouds this SkyPilot's credentials reach (``sky check``), by SkyPilot's lowercase names."""
+
 
 class LaunchCancelled(RuntimeError):
     """The actor was terminated while its launch was under way: the launch is not sent (again)."""
@@ -117,6 +120,13 @@ class SkySdk:
             sky.get(sky.down(cluster_name))
         except sky.exceptions.ClusterDoesNotExist:
             pass
+
+    def enabled_clouds(self) -> list[str]:
+        # sky.client.sdk.enabled_clouds (0.14; not re-exported as sky.enabled_clouds): a request to the API
+        # server, answered from its cache of `sky check` with each cloud's canonical_name() ("aws", "gcp")
+        from sky.client import sdk
+
+        return [str(name).lower() for name in self.sky.get(sdk.enabled_clouds())]
 
     def cancel_launch(self, cluster_name: str) -> None:
         request = self._launches.get(cluster_name)
