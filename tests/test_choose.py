@@ -77,3 +77,159 @@ def test_bad_inputs_are_one_line_errors():
         _choose(_workload(), target_utilization=1.5)
     with pytest.raises(Echo2InputError, match="tokens per batch"):
         choose_fleet(_workload(), OFFERS, PROFILES, model_params_b=1.0, batch_tokens=0)
+
+
+# --- the live fleet buys what the plan buys -----------------------------------------------------------------------
+
+CHEAP_L4 = "aws/g6.xlarge@eu-south-2"
+A10G = "aws/g5.xlarge@us-east-1"
+LEARNER = "aws/p5.48xlarge@us-east-1"
+
+
+def _catalog_offers(names):
+    from echo2.fleet.prices.catalog import load_catalog
+
+    rows = {o.name: o for o in load_catalog(spot=None)}
+    return [rows[n] for n in names]
+
+
+def _live_fleet(tmp_path, backend, names=(CHEAP_L4, A10G), **config):
+    """A manager over catalog offers (spot) with the chooser, as make_fleet builds it for fleet.actors: auto."""
+    from echo2.config import LocalFleetConfig
+    from echo2.data.store.fsspec_store import FsspecStore
+    from echo2.fleet.backends.base import ActorLaunch, ActorOffer
+    from echo2.fleet.manager import FleetManager
+    from echo2.fleet.sizing.autosize import FleetChooser
+
+    offers = [ActorOffer.from_catalog(o, True) for o in _catalog_offers(names)]
+    fleet_config = LocalFleetConfig(actors="auto", max_actors=16, **config)
+    store = FsspecStore(str(tmp_path / "run"), {})
+    chooser = FleetChooser.for_offers(offers, fleet_config, 1.5)
+    spec = lambda actor_id, offer: ActorLaunch(actor_id, store.url, ["echo2", "actor"], offer=offer)  # noqa: E731
+    return FleetManager(backend, fleet_config, store, launch_spec=spec, offers=offers, chooser=chooser,
+                        plan_from=_sized()), store
+
+
+def _sized():
+    from echo2.fleet.sizing.autosize import FleetSize
+
+    w = Workload(train_seconds=40.0, groups_per_step=64, groups_per_batch=4, staleness=2, dissemination_seconds=2.0,
+                 upload_seconds=0.5)
+    return FleetSize(0, "test workload", w, 4 * 8 * 512.0)
+
+
+def _on(fleet) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for slot in fleet.slots:
+        out[slot.offer.name] = out.get(slot.offer.name, 0) + 1
+    return out
+
+
+def test_an_offer_reclaimed_far_more_often_than_assumed_is_planned_away_from(tmp_path):
+    from test_fleet import FakeCloud
+
+    from echo2.data.ledger import read_events
+    from echo2.fleet.backends.base import ActorState, ActorStatus
+
+    cloud = FakeCloud()
+    fleet, store = _live_fleet(tmp_path, cloud)
+    fleet.start()
+    assert _on(fleet) == {f"{CHEAP_L4}:spot": 5}  # the chooser's fleet: five of the cheap L4
+    for _ in range(3):  # the cheap L4 is taken again and again, within seconds (0.1/h assumed)
+        cloud.states[fleet.slots[0].actor_id] = ActorStatus(ActorState.RECLAIMED, "Server.SpotInstanceTermination")
+        fleet.reconcile()
+    assert _on(fleet) == {f"{CHEAP_L4}:spot": 5}  # replaced in kind until the next sizing
+    fleet.autosize(4, _sized)
+    # measured: 3 reclaims in a few instance-seconds; the chooser plans with that rate and leaves the offer
+    assert f"{CHEAP_L4}:spot" in fleet.reclaim_overrides and fleet.reclaim_overrides[f"{CHEAP_L4}:spot"] > 100
+    assert _on(fleet) == {f"{A10G}:spot": 3}
+    resize = [e for e in read_events(store) if e["kind"] == "resize"][-1]
+    assert [m["offer"] for m in resize["mix"]] == [f"{A10G}:spot"] and f"{CHEAP_L4}:spot" in resize["reclaim_overrides"]
+    # a rate the ledger cannot tell from the assumed one changes nothing: A10G's few seconds without a reclaim
+    assert f"{A10G}:spot" not in fleet.reclaim_overrides
+    fleet.stop()
+
+
+def test_an_offer_without_capacity_is_planned_around(tmp_path):
+    from test_fleet import FakeCloud
+
+    from echo2.data.ledger import read_events
+
+    fleet, store = _live_fleet(tmp_path, FakeCloud(no_capacity={"g6.xlarge"}))
+    fleet.start()
+    assert _on(fleet) == {f"{A10G}:spot": 3} and fleet.desired == 3
+    events = sorted(read_events(store), key=lambda e: e["ts"])
+    assert [e["kind"] for e in events].count("unavailable") == 1  # asked once, then planned around
+    assert [[m["offer"] for m in e["mix"]] for e in events if e["kind"] == "resize"] == [
+        [f"{CHEAP_L4}:spot"], [f"{A10G}:spot"]]
+    fleet.stop()
+
+
+def test_reclaim_rates_from_the_ledger_and_the_test_of_difference():
+    from echo2.fleet.sizing.autosize import measured_reclaim_rates, rate_differs
+
+    offer = {"provider": "aws", "instance_type": "g6.xlarge", "region": "us-east-1", "spot": True}
+    events = [{"ts": 0.0, "kind": "launch", "actor_id": "a", **offer},
+              {"ts": 1800.0, "kind": "reclaimed", "actor_id": "a", **offer},
+              {"ts": 1800.0, "kind": "launch", "actor_id": "b", **offer},
+              {"ts": 1900.0, "kind": "running", "actor_id": "b", **{**offer, "region": "us-west-2"}},
+              {"ts": 0.0, "kind": "launch", "actor_id": "c"}]  # no offer named: not counted
+    rates = measured_reclaim_rates(events, now=5400.0)
+    assert rates == {"aws/g6.xlarge@us-east-1:spot": (1, 0.5), "aws/g6.xlarge@us-west-2:spot": (0, 1.0)}
+    assert not rate_differs(1, 0.5, 0.1)       # one reclaim in half an hour: chance at 0.1/h (p ~ 0.05)
+    assert rate_differs(5, 0.5, 0.1)           # five: not chance
+    assert rate_differs(0, 100.0, 0.1)         # none in 100 instance-hours: 0.1/h is too pessimistic
+    assert not rate_differs(0, 10.0, 0.1) and not rate_differs(3, 0.0, 0.1)
+
+
+@pytest.mark.e2e
+def test_echo2_plan_and_the_runs_first_launches_buy_the_same_fleet(tmp_path, monkeypatch):
+    """The same inputs (a workload file and a price catalog) through `echo2 plan --workload --json` and through a run's
+    fleet (fleet.actors: auto, the local backend priced as the catalog's actor offers, fleet.workload): the run's
+    first launches are the plan's fleet, offer by offer."""
+    import collections
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    from echo2.config import LocalFleetConfig
+    from echo2.data.ledger import read_events
+    from echo2.data.run_key import run_key
+    from echo2.data.store.fsspec_store import FsspecStore
+    from echo2.fleet.manager import make_fleet
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    actors = [CHEAP_L4, A10G, "aws/g6.xlarge@us-east-1", "aws/g6.xlarge@us-west-2"]
+    shipped = (REPO / "infra" / "prices" / "gpu-offers-2026-11.csv").read_text().splitlines()
+    wanted = {n.replace("/", ",", 1).split("@")[0] + "@" + n.split("@")[1] for n in [*actors, LEARNER]}
+    rows = [line for line in shipped[1:]
+            if f"{line.split(',')[0]},{line.split(',')[1]}@{line.split(',')[7]}" in wanted]
+    assert len(rows) == 5
+    catalog = tmp_path / "catalog.csv"
+    catalog.write_text("\n".join([shipped[0], *rows]) + "\n")
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(
+        "name: same-inputs\nmodel: {total_params_b: 1.5}\ndata: {prompts: 6400, epochs: 1}\n"
+        "rollout: {group_size: 8, groups_per_step: 64, groups_per_batch: 4, completion_tokens_mean: 512}\n"
+        "train: {staleness: 2, train_seconds: 20}\nlearner: {gpu: H100, gpus: 8, market: on-demand}\n"
+        "actors: {market: spot, gpus: [L4, A10G]}\nnetwork: {dissemination_seconds: 2.0}\n")
+    cli = subprocess.run([sys.executable, "-m", "echo2.cli", "plan", "--workload", str(workload), "--catalog",
+                          str(catalog), "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    planned = {f"{r['offer']['name']}:{r['market']}": r["count"] for r in json.loads(cli.stdout)["fleet"]}
+    assert len(planned) >= 2, planned  # a mix, not one offer: the comparison means something
+
+    store = FsspecStore(str(tmp_path / "run"), {})
+    config = LocalFleetConfig(actors="auto", max_actors=32, price_as=actors, workload=str(workload),
+                              prices={"source": "snapshot", "catalog": str(catalog)})
+    fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path / "logs", run_key=run_key("r", create=True),
+                       actor_command=["true"], model_params_b=1.5)
+    fleet.start()
+    fleet.stop()
+    launches = [e for e in read_events(store) if e["kind"] == "launch"]
+    bought = collections.Counter(f"{e['provider']}/{e['instance_type']}@{e['region']}:"
+                                 f"{'spot' if e['spot'] else 'on-demand'}" for e in launches)
+    assert dict(bought) == planned
+    assert all(e["simulated_price"] for e in launches)

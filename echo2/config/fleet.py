@@ -64,6 +64,11 @@ class FleetConfigBase(_Section):
     """With ``actors: auto``: never more actors than this (on one machine, actors share its cores)."""
     target_utilization: float = Field(0.95, gt=0, le=1)
     """With ``actors: auto``: the learner utilization the fleet is sized for."""
+    workload: str | None = None
+    """With ``actors: auto`` over catalog offers (SkyPilot, or ``price_as``): the workload the first fleet is
+    planned from, before the run has measured anything: NAME of ``infra/workloads/NAME.yaml`` or a file, as
+    ``echo2 plan --workload`` takes it. The run's first launches are then the fleet ``echo2 plan --workload``
+    prints over the same price catalog; None: ``min_actors`` until the first sizing."""
     max_restarts: int = Field(3, ge=0)
     """A crashed actor is replaced up to this many times per slot (a reclaimed one always is)."""
     max_usd_per_hour: float | None = Field(None, gt=0)

@@ -102,13 +102,13 @@ class FleetManager:
                  launch_spec: Callable[[str, ActorOffer], ActorLaunch] | None = None,
                  offers: list[ActorOffer] | None = None, desired: int | None = None, alternatives: int = 0,
                  unavailable_retry_s: float = 300.0, chooser: FleetChooser | None = None,
-                 plan_from: FleetSize | None = None):
+                 plan_from: FleetSize | tuple[Mix, FleetSize] | None = None):
         """The backend builds each launch from ``launch`` (``FleetBackend.launch_spec``), or ``launch_spec(actor_id,
         offer)`` does (a test's); ``offers`` are the candidates (default: this machine, free), tried cheapest per
         expected token/s first; ``alternatives``: how many interchangeable offers a launch may name beside its
         own. ``chooser`` (``fleet.actors: auto`` over catalog offers): the fleet is the chooser's mix, first for
-        ``plan_from`` (the workload to plan from before anything is measured) where given, else ``min_actors``
-        cheapest first until the first sizing."""
+        ``plan_from`` (the workload to plan from before anything is measured, or a mix already chosen for it:
+        ``FleetChooser.first_plan``) where given, else ``min_actors`` cheapest first until the first sizing."""
         self.backend = backend
         self.config = config
         self.store = store
@@ -158,7 +158,11 @@ class FleetManager:
     def start(self) -> None:
         self.backend.start()
         self._release_leftovers()
-        if self.chooser is not None and self.plan_from is not None:
+        if self.chooser is not None and isinstance(self.plan_from, tuple):
+            mix, self._inputs = self.plan_from
+            self._buy(mix, "first plan")
+            self._fill()
+        elif self.chooser is not None and self.plan_from is not None:
             self.plan(self.plan_from, "first plan, from the workload given")
         else:
             self._fill()
@@ -513,5 +517,9 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     # its threads (the reclaim injector) or staged a workdir (SkyPilot); both wait for FleetManager.start
     offers = backend.offers(model_params_b, active_params_b)
     chooser = FleetChooser.for_offers(offers, config, model_params_b, active_params_b)
+    if chooser is not None and plan_from is None and config.workload:
+        from echo2.fleet.prices import make_price_source
+
+        plan_from = chooser.first_plan(config.workload, make_price_source(config.prices).offers())
     return FleetManager(backend, config, store, launch=launch, offers=offers, chooser=chooser, plan_from=plan_from,
                         **backend.manager_options())

@@ -204,6 +204,11 @@ class FleetChooser:
     min_actors: int = 1
     max_actors: int | None = None
     budget_usd_per_hour: float | None = None
+    reclaim: dict[str, float] = field(default_factory=dict)
+    """Reclaim-rate overrides the workload file gives (``actors.reclaim_per_hour``); the ledger's measured ones
+    (the manager's) go over them."""
+    caps: dict[str, int] = field(default_factory=dict)
+    """Caps the workload file gives (``actors.caps``); the manager's for offers found full go over them."""
 
     @classmethod
     def for_offers(cls, offers: list | None, config, model_params_b: float | None,
@@ -224,7 +229,41 @@ class FleetChooser:
         self.profiles = with_measurements(self.profiles, measure_run(store, self.model_params_b))
 
     def assumed_reclaim_rate(self, offer) -> float:
-        return reclaim_rate(offer.catalog, offer.spot)
+        return reclaim_rate(offer.catalog, offer.spot, self.reclaim)
+
+    def first_plan(self, workload: str, catalog: list) -> tuple[Mix, FleetSize]:
+        """The fleet ``echo2 plan --workload WORKLOAD`` prints over ``catalog`` (``run_plan.plan_run``: the same
+        call), as a mix of this fleet's offers, and the capacity workload and tokens per batch it was planned
+        for (what the chooser is asked again with until the run has measured its own). A planned offer the fleet
+        cannot launch (not among its offers) is left out, said in the reason."""
+        from echo2.fleet.sizing.run_plan import plan_run
+        from echo2.fleet.sizing.workload_file import load_workload
+
+        wf = load_workload(workload)
+        if wf.actors.reclaim_per_hour is not None:
+            self.reclaim = {"spot": wf.actors.reclaim_per_hour}
+        self.caps = dict(wf.actors.caps or {})
+        self.target_utilization = wf.actors.target_utilization
+        out = plan_run(wf, catalog, self.profiles, neighbours=())
+        if not out.get("fleet"):
+            raise Echo2InputError(f"fleet.workload {workload}: {out.get('reason') or 'no fleet'}")
+        by_name = {o.name: o for o in self.offers}
+        counts, missing = [], []
+        for row in out["fleet"]:
+            key = f"{row['offer']['name']}:{row['market']}"
+            if key in by_name:
+                counts.append((by_name[key], int(row["count"])))
+            else:
+                missing.append(f"{row['count']} x {key}")
+        if not counts:
+            raise Echo2InputError(f"fleet.workload {workload}: the plan buys {', '.join(missing)}, none of which "
+                                  "this fleet's offers hold (fleet.price_as / fleet.gpus / fleet.providers)")
+        reason = (f"echo2 plan --workload {workload}: ${out['usd_per_hour']:.2f}/h, predicted utilization "
+                  f"{out['utilization']:.0%}" + (f"; left out (not among the fleet's offers): {', '.join(missing)}"
+                                                 if missing else ""))
+        batch_tokens = wf.rollout.groups_per_batch * wf.rollout.group_size * wf.rollout.completion_tokens_mean
+        inputs = FleetSize(sum(n for _, n in counts), reason, Workload(**out["workload"]), batch_tokens)
+        return Mix(counts, reason), inputs
 
     def choose(self, workload: Workload, batch_tokens: float, *, reclaim: dict[str, float] | None = None,
                caps: dict[str, int] | None = None) -> Mix | None:
@@ -236,7 +275,8 @@ class FleetChooser:
         chosen = choose_fleet(workload, [o.catalog for o in self.offers], self.profiles,
                               model_params_b=self.model_params_b, active_params_b=self.active_params_b,
                               batch_tokens=batch_tokens, target_utilization=self.target_utilization,
-                              markets=markets, reclaim=reclaim, caps=caps,
+                              markets=markets, reclaim={**self.reclaim, **(reclaim or {})},
+                              caps={**self.caps, **(caps or {})},
                               budget_usd_per_hour=self.budget_usd_per_hour, best_effort=True)
         if chosen is None:
             return None
