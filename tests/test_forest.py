@@ -6,12 +6,19 @@ Real parts: records written with ``topology.register`` into a real local store a
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
+import torch
+from relay_helpers import KEY, PUBLIC
 
-from echo2.broadcast import topology
+from echo2.broadcast import forest, topology
+from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
+from echo2.data.ledger import write_event
+from echo2.data.manifest import verify_signature
 from echo2.data.store import open_store
+from echo2.learner.publisher import Publisher
 
 
 @pytest.fixture
@@ -48,3 +55,225 @@ def test_rate_bounds():
     assert topology.rate(topology.MAX_RATE_MBIT) == topology.MAX_RATE_MBIT
     assert topology.rate(0.001) == 0.001
     assert topology.rate(25) == 25.0 and isinstance(topology.rate(25), float)
+
+
+# -- the forest ---------------------------------------------------------------------------------------------
+
+MIX = (1000.0, 200.0, 100.0, 25.0)
+
+
+def mixed(n=16):
+    """n peers with uplinks 1000/200/100/25 Mbit/s cycled (the issue's mix)."""
+    live = {f"p{i:02d}": f"http://10.0.0.{i}:8443" for i in range(n)}
+    return live, {p: MIX[i % len(MIX)] for i, p in enumerate(live)}
+
+
+def parents(relay):
+    return {p["id"]: (ancestry[0] if (ancestry := [i for _, i in topology.source_peers(relay, p["id"])]) else None)
+            for p in relay["peers"]}
+
+
+def depth(relay):
+    return {p["id"]: len(topology.source_peers(relay, p["id"])) for p in relay["peers"]}
+
+
+def children(relay):
+    out = {p["id"]: 0 for p in relay["peers"]}
+    for parent in parents(relay).values():
+        if parent is not None:
+            out[parent] += 1
+    return out
+
+
+def pipelined_tail(relay, up, size_mbit=512.0):
+    """A pipelined forest's tail: each peer receives at the slowest link on its path, a link carrying its
+    parent's uplink split among the parent's children (what the module docstring models); roots read the
+    store at 1000 Mbit/s."""
+    kids, par = children(relay), parents(relay)
+
+    def rate(p):
+        return 1000.0 if par[p] is None else min(rate(par[p]), up[par[p]] / kids[par[p]])
+
+    return max(size_mbit / rate(p) for p in par)
+
+
+def test_fast_peers_near_the_roots_with_more_children_slow_ones_at_the_leaves():
+    live, up = mixed(16)
+    for version in range(5):
+        relay = topology.plan(live, version, fanout=2, roots=1, rates=up)
+        d, kids = depth(relay), children(relay)
+        root = [p for p, k in d.items() if k == 0]
+        assert len(root) == 1 and up[root[0]] == 1000.0
+        by_rate = {r: [p for p in live if up[p] == r] for r in MIX}
+        assert max(d[p] for p in by_rate[1000.0]) <= min(d[p] for p in by_rate[25.0])
+        assert all(kids[p] == 0 for p in by_rate[25.0]) and all(kids[p] == 0 for p in by_rate[100.0])
+        assert min(kids[p] for p in by_rate[1000.0] if d[p] <= 1) > 2  # more than the mean fan-out
+        assert all(kids[p] <= max(2, forest.MAX_CHILDREN) for p in live)
+
+
+def test_on_the_mixed_uplinks_the_rated_forest_beats_the_rotating_chain_by_far():
+    """The planner alone, on the pipelined model above: today's rotating chain (hash order, fan-out 1) puts
+    slow uplinks in the middle of the chain; the rated forest keeps every link fast."""
+    live, up = mixed(16)
+    for version in range(8):
+        chain = topology.plan(live, version, fanout=1, roots=1)
+        rated = topology.plan(live, version, fanout=1, roots=1, rates=up)
+        assert pipelined_tail(chain, up) >= 3 * pipelined_tail(rated, up), version
+
+
+def test_without_known_rates_the_forest_is_parent_index_node_for_node():
+    live = {f"a{i}": f"http://10.0.0.{i}:1" for i in range(11)}
+    place = {a: ("aws", "us-east-1") if i % 3 else ("gcp", "us-central1") for i, a in enumerate(live)}
+    for fanout, roots in ((1, 1), (2, 1), (2, 2), (3, 2)):
+        for version in range(4):
+            for rates in ({}, {a: 200.0 for a in live}, {a: None for a in live}):
+                for placement, store_site in ((None, None), (place, ("aws", "us-east-1"))):
+                    old = topology.plan(live, version, fanout=fanout, roots=roots, placement=placement,
+                                        store_site=store_site)
+                    new = topology.plan(live, version, fanout=fanout, roots=roots, placement=placement,
+                                        store_site=store_site, rates=rates)
+                    assert new["shape"] == "parents" and "shape" not in old
+                    assert [p["id"] for p in new["peers"]] == [p["id"] for p in old["peers"]]
+                    assert {a: topology.source_peers(new, a) for a in live} == {
+                        a: topology.source_peers(old, a) for a in live}
+
+
+def test_the_plan_is_deterministic_and_every_actor_reads_it_from_the_signed_manifest():
+    live, up = mixed(12)
+    relay = topology.plan(live, 9, fanout=2, roots=1, rates=up)
+    shuffled = topology.plan(dict(reversed(list(live.items()))), 9, fanout=2, roots=1,
+                             rates=dict(reversed(list(up.items()))))
+    assert relay == shuffled
+    wire = json.loads(json.dumps(relay))  # what an actor reads: the parents are written out
+    assert all("parent" in p for p in wire["peers"])
+    assert {a: topology.source_peers(wire, a) for a in live} == {a: topology.source_peers(relay, a) for a in live}
+
+
+def test_measurement_noise_within_a_half_octave_does_not_reorder_and_the_hash_order_still_rotates():
+    live = {f"a{i}": f"http://10.0.0.{i}:1" for i in range(8)}
+    noisy = {a: 190.0 + 3 * i for i, a in enumerate(live)}  # 190..211 Mbit/s: one half-octave (181..256)
+    roots = {topology.plan(live, v, fanout=1, roots=1, rates=noisy)["peers"][0]["id"] for v in range(12)}
+    assert len(roots) > 2
+    assert forest.half_octave(190.0) == forest.half_octave(211.0)
+
+
+def test_unknown_rates_count_as_the_median_and_claims_are_capped():
+    live, up = mixed(8)
+    up["new"] = None
+    live["new"] = "http://10.0.0.99:1"
+    rate, _ = forest.planning_rates(topology.order(list(live), 1), up, (), None, topology.MAX_RATE_MBIT)
+    assert rate["new"] == statistics.median_low(sorted(forest.half_octave(r) for r in up.values() if r))
+    up["liar"], live["liar"] = topology.MAX_RATE_MBIT, "http://10.0.0.98:1"
+    rate, _ = forest.planning_rates(topology.order(list(live), 1), up, (), None, topology.MAX_RATE_MBIT)
+    assert rate["liar"] == forest.RATE_SPREAD * statistics.median_low(
+        sorted(forest.half_octave(r) for r in up.values() if r))
+    relay = topology.plan(live, 1, fanout=2, roots=1, rates=up)
+    assert depth(relay)["liar"] == 0 and children(relay)["liar"] <= forest.MAX_CHILDREN
+    live, up = mixed(24)
+    up["liar"], live["liar"] = topology.MAX_RATE_MBIT, "http://10.0.0.98:1"
+    relay = topology.plan(live, 1, fanout=2, roots=1, rates=up)
+    assert children(relay)["liar"] == forest.MAX_CHILDREN  # the most any parent gets, whatever it claims
+
+
+# -- untrusted claims, reports, joining: through the learner's publisher -------------------------------------
+
+def launch(store, rates):
+    for actor, up in rates.items():
+        write_event(store, "launch", actor)
+        topology.register(store, actor, f"http://127.0.0.1:{9000 + int(actor[1:])}", None, up_mbit=up)
+
+
+def publisher_of(store, fanout=2):
+    broadcast = BroadcastConfig(mode="relay", fanout=fanout, roots=1, peer_timeout_s=3600)
+    return Publisher(store, train=TrainConfig(keep_versions=30), broadcast=broadcast, key=KEY, extra_files={})
+
+
+def publish(publisher, version):
+    manifest, _ = publisher.publish(version, {"w": torch.full((8,), float(version))}, {"weights": "full"})
+    verify_signature(manifest, PUBLIC)
+    return manifest["relay"]
+
+
+def report(store, actor, failed):
+    """What a receiver writes when ``failed`` parents failed it (``failed_parents``: parent -> version)."""
+    up = topology.read_peers(store, max_age_s=3600)[actor].up_mbit
+    topology.register(store, actor, f"http://127.0.0.1:{9000 + int(actor[1:])}", None, failed, up_mbit=up)
+
+
+def test_the_publisher_plans_by_the_rates_in_the_peer_records(store):
+    live, up = mixed(8)
+    launch(store, {f"a{i}": r for i, r in enumerate(up.values())})
+    relay = publish(publisher_of(store), 1)
+    d = depth(relay)
+    assert relay["shape"] == "parents" and [a for a, k in d.items() if k == 0] in (["a0"], ["a4"])  # a 1000
+    assert all(d[a] >= 1 and children(relay)[a] == 0 for a in ("a3", "a7"))  # the 25 Mbit/s ones: leaves
+
+
+def test_a_liars_claim_cannot_put_a_failed_peer_at_the_root_twice(store):
+    """``a9`` claims 100 Gbit/s and is the root; it fails its children, who report it. One report (fan-out
+    1: one child) demotes it to the leaves; two take it out; a report of a peer one never fetched from
+    demotes nobody. Also across a resume: the new publisher reads the signed plans back from the store."""
+    honest = {f"a{i}": 200.0 for i in range(5)}
+    launch(store, {**honest, "a9": topology.MAX_RATE_MBIT})
+    publisher = publisher_of(store, fanout=1)
+    v1 = publish(publisher, 1)
+    assert depth(v1)["a9"] == 0
+    child = next(a for a, p in parents(v1).items() if p == "a9")
+    report(store, child, {"a9": 1})
+    v2 = publish(publisher_of(store, fanout=1), 2)  # a resumed learner: v1's plan is read from the store
+    assert depth(v2)["a9"] == max(depth(v2).values()) and children(v2)["a9"] == 0
+    for version in range(3, 6):
+        assert children(publish(publisher, version))["a9"] == 0
+    other = next(a for a in honest if a != child)
+    report(store, other, {"a9": 5})  # a second reporter: out of the plan
+    assert "a9" not in {p["id"] for p in publish(publisher, 6)["peers"]}
+
+
+def test_a_report_of_a_peer_the_reporter_never_fetched_from_demotes_nobody(store):
+    rates = {"a0": 1000.0, "a1": 1000.0, "a2": 100.0, "a3": 25.0}
+    launch(store, rates)
+    publisher = publisher_of(store, fanout=1)
+    v1 = publish(publisher, 1)
+    root = next(a for a, d in depth(v1).items() if d == 0)
+    report(store, root, {"a2": 1})  # the root read the store: it fetched nothing from a2
+    v2 = publish(publisher, 2)
+    urls = {a: r.url for a, r in topology.read_peers(store, max_age_s=3600).items()}
+    assert v2 == topology.plan(urls, 2, fanout=1, roots=1, rates=rates)  # as if nobody had reported
+    assert depth(v2)["a2"] <= depth(v2)["a3"] and children(v2)["a2"] >= children(v2)["a3"]
+
+
+def test_a_new_actor_joins_the_forest_from_the_next_version_at_the_median(store):
+    launch(store, {"a0": 1000.0, "a1": 200.0, "a2": 200.0, "a3": 25.0, "a4": 25.0})
+    publisher = publisher_of(store, fanout=1)
+    assert "a5" not in {p["id"] for p in publish(publisher, 1)["peers"]}
+    launch(store, {"a5": None})  # joins mid-version: it measured nothing yet
+    v2 = publish(publisher, 2)
+    assert topology.source_peers(v2, "a5")  # a parent to fetch from, not the store
+    assert depth(v2)["a5"] <= min(depth(v2)[a] for a in ("a3", "a4"))  # the median (200), above the 25s
+
+
+def test_old_manifests_without_explicit_parents_still_resolve_and_odd_shapes_mean_the_store():
+    old = {"fanout": 2, "roots": 1, "peers": [{"id": f"a{i}", "url": f"http://h{i}:1"} for i in range(5)]}
+    assert [[i for _, i in topology.source_peers(old, f"a{k}")] for k in range(5)] == [
+        [], ["a0"], ["a0"], ["a1", "a0"], ["a1", "a0"]]
+    sited = {"fanout": 1, "roots": 1, "site_roots": {"x/1": 1, "y/2": 1},
+             "peers": [{"id": "a", "url": "http://a:1", "site": "x/1"}, {"id": "b", "url": "http://b:1", "site": "y/2"},
+                       {"id": "c", "url": "http://c:1", "site": "x/1"}]}
+    assert topology.source_peers(sited, "c") == [("http://a:1", "a")] and topology.source_peers(sited, "b") == []
+    loop = {"fanout": 1, "roots": 1, "shape": "parents",
+            "peers": [{"id": "a", "url": "http://a:1", "parent": "b"}, {"id": "b", "url": "http://b:1", "parent": "a"},
+                      {"id": "c", "url": "http://c:1", "parent": "zz"}]}
+    assert topology.source_peers(loop, "a") == [("http://b:1", "b")]  # a chain never loops
+    assert topology.source_peers(loop, "c") == []  # a parent not in the plan: the store
+    assert topology.source_peers({**loop, "shape": "spiral"}, "a") == []  # a shape this code does not know
+
+
+def test_where_no_rate_is_known_a_report_below_quorum_moves_nobody():
+    """The hash order's rule (``test_relay_hostile``): a claim counted for nothing, so nothing to take back."""
+    live = {f"a{i}": f"http://10.0.0.{i}:1" for i in range(6)}
+    for version in range(4):
+        first = topology.plan(live, version, fanout=2, roots=1, rates={})["peers"][0]["id"]
+        assert topology.plan(live, version, fanout=2, roots=1, rates={}, demoted={first}) == topology.plan(
+            live, version, fanout=2, roots=1, rates={})
+        rated = topology.plan(live, version, fanout=2, roots=1, rates=dict.fromkeys(live, 200.0), demoted={first})
+        assert rated["peers"][-1]["id"] == first  # with rates known: behind its equals, at the leaves

@@ -5,6 +5,14 @@ manifest, so every actor derives the same tree. Peers are ordered by sha256(vers
 rotates the roots and inner nodes from version to version. With ``roots`` roots and fan-out
 ``f``, node k (k >= roots) has parent (k - roots) // f: f = 1 is a chain per root.
 
+Rates: the learner plans with the up- and download rates peers measured and put in their records
+(``up_mbit``/``down_mbit``), fast peers near the roots with more children and slow ones at the leaves
+(``forest.py`` has the rule and what bounds a liar's claim), and writes each peer's ``parent`` into the
+plan (``shape: parents``), which actors read as it is. With no rate known that forest is the one above,
+node for node. A plan without ``shape`` (every manifest before rates) is read with ``parent_index``.
+An actor that registers joins the plan of the next version published, at the median rate until it
+reports its own; until then (and whenever it is in no plan) it reads the store.
+
 Sites: where the fleet placed each actor (provider and region, from the ledger's launch, requested,
 running and ready events: ``LaunchedActors.placement``, written by the learner's fleet, never by an actor),
 the plan is one forest per site, so a parent is always in its child's provider and region and a copy
@@ -30,16 +38,19 @@ ledger, which actors cannot write) and that are not revoked.
 A child whose parent failed to deliver (held a request past its timeout, refused, died, sent bad bytes;
 not a 404, the honest "I will not have it") says so in its record: ``failed_parents: {parent: version}``.
 The reporter itself asks that parent for nothing for ``REPORT_VERSIONS`` versions (``receiver.py``),
-whatever the plans say: one child's report moves only that child. A parent reported by ``QUORUM``
-distinct live children of the fleet is left out of the plan (it then reads the store, as a root would,
-and relays for nobody) until the reports are ``REPORT_VERSIONS`` versions old; a peer that was merely
-restarting then gets its place back, a hostile one costs one more hold and is reported again. The plan
-is otherwise the hash order: a report never moves anyone up or down it, since a liar could use that to
-put itself above, or a victim right below, itself. So a lone liar changes nothing but its own route;
-two colluding actors can send an honest peer to the store for ``REPORT_VERSIONS`` versions, which costs
-store reads, never correctness. A parent that holds every request costs each of its children one hold
-(the first version it fails them), and is out of the plans once two have reported it: with fan-out
-f >= 2 after the first version, in a chain after two.
+whatever the plans say. A parent reported by ``QUORUM`` distinct live children of the fleet is left out
+of the plan (it then reads the store, as a root would, and relays for nobody) until the reports are
+``REPORT_VERSIONS`` versions old; a peer that was merely restarting then gets its place back, a hostile
+one costs one more hold and is reported again. Below quorum, a report moves nobody in the hash order (a
+liar could use that to put itself above, or a victim right below, itself); in the rated forest one report
+*demotes* the parent to the leaves for as long, but only if the learner's own signed plan of the reported
+version had that parent among the reporter's sources (``verified_demotions``), so that a claimed rate
+cannot keep a failed peer near the roots: a lone liar can send only its own ancestors to the leaves,
+which costs speed; two colluding actors can send an honest peer to the store for ``REPORT_VERSIONS``
+versions, which costs store reads, never correctness. A parent that holds every request costs each of
+its children one hold (the first version it fails them), and is out of the plans once two have reported
+it: with fan-out f >= 2 after the first version, in a chain after two (in the rated forest, at the leaves
+after one).
 """
 
 from __future__ import annotations
@@ -51,10 +62,11 @@ import math
 import re
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+from echo2.broadcast.forest import rated_forest
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore, StoreError
 
@@ -111,11 +123,15 @@ def parent_index(k: int, *, fanout: int, roots: int) -> int | None:
 def source_peers(relay: dict, actor_id: str) -> list[tuple[str, str]]:
     """(url, peer id) to fetch from, best first: parent, then its ancestors up to a root. Empty = store only.
     The id is who the peer must prove to be over TLS (``relay_tls.py``): the url is only where it says it is.
-    In a plan with sites, only the peers of the actor's own site (see the module docstring)."""
+    In a plan with sites, only the peers of the actor's own site (see the module docstring). A plan of
+    ``shape: parents`` (``forest.py``) names each peer's parent; one without a shape (every manifest before
+    it) is ``parent_index`` over the peers' order; a shape this code does not know means the store."""
     peers: list[dict] = relay.get("peers", [])
     ids = [p["id"] for p in peers]
     if actor_id not in ids:
         return []
+    if "shape" in relay:
+        return _named_parents(relay, peers, actor_id) if relay["shape"] == "parents" else []
     roots = relay["roots"]
     if "site_roots" in relay:
         site = peers[ids.index(actor_id)].get("site", "")
@@ -126,6 +142,21 @@ def source_peers(relay: dict, actor_id: str) -> list[tuple[str, str]]:
     k: int | None = ids.index(actor_id)
     while (k := parent_index(k, fanout=relay["fanout"], roots=roots)) is not None:
         out.append((peers[k]["url"], peers[k]["id"]))
+    return out
+
+
+def _named_parents(relay: dict, peers: list[dict], actor_id: str) -> list[tuple[str, str]]:
+    """The chain of named parents up to a root, within the actor's site; it ends at a parent not in the plan,
+    in another site, or already on the chain (the learner writes none of these; a chain never loops)."""
+    by_id = {p["id"]: p for p in peers}
+    site = by_id[actor_id].get("site", "")
+    out: list[tuple[str, str]] = []
+    seen = {actor_id}
+    parent = by_id[actor_id].get("parent")
+    while isinstance(parent, str) and parent in by_id and parent not in seen and by_id[parent].get("site", "") == site:
+        seen.add(parent)
+        out.append((by_id[parent]["url"], parent))
+        parent = by_id[parent].get("parent")
     return out
 
 
@@ -141,23 +172,31 @@ def sources(relay: dict, actor_id: str) -> list[str]:
 
 def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
          reports: dict[str, set[str]] | None = None, placement: dict[str, tuple[str, str]] | None = None,
-         store_site: tuple[str, str] | None = None) -> dict:
-    """The relay section of a manifest: ordered peers (id, url[, site]) and the shape of the forest.
+         store_site: tuple[str, str] | None = None, rates: dict[str, float | None] | None = None,
+         demoted: Collection[str] | None = None) -> dict:
+    """The relay section of a manifest: ordered peers (id, url[, site][, parent]) and the shape of the forest.
 
     ``reports``: parent -> the children that reported it failed (``standing_reports``); a parent with
     ``QUORUM`` reporters is left out, the rest keep the hash order. ``placement``: actor -> (provider,
     region) from the ledger; given, the plan is one forest per site (module docstring), with ``store_site``
-    the store's (provider, region), None if unknown."""
+    the store's (provider, region), None if unknown. ``rates``: actor -> its uplink in Mbit/s (None or absent:
+    unknown); given, the forest is bandwidth-aware and carries each peer's ``parent`` (``_rated_forest``), with
+    ``demoted`` the peers planned at the leaves (None: every peer with a standing report below quorum)."""
     out = {p for p, who in (reports or {}).items() if len(who) >= QUORUM}
     ids = [i for i in order(list(live), version) if i not in out]
-    if not placement:
-        return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
-    site = {i: site_name(*placement[i]) if i in placement else "" for i in ids}
+    site = {i: site_name(*placement[i]) if i in placement else "" for i in ids} if placement else None
     home = None if store_site is None else site_name(*store_site)
-    sites = sorted(set(site.values()))
+    sites = sorted(set(site.values())) if site is not None else []
+    site_roots = {s: roots if home is None or s in (home, "") else 1 for s in sites} if site is not None else None
+    if rates is not None:
+        if demoted is None:
+            demoted = {p for p, who in (reports or {}).items() if 0 < len(who) < QUORUM}
+        return rated_forest(live, ids, fanout=fanout, roots=roots, site=site, site_roots=site_roots, rates=rates,
+                            demoted=demoted, max_rate=MAX_RATE_MBIT)
+    if site is None:
+        return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
     ids = [i for s in sites for i in ids if site[i] == s]  # grouped by site, hash order within
-    return {"fanout": fanout, "roots": roots,
-            "site_roots": {s: roots if home is None or s in (home, "") else 1 for s in sites},
+    return {"fanout": fanout, "roots": roots, "site_roots": site_roots,
             "peers": [{"id": i, "url": live[i], "site": site[i]} for i in ids]}
 
 
@@ -346,12 +385,40 @@ class LaunchedActors:
         return self.ids
 
 
+def planning_rate(record: PeerRecord) -> float | None:
+    """The rate a peer is planned with: its uplink, no more than its downlink where it reports one (a node
+    cannot forward faster than it receives); None (unknown) without an uplink."""
+    if record.up_mbit is None:
+        return None
+    return record.up_mbit if record.down_mbit is None else min(record.up_mbit, record.down_mbit)
+
+
+def verified_demotions(records: dict[str, PeerRecord], reports: dict[str, set[str]],
+                       plans: Callable[[int], dict | None]) -> set[str]:
+    """The peers with standing reports below quorum that a reporter had among its sources (parent or an
+    ancestor it fell back to) in the signed plan of the version it reports: ``plans(version)`` is that plan's
+    relay section, None when unknown (then the report demotes nobody)."""
+    out = set()
+    for parent, who in reports.items():
+        if len(who) >= QUORUM:
+            continue
+        for reporter in sorted(who):
+            relay = plans(records[reporter].failed_parents[parent])
+            if isinstance(relay, dict) and parent in (p for _, p in source_peers(relay, reporter)):
+                out.add(parent)
+                break
+    return out
+
+
 def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max_age_s: float,
                revoked: Collection[str] = (), known: Collection[str] | None = None,
-               placement: dict[str, tuple[str, str]] | None = None, store_site: tuple[str, str] | None = None) -> dict:
+               placement: dict[str, tuple[str, str]] | None = None, store_site: tuple[str, str] | None = None,
+               plans: Callable[[int], dict | None] | None = None) -> dict:
     """The relay section of version ``version``: the live peers that the fleet knows (``known``; None = no
-    fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports, one
-    forest per site where ``placement`` is given (``plan``)."""
+    fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports and
+    the rates in their records (``forest.py``), one forest per site where ``placement`` is given (``plan``).
+    ``plans``: version -> the relay section the learner signed for it (None if unknown), to check that a
+    report's reporter fetched from whom it reports (``verified_demotions``); None: no report demotes."""
     records = read_peers(store, max_age_s=max_age_s)
     strangers = {a for a in records if known is not None and a not in known}
     for actor in sorted(strangers):
@@ -362,8 +429,13 @@ def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max
         if len(who) >= QUORUM:
             log.warning("v%d: %s is left out of the relay plan: %s report it failed to deliver", version, parent,
                         ", ".join(sorted(who)))
+    demoted = verified_demotions(records, reports, plans) if plans is not None else set()
+    for parent in sorted(demoted):
+        log.info("v%d: %s is planned at the leaves: %s reported it failed to deliver", version, parent,
+                 ", ".join(sorted(reports[parent])))
     return plan({a: r.url for a, r in records.items()}, version, fanout=fanout, roots=roots, reports=reports,
-                placement=placement, store_site=store_site)
+                placement=placement, store_site=store_site,
+                rates={a: planning_rate(r) for a, r in records.items()}, demoted=demoted)
 
 
 def unregister(store: ObjectStore, actor_id: str) -> None:

@@ -6,8 +6,12 @@ The manifest carries the relay tree over the peers alive at publish time that th
 planned around), and the actors whose relay tokens are revoked (``data/relay_tokens.py``): no revoked
 actor gets children. The tree is one forest per (provider, region) the fleet placed actors in (the ledger's
 launch events), with one root reading the store in each site the store is not in (``store_site``: the
-run config's ``store.provider``/``store.region``). Each publish also folds the byte counters actors report
-in their peer records into the ledger (``fleet/egress.py``: the bill's traffic; nothing here waits on them).
+run config's ``store.provider``/``store.region``). Within a site the forest is laid out by the up- and
+download rates the peers report in their records, fast peers near the roots (``broadcast/forest.py``); a
+report of a failed parent demotes it only if the plan this learner signed for the reported version (kept
+here, or read back from ``policy/`` after a resume) had it among the reporter's sources. Each publish also
+folds the byte counters actors report in their peer records into the ledger (``fleet/egress.py``: the bill's
+traffic; nothing here waits on them).
 Versions older than t - S (no rollout of them can be used) are deleted beyond
 the newest ``keep_versions``; with LoRA version 0 stays, since every adapter version applies to it;
 with sparse deltas every version a kept version's chain needs stays (``delta_chain.chain_closure``).
@@ -29,17 +33,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.broadcast.topology import LaunchedActors, relay_plan
+from echo2.broadcast.topology import REPORT_VERSIONS, LaunchedActors, relay_plan
 from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
 from echo2.data.delta_chain import chain_closure
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import NotFound, ObjectStore, StoreError
 from echo2.data.weights import delete_folder, publish_delta_version, publish_version, published_versions
 from echo2.fleet.egress import EgressLedger
 
@@ -47,14 +51,17 @@ log = logging.getLogger("echo2.learner")
 
 
 def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, revoked: Collection[str],
-                fleet: LaunchedActors, store_site: tuple[str, str] | None = None) -> dict:
+                fleet: LaunchedActors, store_site: tuple[str, str] | None = None,
+                plans: Callable[[int], dict | None] | None = None) -> dict:
     """The relay section; ``fleet``: the actors the run's fleet launched (no other peer gets into the plan)
-    and where it placed them, as last read; ``store_site``: the store's (provider, region), None if unknown."""
+    and where it placed them, as last read; ``store_site``: the store's (provider, region), None if unknown;
+    ``plans``: version -> the relay section signed for it (reports are checked against it). The rates the
+    forest is laid out by are those of the peer records (``topology.relay_plan``, ``broadcast/forest.py``)."""
     if broadcast.mode != "relay":
         return {"fanout": broadcast.fanout, "roots": broadcast.roots, "peers": []}
     return relay_plan(store, version, fanout=broadcast.fanout, roots=broadcast.roots,
                       max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=fleet.ids,
-                      placement=fleet.placement, store_site=store_site)
+                      placement=fleet.placement, store_site=store_site, plans=plans)
 
 
 def store_site_of_run(store: ObjectStore) -> tuple[str, str] | None:
@@ -109,6 +116,8 @@ class Publisher:
         self._manifests: dict[int, dict] = {}  # immutable once committed: garbage collection reads each once
         self.fleet = LaunchedActors(store)
         """Who may be in a relay plan: the actors the fleet launched, from the ledger."""
+        self._plans: dict[int, dict | None] = {}
+        """Relay sections of recent versions (read back from the store after a resume), for the reports."""
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor], meta: dict,
                 revoked: Collection[str] = ()) -> tuple[dict, dict]:
@@ -119,7 +128,8 @@ class Publisher:
         stats: dict = {"publish_full_bytes": full_bytes}
         chunk_size = int(self.broadcast.chunk_mb * 2**20)
         self.fleet()  # who the fleet launched, and where: the ledger's new events
-        relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet, self.store_site)
+        self._plans = {v: p for v, p in self._plans.items() if v >= version - REPORT_VERSIONS - 1}
+        relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet, self.store_site, self._plan_of)
         meta = {**meta, "revoked": sorted(revoked)}
         try:
             manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)
@@ -127,10 +137,23 @@ class Publisher:
             self.last = None  # what actors hold is unknown now: the next version is a keyframe
             raise
         self._manifests[version] = manifest
+        self._plans[version] = relay
         collect_garbage(self.store, version, self.train, self._manifests)
         self.egress.fold(self.fleet.ids)  # after the commit, so the version does not wait; never raises on input
         stats["publish_seconds"] = time.perf_counter() - started
         return manifest, stats
+
+    def _plan_of(self, version: int) -> dict | None:
+        """The relay section this run signed for ``version`` (from the store once, after a resume); None if
+        it has none (never published, collected). Only the learner writes ``policy/``: no peer can forge it."""
+        if version not in self._plans:
+            try:
+                manifest = self.store.get_json(layout.manifest_key(layout.policy_dir(version)))
+            except (NotFound, StoreError, OSError, ValueError):
+                manifest = None
+            relay = manifest.get("relay") if isinstance(manifest, dict) else None
+            self._plans[version] = relay if isinstance(relay, dict) else None
+        return self._plans[version]
 
     def _commit(self, version: int, tensors: dict[str, torch.Tensor], meta: dict, full_bytes: int, stats: dict,
                 relay: dict, chunk_size: int) -> dict:

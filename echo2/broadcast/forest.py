@@ -1,0 +1,143 @@
+"""The bandwidth-aware relay forest: fast peers near the roots with more children, slow ones at the leaves.
+
+``topology.plan`` calls ``rated_forest`` when the learner has the peers' rates (the publisher always has
+them, from the peer records: ``topology.relay_plan``); without rates the plan is the rotating hash order of
+``topology.parent_index``. The learner signs the result into the manifest with every peer's ``parent``
+written out, so actors never recompute it: every actor reads the same forest from the signed manifest
+(``topology.source_peers``), whatever float arithmetic its machine does.
+
+The model. A version moves through the forest as a pipeline of chunks, so what bounds a subtree is the
+slowest link on its path to a root, a link carrying its parent's uplink split among the parent's children.
+The rule, per site (one forest per provider and region, ``topology``'s sites):
+
+* a peer's *rate* is the uplink it reports, capped at ``min(rate, down)`` where it reports its downlink too
+  (a node cannot forward faster than it receives), rounded down to a half-octave (powers of sqrt 2) so that
+  noise in measurements does not reorder peers of about the same speed: within a half-octave the hash order
+  of the version decides, and still rotates roots and inner nodes from version to version;
+* unknown rates (a new actor, an actor that measured nothing yet, a record with an invalid rate) count as
+  the median of the known ones, over all planned peers; a claim counts at most ``RATE_SPREAD`` x that
+  median; with no known rate at all every peer counts the same;
+* peers are laid out fastest first; the site's first ``site_roots`` peers are its roots (they read the
+  store), and each later peer, in that order, gets as parent the earliest peer with a child slot left,
+  breadth first;
+* children in proportion to the rate: a peer has ``c = floor(rate / L)`` slots (at most ``MAX_CHILDREN``,
+  or ``fanout`` where that is more), so every link carries at least ``L``, and ``L`` is the fastest link
+  rate at which the slots carry every peer of the site, but no faster than the fastest rate over
+  ``fanout``: the fastest peer has at least ``fanout`` children. Uniform rates give every peer ``fanout``
+  slots, the forest of ``parent_index`` node for node; on uneven ones the slow peers get no slot as long
+  as the fast ones can carry them, and sit at the leaves. This maximises the slowest link over the forests
+  laid out fastest first (a pipeline moves a version at about its slowest link), and with it the depth is
+  what the slots make it: on the issue's mix (uplinks 25/100/200/1000 Mbit/s cycled over 16 peers) the four
+  1000 Mbit/s peers carry four children each at 250 Mbit/s, two levels deep.
+
+Untrusted claims. Rates are what actors say they measured; a liar can claim 100 Gbit/s. What bounds it: a
+claim above ``RATE_SPREAD`` x the median counts as that; no parent gets more than ``MAX_CHILDREN`` children
+(or ``fanout``), so a liar at a root holds at most that many; those children report it (``failed_parents``,
+``topology``); ``QUORUM`` reporters take it out of the plan, and a single report *demotes* it (``demoted``,
+which ``topology.relay_plan`` fills only with reports whose reporter had the reported peer among its sources
+in the signed plan of the version reported, so a report of a peer one never fetched from demotes nobody):
+a demoted peer counts as the slowest rate of its site's other peers and goes behind them, at the leaves
+(where no rate in its site is known, its claim counted for nothing anyway and it keeps its hash place). So a
+failed peer's claim puts it at a root at most once per ``REPORT_VERSIONS`` versions. What a lone liar can do
+to others: claim a high rate (one version at a root, at most ``MAX_CHILDREN`` children held
+once), or report its own parent and ancestors (they go to the leaves for ``REPORT_VERSIONS`` versions):
+it costs speed, never a byte's correctness (every chunk is checked against the signed manifest).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Collection
+
+RATE_SPREAD = 16.0
+"""A claimed rate counts at most this many times the median known rate of the plan."""
+MAX_CHILDREN = 8
+"""No parent gets more children than this (or ``fanout`` where that is more), whatever its rate."""
+
+
+def half_octave(rate: float) -> float:
+    """``rate`` rounded down to a power of sqrt(2): measurements a few percent apart plan alike."""
+    return 2.0 ** (math.floor(2 * math.log2(rate)) / 2)
+
+
+def _claim(rates: dict[str, float | None], peer: str, max_rate: float) -> float | None:
+    r = rates.get(peer)
+    ok = isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+    return half_octave(min(float(r), max_rate)) if ok else None
+
+
+def planning_rates(ids: list[str], rates: dict[str, float | None], demoted: Collection[str],
+                   site: dict[str, str] | None, max_rate: float) -> tuple[dict[str, float], set[str]]:
+    """The rate each peer is planned with (module docstring): capped, half-octaves, the median for the
+    unknown, the site's slowest for the demoted; 1.0 for every peer where no rate is known. Also the peers
+    demoted in effect: those of ``demoted`` in a site where some other peer's rate is known."""
+    where = site or {}
+    known = {i: r for i in ids if i not in demoted and (r := _claim(rates, i, max_rate)) is not None}
+    if not known:
+        return {i: 1.0 for i in ids}, set()
+    median = statistics.median_low(sorted(known.values()))
+    out = {i: min(r, RATE_SPREAD * median) if (r := _claim(rates, i, max_rate)) is not None else median for i in ids}
+    rated_sites = {where.get(i, "") for i in known}
+    effective = {i for i in demoted if i in out and where.get(i, "") in rated_sites}
+    for i in effective:
+        out[i] = min(out[j] for j in ids if j not in demoted and where.get(j, "") == where.get(i, ""))
+    return out, effective
+
+
+def _fill(ids: list[str], slots: list[int], roots: int) -> list[tuple[str, str | None]] | None:
+    """Breadth first: each non-root peer's parent is the earliest peer before it with a slot left; None
+    when some peer finds none (the slots before it are too few)."""
+    out: list[tuple[str, str | None]] = []
+    left, p = list(slots), 0
+    for k, peer in enumerate(ids):
+        if k < roots:
+            out.append((peer, None))
+            continue
+        while p < k and left[p] == 0:
+            p += 1
+        if p == k:
+            return None
+        left[p] -= 1
+        out.append((peer, ids[p]))
+    return out
+
+
+def layout_site(ids: list[str], rate: dict[str, float], demoted: Collection[str], *, fanout: int,
+                roots: int) -> list[tuple[str, str | None]]:
+    """(peer, parent) of one site's forest, fastest first (module docstring); parent None = a root."""
+    ids = sorted(ids, key=lambda i: (-rate[i], i in demoted))  # stable: the hash order breaks ties
+    if not ids:
+        return []
+    most = max(fanout, MAX_CHILDREN)
+    top = rate[ids[0]] / fanout
+    links = sorted({r / c for r in {rate[i] for i in ids} for c in range(1, most + 1) if r / c <= top} | {top},
+                   reverse=True)
+    for link in links:  # the fastest link rate every peer can be carried at
+        slots = [0 if i in demoted else min(most, math.floor(rate[i] / link + 1e-9)) for i in ids]
+        if (out := _fill(ids, slots, roots)) is not None:
+            return out
+    return _fill(ids, [max(1, math.floor(rate[i] / links[-1] + 1e-9)) for i in ids], roots) or []
+
+
+def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: int, site: dict[str, str] | None,
+                 site_roots: dict[str, int] | None, rates: dict[str, float | None], demoted: Collection[str],
+                 max_rate: float) -> dict:
+    """The relay section with explicit parents (``shape: parents``); ``ids`` in the version's hash order,
+    ``site`` peer -> site name (None: one forest), ``site_roots`` roots per site."""
+    rate, demoted = planning_rates(ids, rates, {i for i in demoted if i in live}, site, max_rate)
+    groups = sorted(set(site.values())) if site is not None else [""]
+    peers = []
+    for name in groups:
+        members = [i for i in ids if site is None or site[i] == name]
+        n_roots = roots if site_roots is None else site_roots[name]
+        for peer, parent in layout_site(members, rate, demoted, fanout=fanout, roots=n_roots):
+            entry = {"id": peer, "url": live[peer], "parent": parent}
+            if site is not None:
+                entry["site"] = name
+            peers.append(entry)
+    relay: dict = {"fanout": fanout, "roots": roots, "shape": "parents"}
+    if site_roots is not None:
+        relay["site_roots"] = site_roots
+    relay["peers"] = peers
+    return relay
