@@ -21,6 +21,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 BENCHMARKS := broadcast
 # sparse delta vs full bf16 versions of a real 6-step quickstart run, then relayed to 8 receivers
 BENCHMARKS += broadcast-delta
+# issue 22's four wide-area scenarios side by side (RTT, mixed uplinks, churn, today's rows), each beside its target
+BENCHMARKS += broadcast-wan
 BENCHMARKS += overlap
 BENCHMARKS += cost
 # echo2's training step vs the old padded full-logits one at Qwen3's vocabulary (tens of minutes on 2 cores)

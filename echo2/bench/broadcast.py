@@ -2,24 +2,41 @@
 
 Every node (one origin that plays the object store, N receivers) is a process in its own Linux
 network namespace, joined through veth pairs to a bridge in a hub namespace; ``tc tbf`` shapes
-each node's egress to the link rate (the origin's too). Receivers run the real relay code. The
-same payload is sent twice: through a relay chain (fan-out configurable) and store-only (every
-receiver reads the origin). Where namespaces cannot be made (no root, no ``ip``/``tc``) the
-nodes run on unshaped loopback and the result says so. With ``tls`` the relay chain also runs a
+each node's egress to its uplink (the origin's too). Receivers run the real relay code, and who
+fetches from whom is the real planner's forest (``topology.plan``, handed every receiver's uplink as
+the rate it would measure). The same payload is sent twice: through the relay forest and store-only
+(every receiver reads the origin). Where namespaces cannot be made (no root, no ``ip``/``tc``) the
+nodes run on unshaped loopback and the result says so. With ``tls`` the relay forest also runs a
 third time over mutual TLS (``broadcast/relay_tls.py``; every receiver holds one certificate of a
-bench CA), measured beside the plain chain: ``tls_over_plain`` is the overhead.
+bench CA), measured beside the plain one: ``tls_over_plain`` is the overhead.
+
+Wide-area links (``wan.py``): ``rtt_ms`` puts a delaying TCP forwarder in front of every node's
+server (what it models and what not: ``wan.py``), ``uplinks`` gives the receivers uneven uplinks
+(cycled), and every such run also measures today's rotating chain (the pre-issue plan: the peers in
+sha256(version:id) order, each the parent of the next, no rates) as a row of its own, and states the
+lower bound no schedule beats (``wan.lower_bound_s``). ``churn`` (a share of the receivers) runs the
+forest once more and kills that many receivers (SIGKILL: the node, its relay and its forwarder at once;
+the kernel then refuses or resets its connections) each when half the version is in it, victims spread
+evenly over the plan's order; as many joiners, started beforehand, join the version at each kill reading
+the store (a new actor is in the plan from the next version). The churn tail is the last surviving
+receiver's, beside the same network's tail without churn; the joiners' own finishing times (they started
+late and share the store's uplink) are reported beside it (``churn_joined_done_s``, ``churn_with_joiners_s``),
+and every live receiver, joiners included, must verify the whole version.
 
 Namespaces, veths and the bridge are created with a per-run prefix and removed at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,13 +44,18 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2.bench import wan
+from echo2.broadcast import topology
 from echo2.broadcast.topology import parent_index
 from echo2.data.manifest import chunk_hashes, sign
 from echo2.data.relay_certs import RelayCA
 from echo2.data.relay_tokens import mint as mint_relay_token
 from echo2.data.run_key import public_key_text
 from echo2.data.weights import sha256
+from echo2.errors import Echo2InputError
 
+MAX_RECEIVERS = 32
+"""Receivers one run may have (each a Python process holding the version; joiners of a churn run come on top)."""
 SUBNET = "10.213"  # addresses only inside namespaces this benchmark creates
 TBF_LATENCY = "1s"  # queue room for a few chunks: drops at the shaper would measure TCP backoff, not the relay
 
@@ -65,8 +87,9 @@ def namespaces_available() -> bool:
 
 
 @contextmanager
-def shaped_network(n_nodes: int, link_mbit: float):
-    """Yield one Host per node; each node's egress shaped to ``link_mbit``; everything removed after."""
+def shaped_network(n_nodes: int, link_mbit: float, uplinks: list[float] | None = None):
+    """Yield one Host per node; node i's egress shaped to ``uplinks[i]`` (every one to ``link_mbit`` without
+    ``uplinks``); everything removed after."""
     tag = f"{os.getpid() % 10000}"
     hub = f"e2b{tag}hub"
     made: list[str] = []
@@ -90,7 +113,7 @@ def shaped_network(n_nodes: int, link_mbit: float):
             _sh("ip", "-n", hub, "link", "set", outer, "up")
             # shape the sender: this node's uplink
             _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "root", "tbf", "rate",
-                f"{link_mbit}mbit", "burst", "256kb", "latency", TBF_LATENCY)
+                f"{uplinks[i] if uplinks else link_mbit}mbit", "burst", "256kb", "latency", TBF_LATENCY)
             hosts.append(Host(ns, address, 8000))
         yield hosts
     finally:
@@ -99,7 +122,7 @@ def shaped_network(n_nodes: int, link_mbit: float):
 
 
 @contextmanager
-def loopback_network(n_nodes: int, link_mbit: float):
+def loopback_network(n_nodes: int, link_mbit: float, uplinks: list[float] | None = None):
     yield [Host(None, "127.0.0.1", 0) for _ in range(n_nodes)]
 
 
@@ -119,7 +142,14 @@ class Node:
         self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
 
+    def kill(self) -> None:
+        """The node vanishes at once: process, relay and forwarder (the kernel closes its sockets)."""
+        self.proc.kill()
+        self.proc.wait()
+
     def close(self) -> None:
+        if self.proc.poll() is not None:
+            return
         try:
             self.proc.stdin.close()
             self.proc.wait(timeout=15)
@@ -128,48 +158,129 @@ class Node:
             self.proc.wait()
 
 
+def rotating_chain(ids: list[str], version: int = 1) -> dict[str, list[str]]:
+    """Today's plan before issue 22, frozen here: peers in sha256(version:id) order, a chain (fan-out 1, one
+    root), no rates. actor -> its sources, parent first."""
+    ordered = sorted(ids, key=lambda p: hashlib.sha256(f"{version}:{p}".encode()).hexdigest())
+    out = {}
+    for k0, actor in enumerate(ordered):
+        chain, k = [], k0
+        while (k := parent_index(k, fanout=1, roots=1)) is not None:
+            chain.append(ordered[k])
+        out[actor] = chain
+    return out
+
+
+def planned(ids: list[str], rates: list[float], fanout: int,
+            version: int = 1) -> tuple[dict[str, list[str]], list[str]]:
+    """The real planner's forest for these receivers (``rates``: each one's uplink, as it would measure it):
+    actor -> its sources, parent first, and the plan's order of the peers."""
+    live = {i: f"http://10.0.0.{k % 250 + 1}:{8000 + k}" for k, i in enumerate(ids)}  # placeholders: ids count
+    by_rate = {"rates": dict(zip(ids, rates))} if "rates" in inspect.signature(topology.plan).parameters else {}
+    relay = topology.plan(live, version, fanout=fanout, roots=1, **by_rate)
+    back = {url: i for i, url in live.items()}
+    return ({i: [back[url] for url, _ in topology.source_peers(relay, i)] for i in ids},
+            [p["id"] for p in relay["peers"]])
+
+
+def victims(plan_order: list[str], churn: float) -> list[str]:
+    """round(churn x N) receivers spread evenly over the plan's order (inner nodes and leaves alike)."""
+    n = len(plan_order)
+    k = min(n - 1, round(churn * n)) if churn > 0 else 0
+    return [plan_order[int((j + 0.5) * n / k)] for j in range(k)] if k else []
+
+
 def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file: Path, origin_url: str,
-              relay: bool, fanout: int, link_mbit: float, extra: list[str] = ()) -> dict:
-    receivers = [Node(h, ["receiver", "--host", h.address, "--port", str(h.port), "--manifest", str(manifest_path),
-                          "--origin", origin_url, "--token-file", str(token_file), "--expected-mbit", str(link_mbit),
-                          *extra])
-                 for h in hosts]
+              relay: bool, fanout: int, link_mbit: float, extra: list[str] = (), *, rtt_ms: float = 0.0,
+              rates: list[float] | None = None, layout: str = "planned", churn: float = 0.0,
+              joiner_hosts: list[Host] = ()) -> dict:
+    def start(h: Host, more: list[str] = ()) -> Node:
+        return Node(h, ["receiver", "--host", h.address, "--port", str(h.port), "--manifest", str(manifest_path),
+                        "--origin", origin_url, "--token-file", str(token_file), "--expected-mbit", str(link_mbit),
+                        "--rtt-ms", str(rtt_ms), *extra, *more])
+
+    half = ["--say-half"] if churn > 0 else []
+    receivers = [start(h, half) for h in hosts]
+    ids = [f"bench-{k:02d}" for k in range(len(receivers))]
+    node_of = dict(zip(ids, receivers))
+    if not relay:
+        parents, plan_order = {i: [] for i in ids}, ids
+    elif layout == "rotating":
+        parents = rotating_chain(ids)
+        plan_order = sorted(ids, key=lambda i: len(parents[i]))
+    else:
+        parents, plan_order = planned(ids, rates or [link_mbit] * len(ids), fanout)
+    doomed = victims(plan_order, churn)
+    joiners = [start(h) for h in list(joiner_hosts)[: len(doomed)]]
+    killed_at: dict[str, float] = {}
+
+    def kill_at_half(actor: str, joiner: Node | None) -> None:
+        node_of[actor].read()  # {"half": t}
+        node_of[actor].kill()
+        killed_at[actor] = time.time()
+        if joiner is not None:
+            joiner.send({"sources": []})  # in the plan from the next version: this one from the store
+
     try:
-        start = time.time()
-        for k, node in enumerate(receivers):
-            chain = []
-            j: int | None = k
-            while relay and (j := parent_index(j, fanout=fanout, roots=1)) is not None:
-                chain.append(receivers[j].url)
-            node.send({"sources": chain})
-        results = [node.read() for node in receivers]
+        start_t = time.time()
+        for actor in ids:
+            node_of[actor].send({"sources": [node_of[p].url for p in parents[actor]]})
+        killers = [threading.Thread(target=kill_at_half, args=(a, joiners[j] if j < len(joiners) else None))
+                   for j, a in enumerate(doomed)]
+        for t in killers:
+            t.start()
+        live = [node_of[a] for a in ids if a not in doomed]
+        results = []
+        for node in live:
+            result = node.read()
+            if "half" in result:
+                result = node.read()
+            results.append(result)
+        for t in killers:
+            t.join()
+        joined = [node.read() for node in joiners]
         if "--base" in extra:  # one at a time: each holds a whole base version while it rebuilds
-            for node, result in zip(receivers, results):
+            for node, result in zip(live, results):
                 node.send({"rebuild": True})
                 result.update(node.read())
     finally:
-        for node in receivers:
+        for node in receivers + joiners:
             node.close()
-    return {"seconds": max(r["done"] for r in results) - start,
-            "first_chunk_s": [round(r["first_chunk"] - start, 3) for r in results],
-            "done_s": [round(r["done"] - start, 3) for r in results],
-            "verified": all(r["verified"] for r in results),
+    everyone = results + joined
+    return {"seconds": max(r["done"] for r in everyone) - start_t,
+            "survivors_s": max(r["done"] for r in results) - start_t,
+            "first_chunk_s": [round(r["first_chunk"] - start_t, 3) for r in results],
+            "done_s": [round(r["done"] - start_t, 3) for r in results],
+            "joined_done_s": [round(r["done"] - start_t, 3) for r in joined],
+            "killed_s": sorted(round(t - start_t, 3) for t in killed_at.values()),
+            "verified": all(r["verified"] for r in everyone),
             "rebuilt": [r.get("rebuilt") for r in results],
-            "store_chunks": sum(r["from_store"] for r in results)}
+            "store_chunks": sum(r["from_store"] for r in everyone)}
 
 
 def relay_files(files: dict[str, tuple[str, bytes]], receivers: int, link_mbit: float, *, chunk_mb: float = 1.0,
                 fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
-                rebuild: tuple[bytes, dict] | None = None, tls: bool = False) -> dict:
-    """Send one version (``files``: name -> (kind, bytes)) from an origin to ``receivers`` nodes, through a
-    relay chain (fan-out ``fanout``) and, with ``store_only``, from the origin to every node as well;
-    with ``tls`` also through the relay chain over mutual TLS.
+                rebuild: tuple[bytes, dict] | None = None, tls: bool = False, rtt_ms: float = 0.0,
+                uplinks: list[float] | None = None, churn: float = 0.0, rotating: bool | None = None) -> dict:
+    """Send one version (``files``: name -> (kind, bytes)) from an origin to ``receivers`` nodes, through the
+    planner's relay forest (fan-out ``fanout``) and, with ``store_only``, from the origin to every node as well;
+    with ``tls`` also through the relay forest over mutual TLS. ``rtt_ms``, ``uplinks`` (cycled over the
+    receivers; the origin keeps ``link_mbit``) and ``churn``: module docstring; ``rotating`` (default: when any
+    of them is given) also measures today's rotating chain on the same network.
 
     With ``rebuild`` = (safetensors bytes of the base version, the version's signed tensor table) every
     receiver of a delta version also applies what it received to its own copy of the base and checks
     the sha256 of every rebuilt tensor (after its transfer is timed)."""
     if shaped is None:
         shaped = namespaces_available()
+    if not 0 <= churn < 1:
+        raise Echo2InputError(f"churn {churn!r} is not a share of the receivers in [0, 1)")
+    if not 0 <= rtt_ms <= 2000:
+        raise Echo2InputError(f"rtt {rtt_ms!r} ms is not in [0, 2000]")
+    rates = wan.cycle(uplinks, receivers) if uplinks else [link_mbit] * receivers
+    n_joiners = len(victims([str(k) for k in range(receivers)], churn))
+    if rotating is None:
+        rotating = bool(rtt_ms or uplinks or churn)
     workdir = Path(tempfile.mkdtemp(prefix="echo2-bench-"))
     os.chmod(workdir, 0o755)
     try:
@@ -197,21 +308,30 @@ def relay_files(files: dict[str, tuple[str, bytes]], receivers: int, link_mbit: 
             (workdir / "base.safetensors").write_bytes(rebuild[0])
             extra = ["--base", str(workdir / "base.safetensors")]
         network = shaped_network if shaped else loopback_network
-        with network(receivers + 1, link_mbit) as hosts:
+        node_rates = [link_mbit] + rates + wan.cycle(rates, n_joiners)
+        with network(receivers + 1 + n_joiners, link_mbit, node_rates) as hosts:
             origin = Node(hosts[0], ["origin", "--host", hosts[0].address, "--port", str(hosts[0].port),
-                                     "--root", str(workdir / "store")])
+                                     "--root", str(workdir / "store"), "--rtt-ms", str(rtt_ms)])
             try:
-                args = (hosts[1:], workdir, manifest_path, token_file, origin.url)
-                relay = _transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit, extra=extra)
-                over_tls = (_transfer(hosts[1:], workdir, manifest_path, tls_file, origin.url, relay=True,
-                                      fanout=fanout, link_mbit=link_mbit) if tls else None)
-                baseline = _transfer(*args, relay=False, fanout=fanout, link_mbit=link_mbit) if store_only else None
+                args = (hosts[1 : receivers + 1], workdir, manifest_path, token_file, origin.url)
+                wide = {"rtt_ms": rtt_ms, "rates": rates}
+                relay = _transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit, extra=extra, **wide)
+                chain = (_transfer(*args, relay=True, fanout=1, link_mbit=link_mbit, layout="rotating", **wide)
+                         if rotating else None)
+                churned = (_transfer(*args, relay=True, fanout=fanout, link_mbit=link_mbit, churn=churn,
+                                     joiner_hosts=hosts[receivers + 1 :], **wide) if churn else None)
+                over_tls = (_transfer(hosts[1 : receivers + 1], workdir, manifest_path, tls_file, origin.url,
+                                      relay=True, fanout=fanout, link_mbit=link_mbit, **wide) if tls else None)
+                baseline = (_transfer(*args, relay=False, fanout=fanout, link_mbit=link_mbit, **wide)
+                            if store_only else None)
             finally:
                 origin.close()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     size = sum(len(data) for _, data in files.values())
     ideal = size * 8 / (link_mbit * 1e6)
+    bound = wan.lower_bound_s(size, link_mbit, rates, rtt_ms=rtt_ms)
+    tail = churned["survivors_s"] if churned else relay["seconds"]  # joiners: their own figures, beside
     return {
         "receivers": receivers, "size_mb": round(size / 2**20, 3), "link_mbit": link_mbit, "chunk_mb": chunk_mb,
         "fanout": fanout, "shaped": shaped, "network": "namespaces+tc" if shaped else "unshaped loopback",
@@ -224,17 +344,63 @@ def relay_files(files: dict[str, tuple[str, bytes]], receivers: int, link_mbit: 
         **({"relay_tls_s": round(over_tls["seconds"], 3),
             "tls_over_plain": round(over_tls["seconds"] / relay["seconds"], 3),
             "relay_tls_store_chunks": over_tls["store_chunks"]} if over_tls else {}),
-        "verified": (relay["verified"] and (baseline is None or baseline["verified"])
-                     and (over_tls is None or over_tls["verified"]) and (not rebuild or all(relay["rebuilt"]))),
+        "rtt_ms": rtt_ms, "uplinks": rates, "churn": churn,
+        "lower_bound_s": round(bound, 3), "tail_s": round(tail, 3), "tail_over_lower_bound": round(tail / bound, 3),
+        "relay_over_lower_bound": round(relay["seconds"] / bound, 3),
+        "rotating_chain_s": round(chain["seconds"], 3) if chain else None,
+        **({"rotating_over_relay": round(chain["seconds"] / relay["seconds"], 3)} if chain else {}),
+        **({"no_churn_tail_s": round(relay["seconds"], 3), "churn_over_no_churn": round(tail / relay["seconds"], 3),
+            "churn_killed": len(churned["killed_s"]), "churn_killed_s": churned["killed_s"],
+            "churn_joined_done_s": churned["joined_done_s"],
+            "churn_with_joiners_s": round(churned["seconds"], 3)} if churned else {}),
+        "verified": all(run["verified"] for run in (relay, baseline, over_tls, chain, churned) if run is not None)
+        and (not rebuild or all(relay["rebuilt"])),
     }
 
 
 def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chunk_mb: float = 1.0,
                         fanout: int = 1, shaped: bool | None = None, store_only: bool = True,
-                        tls: bool = False) -> dict:
-    """One measurement: relay and store-only (and relay over TLS with ``tls``) for ``receivers`` nodes
-    and a ``size_mb`` payload."""
+                        tls: bool = False, rtt_ms: float = 0.0, uplinks: list[float] | None = None,
+                        churn: float = 0.0) -> dict:
+    """One measurement: relay and store-only (and relay over TLS with ``tls``; the rotating chain and churn
+    on wide-area links: ``relay_files``) for ``receivers`` nodes and a ``size_mb`` payload."""
     payload = os.urandom(int(size_mb * 2**20))
     result = relay_files({"shard-0000.safetensors": ("shard", payload)}, receivers, link_mbit, chunk_mb=chunk_mb,
-                         fanout=fanout, shaped=shaped, store_only=store_only, tls=tls)
+                         fanout=fanout, shaped=shaped, store_only=store_only, tls=tls, rtt_ms=rtt_ms,
+                         uplinks=uplinks, churn=churn)
     return {**result, "size_mb": size_mb}
+
+
+def run_wan_targets(*, size_mb: float = 64.0, base_size_mb: float = 256.0, chunk_mb: float = 1.0,
+                    shaped: bool | None = None, progress=lambda line: None) -> dict:
+    """The four scenarios of issue 22 in one run, each beside its target (``echo2 bench broadcast --wan``):
+    A: ``size_mb`` to 8 receivers at 200 Mbit/s, 80 ms RTT (and store-only); B and C: to 16 receivers with
+    uplinks 25/100/200/1000 Mbit/s (the store 200), 40 ms RTT, the rotating chain, and 25 % churn on the same
+    network; D: today's rows (``base_size_mb``, 200 Mbit/s, no RTT) at 4, 8 and 16 receivers."""
+    common = {"chunk_mb": chunk_mb, "shaped": shaped}
+    progress("A: 8 receivers, 200 Mbit/s, RTT 80 ms")
+    a = run_broadcast_bench(8, size_mb, 200.0, rtt_ms=80.0, **common)
+    progress("B, C: 16 receivers, uplinks 25/100/200/1000, RTT 40 ms, rotating chain, churn 0.25")
+    b = run_broadcast_bench(16, size_mb, 200.0, rtt_ms=40.0, uplinks=wan.MIXES["wan"], churn=0.25,
+                            store_only=False, **common)
+    d = {}
+    for n in (4, 8, 16):
+        progress(f"D: today's row, {n} receivers, 200 Mbit/s, no RTT")
+        d[n] = run_broadcast_bench(n, base_size_mb, 200.0, store_only=False, **common)
+    d16_over_d4 = round(d[16]["relay_s"] / d[4]["relay_s"], 3)
+    checks = [
+        ("A", "relay / no-RTT ideal (S/B)", a["relay_over_ideal"], "<=", 1.25),
+        ("B", "tail / lower bound", b["relay_over_lower_bound"], "<=", 1.3),
+        ("B", "rotating chain / tail", b["rotating_over_relay"], ">=", 3.0),
+        ("C", "every live receiver verified", b["verified"], "==", True),
+        ("C", "churn tail / no-churn tail", b["churn_over_no_churn"], "<=", 1.5),
+        ("C", "joiners' tail (from the store) / no-churn tail",
+         round(b["churn_with_joiners_s"] / b["no_churn_tail_s"], 3), "", None),
+        ("D", "N=8 relay / ideal", d[8]["relay_over_ideal"], "<=", 1.15),
+        ("D", "relay N=16 / N=4", d16_over_d4, "<=", 1.2),
+    ]
+    met = {"<=": lambda x, t: x <= t, ">=": lambda x, t: x >= t, "==": lambda x, t: x == t, "": lambda x, t: None}
+    return {"scenarios": {"A": a, "B+C": b, "D": [d[n] for n in (4, 8, 16)]},
+            "checks": [{"scenario": s, "measure": m, "measured": x, "target": f"{op} {t}" if op else "none (reported)",
+              "met": met[op](x, t)}
+                       for s, m, x, op, t in checks]}

@@ -4,9 +4,13 @@ relay code: a ``RelayNode`` that fetches chunks from its sources (peers, then th
 serves what it has verified to its children; given ``--base``, it then applies the sparse delta
 it received to that base and checks every rebuilt tensor against the manifest's signed table.
 
+With ``--rtt-ms`` the server listens on loopback and a ``wan.DelayForwarder`` on the node's address
+stands in front of it (``wan.py``): whoever asks this node pays the round trip.
+
 Protocol with the coordinator (stdin/stdout, one JSON object per line):
     node -> {"ready": url}         server is listening
     coord -> {"sources": [...]}    start fetching (receivers only)
+    node -> {"half": t}            with --say-half: half the version's chunks are in (the churn's cue)
     node -> {"done": t, ...}       whole version verified (receivers only)
     coord -> {"rebuild": true}     with --base, once every receiver is done: apply the delta
     node -> {"rebuilt": bool}      every rebuilt tensor matched the signed table
@@ -26,6 +30,7 @@ from pathlib import Path
 import fsspec
 from aiohttp import web
 
+from echo2.bench.wan import DelayForwarder
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.data.relay_certs import ActorCertificate
@@ -38,15 +43,27 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def run_origin(root: Path, host: str, port: int) -> None:
+def _behind(host: str, port: int, rtt_ms: float) -> tuple[str, int]:
+    """Where the server itself listens: the node's address, or loopback behind a delaying forwarder."""
+    return ("127.0.0.1", 0) if rtt_ms > 0 else (host, port)
+
+
+def _front(host: str, port: int, served_port: int, rtt_ms: float) -> int:
+    """The port children dial: the server's own, or a forwarder's adding ``rtt_ms`` per round trip."""
+    if rtt_ms <= 0:
+        return served_port
+    return DelayForwarder(host, port, "127.0.0.1", served_port, rtt_ms / 2000).start()
+
+
+def run_origin(root: Path, host: str, port: int, rtt_ms: float = 0.0) -> None:
     async def main() -> None:
         app = web.Application()
         app.router.add_static("/", root)  # FileResponse answers Range requests, as object stores do
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, *_behind(host, port, rtt_ms))
         await site.start()
-        _say({"ready": f"http://{host}:{site._server.sockets[0].getsockname()[1]}"})
+        _say({"ready": f"http://{host}:{_front(host, port, site._server.sockets[0].getsockname()[1], rtt_ms)}"})
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the coordinator closes
         await runner.cleanup()
 
@@ -54,7 +71,7 @@ def run_origin(root: Path, host: str, port: int) -> None:
 
 
 def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: int, policy: FetchPolicy,
-                 base: Path | None = None) -> None:
+                 base: Path | None = None, rtt_ms: float = 0.0, say_half: bool = False) -> None:
     manifest = json.loads(manifest_path.read_text())
     http = fsspec.filesystem("http")
 
@@ -63,14 +80,18 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
 
     public = public_key_of({"public_key": auth["public_key"], "run_id": auth["run_id"]})
     tls = RelayTLS(ActorCertificate(auth["tls"]["bundle"]), auth["tls"]["ca"]) if "tls" in auth else None
-    node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=host, port=port, policy=policy,
-                     tls=tls)
-    _say({"ready": node.url})
+    listen_host, listen_port = _behind(host, port, rtt_ms)
+    node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=listen_host, port=listen_port,
+                     policy=policy, tls=tls)
+    _say({"ready": f"{node.url.split('://')[0]}://{host}:{_front(host, port, node.server.port, rtt_ms)}"})
     command = json.loads(sys.stdin.readline())
     # over TLS every receiver is the one bench actor: each parent must prove it is that actor
     sources = [Peer(url, auth["tls"]["actor"]) for url in command["sources"]] if tls else command["sources"]
     started = time.time()
-    buffer = node.start_fetch(manifest, sources).result()
+    future = node.start_fetch(manifest, sources)
+    if say_half:
+        _say_half(node, int(manifest["version"]), future)
+    buffer = future.result()
     done = time.time()
     # whole-file check on top of the per-chunk checks: every byte matches the manifest
     verified = True
@@ -87,6 +108,16 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
         _say({"rebuilt": _rebuilds(base, manifest, buffer.files())})
     sys.stdin.read()  # keep serving children until the coordinator closes stdin
     node.close()
+
+
+def _say_half(node: RelayNode, version: int, future) -> None:
+    """Tell the coordinator once half the version's chunks are verified here (or the fetch ended)."""
+    while not future.done():
+        buffer = node.server.buffers.get(version)
+        if buffer is not None and 2 * sum(d is not None for d in buffer.data) >= len(buffer.data):
+            break
+        time.sleep(0.02)
+    _say({"half": time.time()})
 
 
 def _rebuilds(base: Path, manifest: dict, files: dict[str, bytes]) -> bool:
@@ -116,13 +147,15 @@ def main() -> None:
     parser.add_argument("--expected-mbit", type=float, default=200.0)
     parser.add_argument("--base", type=Path,
                         help="a delta's base version (safetensors): rebuild and check after receiving")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round trip a delaying forwarder adds (wan.py)")
+    parser.add_argument("--say-half", action="store_true", help="say when half the version is in")
     args = parser.parse_args()
     if args.role == "origin":
-        run_origin(args.root, args.host, args.port)
+        run_origin(args.root, args.host, args.port, args.rtt_ms)
     else:
         policy = FetchPolicy(expected_mbit=args.expected_mbit, min_rate_fraction=0.05, pipeline_wait_s=60)
         run_receiver(args.manifest, args.origin, json.loads(args.token_file.read_text()), args.host, args.port, policy,
-                     base=args.base)
+                     base=args.base, rtt_ms=args.rtt_ms, say_half=args.say_half)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,16 @@ def bench_broadcast(
     fanout: int = typer.Option(1, "--fanout", help="Relay fan-out (1 = chain)."),
     loopback: bool = typer.Option(False, "--loopback", help="Skip namespaces and tc: unshaped loopback."),
     tls: bool = typer.Option(False, "--tls", help="Also run the relay chain over mutual TLS, beside the plain one."),
+    rtt_ms: float = typer.Option(0.0, "--rtt-ms", help="Round trip every request pays (a delaying TCP forwarder "
+                                 "in front of every node's server; echo2/bench/wan.py)."),
+    uplinks: Optional[str] = typer.Option(None, "--uplinks", help="Receivers' uplinks in Mbit/s, cycled over them "
+                                          "(e.g. 25,100,200,1000), or a mix: wan, home, cloud. The store keeps "
+                                          "--link-mbit."),
+    churn: float = typer.Option(0.0, "--churn", help="Share of receivers killed mid-version (each when half the "
+                                "version is in it), as many joining: a further run beside the one without."),
+    store_only: bool = typer.Option(True, "--store-only/--no-store-only", help="Also every receiver from the store."),
+    wan_targets: bool = typer.Option(False, "--wan", help="Issue 22's four scenarios side by side, each beside its "
+                                     "target (--size-mb for A-C, default 64; today's rows at 256 MB)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
     delta: bool = typer.Option(False, "--delta", help="Sparse delta vs full bf16 versions of a real quickstart run: "
                                "sizes, encode/apply time, then the relay time of each (one object per version "
@@ -34,9 +44,23 @@ def bench_broadcast(
                                            "(STORE/runs/ID, every version still kept) instead of training."),
 ) -> None:
     """Relay vs store-only dissemination across network namespaces with tc-shaped links."""
-    from echo2.bench.broadcast import namespaces_available, run_broadcast_bench
+    from echo2.bench.broadcast import MAX_RECEIVERS, namespaces_available, run_broadcast_bench
+    from echo2.bench.wan import parse_uplinks
 
+    try:
+        rates = parse_uplinks(uplinks)
+        if bad := [n for n in receivers or [] if not 1 <= n <= MAX_RECEIVERS]:
+            raise Echo2InputError(f"--receivers {bad[0]}: between 1 and {MAX_RECEIVERS}")
+        if not 0 <= churn < 1:
+            raise Echo2InputError(f"--churn {churn:g} is not a share of the receivers in [0, 1)")
+        if not 0 <= rtt_ms <= 2000:
+            raise Echo2InputError(f"--rtt-ms {rtt_ms:g} is not in [0, 2000]")
+    except Echo2InputError as exc:
+        fail(str(exc))
     shaped = False if loopback else namespaces_available()
+    if wan_targets:
+        _bench_wan(size_mb=64.0 if size_mb == 256.0 else size_mb, chunk_mb=chunk_mb, shaped=shaped, as_json=as_json)
+        return
     if delta:
         _bench_delta(steps=steps, receivers=(receivers or [8])[0], link_mbit=link_mbit, chunk_mb=chunk_mb,
                      shaped=shaped, from_run=from_run, as_json=as_json)
@@ -44,7 +68,8 @@ def bench_broadcast(
     counts = receivers or [2, 4, 8, 16]
     results = []
     for n in counts:
-        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped, tls=tls)
+        result = run_broadcast_bench(n, size_mb, link_mbit, chunk_mb=chunk_mb, fanout=fanout, shaped=shaped, tls=tls,
+                                     rtt_ms=rtt_ms, uplinks=rates, churn=churn, store_only=store_only)
         results.append(result)
         if as_json:
             typer.echo(json.dumps(result))
@@ -53,20 +78,73 @@ def bench_broadcast(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"broadcast of {size_mb:g} MB, {link_mbit:g} Mbit/s links, {chunk_mb:g} MB chunks, "
-                        f"fan-out {fanout} ({results[0]['network']})")
-    columns = ["receivers", "relay s", "store-only s", "ideal s", "relay/ideal", "store-only/relay", "verified"]
-    for col in columns[:-1] + (["relay TLS s", "TLS/plain"] if tls else []) + columns[-1:]:
+    wide = bool(rtt_ms or rates or churn)
+    links = f"uplinks {uplinks} (store {link_mbit:g})" if rates else f"{link_mbit:g} Mbit/s links"
+    table = Table(title=f"broadcast of {size_mb:g} MB, {links}, {chunk_mb:g} MB chunks, fan-out {fanout}"
+                        + (f", RTT {rtt_ms:g} ms" if rtt_ms else "") + (f", churn {churn:g}" if churn else "")
+                        + f" ({results[0]['network']})")
+    for col in _columns(tls=tls, wide=wide, churn=bool(churn), store_only=store_only):
         table.add_column(col, justify="right")
     for r in results:
-        over_tls = [f"{r['relay_tls_s']:.2f}", f"{r['tls_over_plain']:.2f}"] if tls else []
-        table.add_row(str(r["receivers"]), f"{r['relay_s']:.2f}", f"{r['store_only_s']:.2f}", f"{r['ideal_s']:.2f}",
-                      f"{r['relay_over_ideal']:.2f}", f"{r['store_only_over_relay']:.2f}", *over_tls,
-                      str(r["verified"]))
-    Console().print(table)
+        table.add_row(*_row(r, tls=tls, wide=wide, churn=bool(churn), store_only=store_only))
+    Console(width=220).print(table)
     by_n = {r["receivers"]: r for r in results}
     if 4 in by_n and 16 in by_n:
         typer.echo(f"relay time N=16 / N=4: {by_n[16]['relay_s'] / by_n[4]['relay_s']:.2f}")
+
+
+def _bench_wan(*, size_mb: float, chunk_mb: float, shaped: bool, as_json: bool) -> None:
+    from echo2.bench.broadcast import run_wan_targets
+
+    result = run_wan_targets(size_mb=size_mb, chunk_mb=chunk_mb, shaped=shaped,
+                             progress=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=220)
+    sc = result["scenarios"]
+    for title, rows, wide, churn, store_only in [
+            (f"A: {size_mb:g} MB, 200 Mbit/s links, RTT 80 ms", [sc["A"]], True, False, True),
+            (f"B, C: {size_mb:g} MB, uplinks 25/100/200/1000 (store 200), RTT 40 ms, churn 0.25", [sc["B+C"]],
+             True, True, False),
+            ("D: today's rows, 256 MB, 200 Mbit/s links, no RTT", sc["D"], False, False, False)]:
+        table = Table(title=f"{title}, {chunk_mb:g} MB chunks, fan-out 1 ({rows[0]['network']})")
+        for col in _columns(tls=False, wide=wide, churn=churn, store_only=store_only):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(*_row(r, tls=False, wide=wide, churn=churn, store_only=store_only))
+        console.print(table)
+    table = Table(title="issue 22 targets, as measured in this run")
+    for col in ["scenario", "measure", "measured", "target", "met"]:
+        table.add_column(col, justify="right")
+    for c in result["checks"]:
+        table.add_row(c["scenario"], c["measure"], str(c["measured"]), c["target"],
+                      "-" if c["met"] is None else "yes" if c["met"] else "NO")
+    console.print(table)
+
+
+def _columns(*, tls: bool, wide: bool, churn: bool, store_only: bool) -> list[str]:
+    """Today's columns, then the wide-area ones (lower bound, rotating chain, churn) where asked."""
+    cols = ["receivers", "relay s"] + (["store-only s"] if store_only else []) + ["ideal s", "relay/ideal"]
+    cols += ["store-only/relay"] if store_only else []
+    cols += ["relay TLS s", "TLS/plain"] if tls else []
+    cols += ["lower bound s", "relay/bound", "rotating chain s", "chain/relay"] if wide else []
+    cols += ["churn tail s", "churn/no-churn"] if churn else []
+    return cols + ["verified"]
+
+
+def _row(r: dict, *, tls: bool, wide: bool, churn: bool, store_only: bool) -> list[str]:
+    row = [str(r["receivers"]), f"{r['relay_s']:.2f}"] + ([f"{r['store_only_s']:.2f}"] if store_only else [])
+    row += [f"{r['ideal_s']:.2f}", f"{r['relay_over_ideal']:.2f}"]
+    row += [f"{r['store_only_over_relay']:.2f}"] if store_only else []
+    row += [f"{r['relay_tls_s']:.2f}", f"{r['tls_over_plain']:.2f}"] if tls else []
+    row += [f"{r['lower_bound_s']:.2f}", f"{r['relay_over_lower_bound']:.2f}", f"{r['rotating_chain_s']:.2f}",
+            f"{r['rotating_over_relay']:.2f}"] if wide else []
+    row += [f"{r['tail_s']:.2f}", f"{r['churn_over_no_churn']:.2f}"] if churn else []
+    return row + [str(r["verified"])]
 
 
 def _bench_delta(*, steps: int, receivers: int, link_mbit: float, chunk_mb: float, shaped: bool,
