@@ -63,7 +63,7 @@ from echo2.fleet.backends import (
 )
 from echo2.fleet.backends.base import RelaySecrets
 from echo2.fleet.costs import fleet_usd
-from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix, measured_reclaim_rates, rate_differs
+from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix
 from echo2.fleet.sizing.autosize import due as autosize_due
 
 log = logging.getLogger("echo2.fleet")
@@ -304,24 +304,13 @@ class FleetManager:
                 self._retire(slot, reason="the chooser's new mix")
 
     def _update_reclaim_rates(self) -> None:
-        """Per offer of the fleet: the ledger's reclaims per instance-hour in place of the assumed rate where they
-        differ beyond chance (``autosize.rate_differs``)."""
+        """The ledger's reclaims per instance-hour in place of the assumed rates where they differ beyond chance."""
         if self.chooser is None:
             return
         try:
-            rates = measured_reclaim_rates(read_events(self.store), time.time())
+            self.reclaim_overrides.update(self.chooser.measured_reclaims(read_events(self.store), time.time()))
         except Exception as exc:  # the store may be slow now; the next sizing reads it again
             log.warning("fleet: could not read the ledger's reclaims (%s)", exc)
-            return
-        for offer in self.chooser.offers:
-            k, hours = rates.get(offer.name, (0, 0.0))
-            assumed = self.chooser.assumed_reclaim_rate(offer)
-            if rate_differs(k, hours, assumed) and hours > 0:
-                measured = k / hours
-                if self.reclaim_overrides.get(offer.name) != measured:
-                    log.warning("fleet: %s was reclaimed %d times in %.3g instance-hours (%.3g/h; %.3g/h assumed): "
-                                "planning with the measured rate", offer.name, k, hours, measured, assumed)
-                self.reclaim_overrides[offer.name] = measured
 
     def resize(self, n: int, reason: str) -> None:
         """Grow to ``n`` actors, or retire the newest ones; recorded even when ``n`` is the size already

@@ -231,6 +231,20 @@ class FleetChooser:
     def assumed_reclaim_rate(self, offer) -> float:
         return reclaim_rate(offer.catalog, offer.spot, self.reclaim)
 
+    def measured_reclaims(self, events: list[dict], now: float) -> dict[str, float]:
+        """Per offer of the fleet whose ledger reclaims differ beyond chance from the assumed rate
+        (``rate_differs``): the measured reclaims per instance-hour, as a ``reclaim`` override."""
+        out = {}
+        rates = measured_reclaim_rates(events, now)
+        for offer in self.offers:
+            k, hours = rates.get(offer.name, (0, 0.0))
+            assumed = self.assumed_reclaim_rate(offer)
+            if hours > 0 and rate_differs(k, hours, assumed):
+                out[offer.name] = k / hours
+                log.warning("fleet: %s was reclaimed %d times in %.3g instance-hours (%.3g/h; %.3g/h assumed): "
+                            "planning with the measured rate", offer.name, k, hours, k / hours, assumed)
+        return out
+
     def first_plan(self, workload: str, catalog: list) -> tuple[Mix, FleetSize]:
         """The fleet ``echo2 plan --workload WORKLOAD`` prints over ``catalog`` (``run_plan.plan_run``: the same
         call), as a mix of this fleet's offers, and the capacity workload and tokens per batch it was planned
