@@ -277,3 +277,32 @@ def test_where_no_rate_is_known_a_report_below_quorum_moves_nobody():
             live, version, fanout=2, roots=1, rates={})
         rated = topology.plan(live, version, fanout=2, roots=1, rates=dict.fromkeys(live, 200.0), demoted={first})
         assert rated["peers"][-1]["id"] == first  # with rates known: behind its equals, at the leaves
+
+
+def test_each_peer_of_the_plan_carries_the_rate_its_children_hold_it_to():
+    live, up = mixed(8)
+    up["p01"] = None
+    relay = topology.plan(live, 2, fanout=1, roots=1, rates=up)
+    carried = {p["id"]: p.get("up_mbit") for p in relay["peers"]}
+    assert carried == {p: (None if p == "p01" else up[p]) for p in live}
+    assert "up_mbit" not in json.dumps(topology.plan(live, 2, fanout=1, roots=1))
+
+
+def test_with_sites_each_sites_fastest_peer_is_its_root_and_parents_stay_in_the_site():
+    live, up = mixed(16)
+    east = {p for i, p in enumerate(live) if i % 2}
+    placement = {p: ("aws", "us-east-1") if p in east else ("gcp", "us-central1") for p in live}
+    for store_site, want in ((("aws", "us-east-1"), {"aws/us-east-1": 2, "gcp/us-central1": 1}),
+                             (None, {"aws/us-east-1": 2, "gcp/us-central1": 2})):
+        for version in range(4):
+            relay = topology.plan(live, version, fanout=1, roots=2, rates=up, placement=placement,
+                                  store_site=store_site)
+            assert relay["site_roots"] == want
+            site = {p["id"]: p["site"] for p in relay["peers"]}
+            roots = [a for a, d in depth(relay).items() if d == 0]
+            assert sorted(site[a] for a in roots) == sorted(s for s, n in want.items() for _ in range(n))
+            for name in want:  # a site's roots are its fastest peers
+                members = [a for a in live if site[a] == name]
+                assert min(up[a] for a in roots if site[a] == name) == max(up[a] for a in members)
+            for actor in live:
+                assert all(site[p] == site[actor] for _, p in topology.source_peers(relay, actor))

@@ -124,7 +124,10 @@ def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: in
                  site_roots: dict[str, int] | None, rates: dict[str, float | None], demoted: Collection[str],
                  max_rate: float) -> dict:
     """The relay section with explicit parents (``shape: parents``); ``ids`` in the version's hash order,
-    ``site`` peer -> site name (None: one forest), ``site_roots`` roots per site."""
+    ``site`` peer -> site name (None: one forest), ``site_roots`` roots per site. Each peer entry carries
+    ``parent`` (None for a root) and, where its rate is known, ``up_mbit``: the rate it was planned by as
+    reported (``topology.planning_rate``: its uplink, no more than its downlink), neither capped by the
+    median nor rounded, which its children hold it to, shared among them (``receiver.py``)."""
     rate, demoted = planning_rates(ids, rates, {i for i in demoted if i in live}, site, max_rate)
     groups = sorted(set(site.values())) if site is not None else [""]
     peers = []
@@ -135,6 +138,8 @@ def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: in
             entry = {"id": peer, "url": live[peer], "parent": parent}
             if site is not None:
                 entry["site"] = name
+            if (up := rates.get(peer)) is not None and _claim(rates, peer, max_rate) is not None:
+                entry["up_mbit"] = min(float(up), max_rate)  # as reported: what its children hold it to
             peers.append(entry)
     relay: dict = {"fanout": fanout, "roots": roots, "shape": "parents"}
     if site_roots is not None:
