@@ -496,9 +496,12 @@ def test_a_skypilot_fleet_that_fits_no_offer_stages_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(skypilot_trust, "stage_actor_source", lambda: staged.append(1) or tmp_path / "staged")
     store = FsspecStore(str(tmp_path / "run"), {})
     config = SkyPilotFleetConfig(providers=["aws"], aws_node_profile="echo2-actor-node")
+    asked = []
+    monkeypatch.setattr(SkySdk, "enabled_clouds", lambda self: asked.append(1) or ["aws"])
     with pytest.raises(Echo2InputError, match="fits a 100000B model"):
         make_fleet(config, store, store_options={}, log_dir=tmp_path, run_key=run_key(RUN, create=True),
                    run_id=RUN, model_params_b=100_000)
+    assert not asked  # nor was SkyPilot asked anything (its API server would have started for it)
     fleet = make_fleet(config, store, store_options={}, log_dir=tmp_path, run_key=run_key(RUN, create=True),
                        run_id=RUN, model_params_b=0.135)
     assert fleet.offers and not staged and fleet.backend.workdir is None

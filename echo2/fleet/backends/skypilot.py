@@ -308,10 +308,12 @@ class SkyPilotBackend(FleetBackend):
 
     def offers(self, model_params_b: float | None, active_params_b: float | None = None) -> list[ActorOffer]:
         """The catalog offers on the clouds SkyPilot has enabled here (``SkyApi.enabled_clouds``: one request to
-        its API server, retried like every other)."""
+        its API server, retried like every other). A model no offer fits stops first, before SkyPilot is asked
+        (asking may start its local API server)."""
+        size = model_params_b if model_params_b is not None else 1.0
+        skypilot_offers(self.config, size, None, active_params_b=active_params_b)
         enabled = self._ask("sky.enabled_clouds", self.api.enabled_clouds)
-        return skypilot_offers(self.config, model_params_b if model_params_b is not None else 1.0, enabled,
-                               active_params_b=active_params_b)
+        return skypilot_offers(self.config, size, enabled, active_params_b=active_params_b)
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         from echo2.fleet.credentials import mint_actor_credentials
