@@ -306,3 +306,14 @@ def test_with_sites_each_sites_fastest_peer_is_its_root_and_parents_stay_in_the_
                 assert min(up[a] for a in roots if site[a] == name) == max(up[a] for a in members)
             for actor in live:
                 assert all(site[p] == site[actor] for _, p in topology.source_peers(relay, actor))
+
+
+def test_a_demoted_peers_claim_counts_for_nothing_even_where_no_other_rate_of_its_site_is_known():
+    live = {f"a{i}": f"http://10.0.0.{i}:1" for i in range(6)}
+    placement = {a: ("aws", "us-east-1") if i < 3 else ("gcp", "us-central1") for i, a in enumerate(live)}
+    rates = {"a0": topology.MAX_RATE_MBIT, "a3": 100.0, "a4": 200.0, "a5": 50.0}  # a1, a2: unknown
+    for version in range(6):
+        relay = topology.plan(live, version, fanout=1, roots=1, rates=rates, placement=placement, demoted={"a0"})
+        unrated = topology.plan(live, version, fanout=1, roots=1, rates={**rates, "a0": None}, placement=placement)
+        east = [p["id"] for p in relay["peers"] if p["site"] == "aws/us-east-1"]
+        assert east == [p["id"] for p in unrated["peers"] if p["site"] == "aws/us-east-1"]  # its hash place

@@ -77,7 +77,8 @@ def planning_rates(ids: list[str], rates: dict[str, float | None], demoted: Coll
     if not known:
         return {i: 1.0 for i in ids}, set()
     median = statistics.median_low(sorted(known.values()))
-    out = {i: min(r, RATE_SPREAD * median) if (r := _claim(rates, i, max_rate)) is not None else median for i in ids}
+    out = {i: min(r, RATE_SPREAD * median) if i not in demoted and (r := _claim(rates, i, max_rate)) is not None
+           else median for i in ids}  # a demoted peer's claim counts for nothing
     rated_sites = {where.get(i, "") for i in known}
     effective = {i for i in demoted if i in out and where.get(i, "") in rated_sites}
     for i in effective:
