@@ -952,3 +952,40 @@ def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_th
     made = set(calls)
     assert {"ec2:DescribeInstances", "ec2:TerminateInstances", "ec2:ModifyInstanceAttribute"} <= made
     assert made - {"sts:GetCallerIdentity"} <= granted, made - granted
+
+
+def test_an_auto_fleet_launches_the_choosers_mix_each_at_its_planned_price(tmp_path, offline_optimizer):
+    """fleet.actors: auto over SkyPilot's catalog offers: the launches are choose_fleet's mix for the workload, each
+    launch's candidates no dearer than its planned offer, whose price SkyPilot gets as max_hourly_cost."""
+    from echo2.fleet.prices.catalog import Offer, load_profiles
+    from echo2.fleet.sizing.autosize import FleetChooser, FleetSize
+    from echo2.fleet.sizing.capacity import Workload
+    from echo2.fleet.sizing.choose import choose_fleet
+
+    rows = [Offer("aws", "g6.xlarge", "L4", 1, 24.0, "us-east-1", 0.8048, 0.31),
+            Offer("aws", "g6.xlarge", "L4", 1, 24.0, "us-west-2", 0.8048, 0.28),
+            Offer("gcp", "g2-standard-4", "L4", 1, 24.0, "us-central1", 0.71, 0.22)]
+    offers = [ActorOffer.from_catalog(o, True) for o in rows]
+    workload = Workload(train_seconds=40.0, groups_per_step=64, groups_per_batch=4, staleness=4,
+                        dissemination_seconds=1.0, upload_seconds=0.5)
+    sized = FleetSize(0, "test", workload, 4 * 8 * 2048.0)
+    plan = choose_fleet(workload, rows, load_profiles(), model_params_b=0.135, batch_tokens=sized.batch_tokens)
+    planned = {c.name: n for c, n in plan.fleet}
+    assert len(planned) == 2  # a mix
+
+    api = FakeLaunchApi()
+    config = SkyPilotFleetConfig(actors="auto", max_actors=32)
+    store = FsspecStore(str(tmp_path / "run"), {})
+    fleet = FleetManager(backend_with(api), config, store, launch_spec=lambda a, o: spec(a, o, ()), offers=offers,
+                         alternatives=7, chooser=FleetChooser.for_offers(offers, config, 0.135), plan_from=sized)
+    fleet.start()
+    assert {o.name: n for o, n in fleet.mix.items()} == planned
+    launched = {}
+    for slot in fleet.slots:
+        launched[slot.planned.name] = launched.get(slot.planned.name, 0) + 1
+    assert launched == planned
+    wait_for(lambda: len(api.tasks) == sum(planned.values()), "every launch to reach the API server")
+    for slot in fleet.slots:  # each launch's ceiling is its planned offer's price, never a dearer alternative's
+        task = api.tasks[cluster_name(RUN, slot.actor_id)]
+        assert {r.max_hourly_cost for r in task.resources} == {slot.planned.usd_per_hour}
+    fleet.stop()
