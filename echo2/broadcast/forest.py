@@ -10,10 +10,12 @@ The model. A version moves through the forest as a pipeline of chunks, so what b
 slowest link on its path to a root, a link carrying its parent's uplink split among the parent's children.
 The rule, per site (one forest per provider and region, ``topology``'s sites):
 
-* a peer's *rate* is the uplink it reports, capped at ``min(rate, down)`` where it reports its downlink too
-  (a node cannot forward faster than it receives), rounded down to a half-octave (powers of sqrt 2) so that
-  noise in measurements does not reorder peers of about the same speed: within a half-octave the hash order
-  of the version decides, and still rotates roots and inner nodes from version to version;
+* a peer's *rate* is what the caller gives (the learner: the uplink the peer reports, no more than the
+  downlink it reports, since a node cannot forward faster than it receives: ``topology.planning_rate``),
+  rounded down to a half-octave (a power of sqrt 2) so that noise in measurements does not reorder peers of
+  about the same speed: within a half-octave the hash order of the version decides, and still rotates roots
+  and inner nodes from version to version (between half-octaves it does not: the fast peers relay every
+  version, which is what their uplinks are for);
 * unknown rates (a new actor, an actor that measured nothing yet, a record with an invalid rate) count as
   the median of the known ones, over all planned peers; a claim counts at most ``RATE_SPREAD`` x that
   median; with no known rate at all every peer counts the same;
@@ -36,9 +38,10 @@ claim above ``RATE_SPREAD`` x the median counts as that; no parent gets more tha
 ``topology``); ``QUORUM`` reporters take it out of the plan, and a single report *demotes* it (``demoted``,
 which ``topology.relay_plan`` fills only with reports whose reporter had the reported peer among its sources
 in the signed plan of the version reported, so a report of a peer one never fetched from demotes nobody):
-a demoted peer counts as the slowest rate of its site's other peers and goes behind them, at the leaves
-(where no rate in its site is known, its claim counted for nothing anyway and it keeps its hash place). So a
-failed peer's claim puts it at a root at most once per ``REPORT_VERSIONS`` versions. What a lone liar can do
+a demoted peer's own claim never counts; it is planned at the slowest rate of its site's other peers and
+goes behind them, at the leaves (where no other rate in its site is known, at the median like every peer
+there: its hash place). So a failed peer's claim puts it at a root at most once per ``REPORT_VERSIONS``
+versions. What a lone liar can do
 to others: claim a high rate (one version at a root, at most ``MAX_CHILDREN`` children held
 once), or report its own parent and ancestors (they go to the leaves for ``REPORT_VERSIONS`` versions):
 it costs speed, never a byte's correctness (every chunk is checked against the signed manifest).
