@@ -317,3 +317,13 @@ def test_a_demoted_peers_claim_counts_for_nothing_even_where_no_other_rate_of_it
         unrated = topology.plan(live, version, fanout=1, roots=1, rates={**rates, "a0": None}, placement=placement)
         east = [p["id"] for p in relay["peers"] if p["site"] == "aws/us-east-1"]
         assert east == [p["id"] for p in unrated["peers"] if p["site"] == "aws/us-east-1"]  # its hash place
+
+
+def test_a_peer_is_planned_by_its_uplink_but_never_faster_than_its_downlink(store):
+    topology.register(store, "a0", "http://127.0.0.1:9000", None, up_mbit=1000.0, down_mbit=50.0)
+    topology.register(store, "a1", "http://127.0.0.1:9001", None, up_mbit=200.0, down_mbit=1000.0)
+    topology.register(store, "a2", "http://127.0.0.1:9002", None, up_mbit=100.0)
+    for version in range(4):
+        relay = topology.relay_plan(store, version, fanout=1, roots=1, max_age_s=3600)
+        assert [p["id"] for p in relay["peers"]] == ["a1", "a2", "a0"]
+        assert [p["up_mbit"] for p in relay["peers"]] == [200.0, 100.0, 50.0]
