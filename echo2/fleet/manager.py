@@ -2,7 +2,8 @@
 
     start: start the backend (its threads, its staged files); after a --resume, stop what the previous
            learner's ledger launched and never saw end (a SkyPilot cluster outlives its learner); then launch
-           the desired number of actors
+           the desired number of actors (with fleet.actors: auto and fleet.workload over catalog offers: the
+           fleet `echo2 plan --workload` prints for the same workload and catalog)
     every reconcile (between learner steps, and while the learner waits for rollouts):
         poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
             backend tears down what is left of it) and replaced (a crash counts against

@@ -1,9 +1,10 @@
 """Fleet backends: where actors run. ``make_backend`` builds the one ``fleet.backend`` names.
 
 * ``base.py``: the ``FleetBackend`` interface (the offers its actors may run on, one actor's launch spec,
-  launch it, poll it, terminate it), what it is given (``LaunchContext``: what the run gives every backend;
-  ``ActorLaunch``, ``ActorOffer``) and tells (``ActorState``, ``ActorStatus``), its errors (``CapacityError``,
-  ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
+  launch it, poll it, terminate it), what it is given (``LaunchContext``: what the run gives every backend, the
+  actors' relay secrets issued by a ``RelaySecrets``, no closure: a backend builds its own launch spec from the
+  context alone; ``ActorLaunch``, ``ActorOffer``) and tells (``ActorState``, ``ActorStatus``), its errors
+  (``CapacityError``, ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
   (``echo2/fleet/manager.py``), the same for every backend; ``make_fleet`` there names no backend.
 * ``local.py`` (``fleet.backend: local``): OS processes on this machine, with a reclaim injector.
 * ``skypilot.py`` (``fleet.backend: skypilot``): one SkyPilot cluster per actor, spot GPUs across clouds.
