@@ -57,6 +57,12 @@ def test_out_of_reach_staleness_and_budget_answer_none_or_the_best_effort():
     assert _choose(_workload(), budget_usd_per_hour=0.5) is None
     best = _choose(_workload(staleness=1, dissemination_seconds=60.0), best_effort=True)
     assert best is not None and best.prediction.utilization < 0.95
+    # a budget below any fleet that meets the target: the most throughput it buys, for the live fleet
+    poor = _choose(_workload(), budget_usd_per_hour=3.0, best_effort=True)
+    assert poor is not None and poor.usd_per_hour <= 3.0 and poor.prediction.utilization < 0.95
+    richer = _choose(_workload(), budget_usd_per_hour=5.0, best_effort=True)
+    assert richer.expected_throughput > poor.expected_throughput
+    assert _choose(_workload(), budget_usd_per_hour=0.5, best_effort=True) is None  # not one instance
 
 
 def test_markets_gpus_and_reclaim_overrides_steer_the_choice():
@@ -70,6 +76,31 @@ def test_markets_gpus_and_reclaim_overrides_steer_the_choice():
     assert any(c.offer.provider == "p" for c, _ in base.fleet)
     away = _choose(w, gpus=["A"], reclaim={"p": 30.0})
     assert away is not None and all(c.offer.provider == "q" for c, _ in away.fleet)
+
+
+def test_the_live_chooser_keeps_within_max_and_min_actors():
+    from echo2.config import LocalFleetConfig
+    from echo2.fleet.backends.base import ActorOffer
+    from echo2.fleet.sizing.autosize import FleetChooser
+
+    offers = [ActorOffer.from_catalog(o, True) for o in OFFERS]
+    w = _workload()
+    free = FleetChooser.for_offers(offers, LocalFleetConfig(actors="auto", max_actors=64), 1.0)
+    free.profiles = PROFILES
+    wanted = free.choose(w, BATCH_TOKENS)
+    assert wanted.actors >= 3 and "capped" not in wanted.reason
+    capped = FleetChooser.for_offers(offers, LocalFleetConfig(actors="auto", max_actors=2), 1.0)
+    capped.profiles = PROFILES
+    two = capped.choose(w, BATCH_TOKENS)
+    assert two.actors == 2 and "fleet.max_actors=2" in two.reason
+    # the instances kept are the cheapest per expected throughput of the chosen fleet
+    value = {c.name: c.usd_per_hour / c.expected_throughput for c, _ in two.activation.fleet}
+    assert max(value[o.name] for o, _ in two.counts) <= min(value.values()) + 1e-12 or len(value) == 1
+    many = FleetChooser.for_offers(offers, LocalFleetConfig(actors="auto", min_actors=9, max_actors=64), 1.0)
+    many.profiles = PROFILES
+    assert many.choose(w, BATCH_TOKENS).actors == 9
+    assert FleetChooser.for_offers(offers, LocalFleetConfig(actors=2), 1.0) is None  # a fixed count
+    assert FleetChooser.for_offers([ActorOffer()], LocalFleetConfig(actors="auto"), 1.0) is None  # unpriced
 
 
 def test_bad_inputs_are_one_line_errors():

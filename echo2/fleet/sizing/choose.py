@@ -42,6 +42,8 @@ MIN_RAISE = 1.02
 """The least a round raises the target by (2% of throughput)."""
 MAX_RAISE = 2.0
 MAX_ROUNDS = 40
+BISECTIONS = 12
+"""Halvings ``best_effort`` takes to find the most throughput the caps and the budget allow (to 1/4096)."""
 PREDICT_STEPS = 200
 """Learner steps ``predict`` simulates for the check (its first half is warm-up)."""
 
@@ -57,6 +59,20 @@ def batch_seconds_of(fleet: list, workload: Workload, batch_tokens: float) -> li
     return out
 
 
+def _most_within(cands: list, target: float, budget: float | None) -> float | None:
+    """The largest throughput below ``target`` some fleet within the caps and ``budget`` covers, to
+    ``BISECTIONS`` halvings (coverable targets are a prefix: a fleet covering x covers anything less); None when
+    not even a sliver of it can be had."""
+    lo, hi = 0.0, target
+    for _ in range(BISECTIONS):
+        mid = (lo + hi) / 2
+        if activate(cands, mid, budget_usd_per_hour=budget) is not None:
+            lo = mid
+        else:
+            hi = mid
+    return lo if lo > 0 else None
+
+
 def check(activation: Activation, workload: Workload, batch_tokens: float) -> Prediction:
     """capacity.predict for a chosen fleet (step 2)."""
     return predict(workload, batch_seconds_of(activation.fleet, workload, batch_tokens), steps=PREDICT_STEPS)
@@ -70,10 +86,10 @@ def choose_fleet(workload: Workload, offers: list[Offer], profiles: dict[str, Pr
                  best_effort: bool = False) -> Activation | None:
     """The cheapest fleet (activation's exact solver) whose predicted utilization reaches
     ``target_utilization`` (see the module docstring); None when none within the caps and the budget
-    does. ``best_effort``: instead of None, the fleet of the last round that could be bought (the
-    most throughput found within caps and budget), its ``prediction`` telling how far it falls short;
-    None only when not even the first target can be covered. The result carries ``prediction``
-    (``capacity.Prediction``) and ``rounds``."""
+    does. ``best_effort`` (the live fleet): instead of None, the fleet of the last round that could be
+    bought, its ``prediction`` telling how far it falls short; where not even the first target can be
+    covered, the fleet of the most throughput the caps and the budget allow (``_most_within``). The
+    result carries ``prediction`` (``capacity.Prediction``) and ``rounds``."""
     if not 0 < target_utilization <= 1:
         raise Echo2InputError(f"target utilization {target_utilization} must be in (0, 1]")
     if not batch_tokens > 0 or not math.isfinite(batch_tokens):
@@ -88,6 +104,10 @@ def choose_fleet(workload: Workload, offers: list[Offer], profiles: dict[str, Pr
         return None  # S out of reach for any fleet
     target = target_groups_per_second(workload, target_utilization)
     last = None
+    if best_effort and activate(cands, target, budget_usd_per_hour=budget_usd_per_hour) is None:
+        target = _most_within(cands, target, budget_usd_per_hour)
+        if target is None:
+            return None
     for rounds in range(1, MAX_ROUNDS + 1):
         found = activate(cands, target, budget_usd_per_hour=budget_usd_per_hour)
         if found is None:
