@@ -264,3 +264,15 @@ def test_echo2_plan_and_the_runs_first_launches_buy_the_same_fleet(tmp_path, mon
                                  f"{'spot' if e['spot'] else 'on-demand'}" for e in launches)
     assert dict(bought) == planned
     assert all(e["simulated_price"] for e in launches)
+
+
+def test_fleet_workload_is_refused_where_it_would_plan_nothing():
+    from echo2.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="fleet.workload plans the first fleet of fleet.actors: auto"):
+        load_config(None, ["fleet.workload=small-dense-example"])
+    with pytest.raises(ConfigError, match="a local fleet needs fleet.price_as"):
+        load_config(None, ["fleet.actors=auto", "fleet.workload=small-dense-example"])
+    config = load_config(None, ["fleet.actors=auto", "fleet.workload=small-dense-example",
+                                f"fleet.price_as=[{CHEAP_L4},{A10G}]"])
+    assert config.fleet.price_as == [CHEAP_L4, A10G]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from echo2.config._base import _Section
 
@@ -83,6 +83,17 @@ class FleetConfigBase(_Section):
     new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
     billing (its cluster then downs itself, ``fleet.idle_minutes_to_autodown``); keep it well above the
     longest gap between two steps (an evaluation included)."""
+
+
+    @model_validator(mode="after")
+    def _workload_plans_an_auto_fleet(self):
+        if self.workload is not None and self.actors != "auto":
+            raise ValueError(f"fleet.workload plans the first fleet of fleet.actors: auto; fleet.actors is "
+                             f"{self.actors}: set it to auto or leave fleet.workload out")
+        if self.workload is not None and self.backend == "local" and not getattr(self, "price_as", None):
+            raise ValueError("fleet.workload plans a fleet of catalog offers: a local fleet needs fleet.price_as "
+                             "(the offers its actors are priced as)")
+        return self
 
 
 class LocalFleetConfig(FleetConfigBase):
