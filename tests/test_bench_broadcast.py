@@ -12,7 +12,7 @@ import time
 import pytest
 
 from echo2.bench import wan
-from echo2.bench.broadcast import relay_files, rotating_chain, victims
+from echo2.bench.broadcast import planned, relay_files, rotating_chain, victims
 from echo2.errors import Echo2InputError
 
 
@@ -148,6 +148,21 @@ def test_rotating_chain_is_the_pre_issue_plan_hash_order_one_chain():
     for k in range(1, 6):
         assert chains[ordered[k]] == ordered[:k][::-1]  # parent first, then up to the root
     assert rotating_chain(ids, version=4) != chains  # rotates with the version
+
+
+def test_the_bench_plans_with_the_real_planner_and_each_receivers_uplink():
+    ids = [f"bench-{k:02d}" for k in range(8)]
+    rates = wan.cycle(wan.MIXES["wan"], 8)
+    parents, order = planned(ids, rates, fanout=1)
+    rate = dict(zip(ids, rates))
+    roots = [i for i in ids if not parents[i]]
+    assert len(roots) == 1 and rate[roots[0]] == 1000.0  # the fastest reads the store
+    assert sorted(order) == ids
+    for actor in ids:  # every chain of sources ends at the root, without cycles
+        chain = parents[actor]
+        assert actor not in chain and len(set(chain)) == len(chain) and (not chain or chain[-1] == roots[0])
+    assert max(rate[p[0]] for p in parents.values() if p) == 1000.0
+    assert not any(parents[a] and parents[a][0] == b for a in ids for b in ids if rate[b] == 25.0 and rate[a] > 25.0)
 
 
 def test_churn_victims_are_spread_over_the_plan():
