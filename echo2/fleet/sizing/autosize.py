@@ -249,15 +249,15 @@ class FleetChooser:
         """The fleet ``echo2 plan --workload WORKLOAD`` prints over ``catalog`` (``run_plan.plan_run``: the same
         call), as a mix of this fleet's offers, and the capacity workload and tokens per batch it was planned
         for (what the chooser is asked again with until the run has measured its own). A planned offer the fleet
-        cannot launch (not among its offers) is left out, said in the reason."""
+        cannot launch (not among its offers) is left out, said in the reason. Its reclaim rate and caps stay the
+        chooser's; the first plan is at the workload's ``actors.target_utilization``, later ones at the fleet's."""
         from echo2.fleet.sizing.run_plan import plan_run
         from echo2.fleet.sizing.workload_file import load_workload
 
         wf = load_workload(workload)
         if wf.actors.reclaim_per_hour is not None:
             self.reclaim = {"spot": wf.actors.reclaim_per_hour}
-        self.caps = dict(wf.actors.caps or {})
-        self.target_utilization = wf.actors.target_utilization
+        self.caps = dict(wf.actors.caps or {})  # the market's assumptions; the run's target stays fleet.target_...
         out = plan_run(wf, catalog, self.profiles, neighbours=())
         if not out.get("fleet"):
             raise Echo2InputError(f"fleet.workload {workload}: {out.get('reason') or 'no fleet'}")
