@@ -56,13 +56,11 @@ def test_chain_and_tree_deliver_identical_bytes_pipelined(store, n, fanout):
 
 
 class EvilServer(RelayServer):
-    """A peer that serves a corrupted chunk 2 (a test peer, not production code)."""
+    """A peer that serves a corrupted chunk 2, alone or in a run (a test peer, not production code)."""
 
-    async def _chunk(self, request):
-        resp = await super()._chunk(request)
-        if request.match_info["index"] == "2" and resp.status == 200:
-            return type(resp)(body=b"\x00" * len(resp.body), content_type="application/octet-stream")
-        return resp
+    def _data(self, buffer, index):
+        data = super()._data(buffer, index)
+        return b"\x00" * len(data) if index == 2 else data
 
 
 def test_corrupted_chunk_is_never_used_or_passed_on(store):

@@ -34,6 +34,13 @@ died, sent bad bytes) is remembered with the version it failed: the receiver ask
 ``topology.REPORT_VERSIONS`` versions, whatever later plans say, and reports it in its peer record
 (``failed_parents``), from which the learner plans around it (``topology.plan``).
 
+Rates: the receiver puts the upload and download rates its relay measured on real transfers
+(``relay.RelayNode.rates``, ``rates.py``) in its peer record at every heartbeat (``up_mbit``,
+``down_mbit``; None until enough moved), for the learner's plan. It holds each parent to its share of the
+upload the signed plan carries for it (``up_mbit`` over the plan's fan-out, where the plan has it) and to
+what this actor needs: the version's chunk bytes over the median of the last (up to five) times between
+new LATEST versions as this actor saw them, once it saw two (``rates.min_rate_mbit``).
+
 What the actor read, for the bill (``fleet/egress.py``): every chunk byte read from the store (counted as it
 is read, whatever becomes of its fetch: abandoned, failed or a delta chain's link) and every chunk byte a
 parent peer delivered and that matched the manifest, per the parent's site in the signed plan (counted when
@@ -46,8 +53,11 @@ as in relay mode.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import math
+import statistics
 import threading
 import time
 from concurrent.futures import Future
@@ -59,7 +69,7 @@ from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, VersionBuffer
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.config import BroadcastConfig
 from echo2.data import layout
-from echo2.data.manifest import Chunk, ManifestRejected, verify_signature
+from echo2.data.manifest import Chunk, ManifestRejected, chunk_table, verify_signature
 from echo2.data.relay_tokens import RelayAuth
 from echo2.data.store import NotFound, ObjectStore
 from echo2.data.weights import read_manifest
@@ -85,7 +95,8 @@ class PolicyReceiver:
         self.config = config
         self.staleness = staleness
         policy = FetchPolicy(expected_mbit=config.expected_mbit, min_rate_fraction=config.min_rate_fraction,
-                             pipeline_wait_s=config.pipeline_wait_s, window=config.window)
+                             floor_mbit=config.floor_mbit, pipeline_wait_s=config.pipeline_wait_s,
+                             window=config.window)
         self.auth = RelayAuth(public_key, run_id)
         self.node = RelayNode(relay_token, self.auth, self._store_read, host=config.host, port=config.port,
                               policy=policy, tls=tls)
@@ -110,6 +121,9 @@ class PolicyReceiver:
         self._read_peers: dict[str, int] = {}
         """Parent's site -> chunk bytes parents there delivered (``read_bytes``)."""
         self._registered = False
+        self._newest_seen: int | None = None
+        self._newest_seen_at: float | None = None
+        self._intervals: collections.deque[float] = collections.deque(maxlen=5)
         self._stop = threading.Event()
         self._wake = threading.Event()  # a beat now (a fetch ended), not at the next heartbeat_s
         self._heartbeat: threading.Thread | None = None
@@ -157,8 +171,28 @@ class PolicyReceiver:
             self._count_peer_chunks(buffer, sites)
 
     def _beat(self) -> None:
-        topology.register(self.store, self.actor_id, self.url, self.current, self.failed_parents, self.read_bytes)
+        up, down = self.node.rates
+        topology.register(self.store, self.actor_id, self.url, self.current, self.failed_parents, self.read_bytes,
+                          up_mbit=up, down_mbit=down)
         self._registered = True
+
+    def _saw_latest(self, latest: int) -> None:
+        """Note when a newer LATEST was first seen: the time between versions is what a fetch has."""
+        if self._newest_seen is None or latest > self._newest_seen:
+            now = time.monotonic()
+            if self._newest_seen is not None and self._newest_seen_at is not None:
+                self._intervals.append(now - self._newest_seen_at)
+            self._newest_seen, self._newest_seen_at = latest, now
+
+    def need_mbit(self, manifest: dict) -> float | None:
+        """The rate at which ``manifest``'s version must arrive to keep up with publishing: its chunk bytes
+        over the median time between the learner's last versions as this actor saw them; None before two
+        intervals were seen (``rates.min_rate_mbit``)."""
+        if len(self._intervals) < 2:
+            return None
+        interval = statistics.median(self._intervals)
+        size = sum(chunk.size for chunk in chunk_table(manifest))
+        return size * 8 / max(interval, 0.1) / 1e6 if size else None
 
     @property
     def failed_parents(self) -> dict[str, int]:
@@ -195,6 +229,8 @@ class PolicyReceiver:
         """Return a version that finished, verified (or None); start receiving LATEST if the rule says so."""
         done = self._collect()
         latest = self._latest()
+        if latest is not None:
+            self._saw_latest(latest)
         if latest is not None and self._orphaned(latest):
             log.warning("v%d was published again (a resumed learner's new timeline): fetching it again", latest)
             self.current = self._held_stamp = None
@@ -327,8 +363,9 @@ class PolicyReceiver:
             return
         except NotFound:
             return  # garbage-collected between LATEST and now: a newer one is coming
-        peers = ([Peer(url, peer) for url, peer in topology.source_peers(manifest.get("relay", {}), self.actor_id)]
-                 if self.config.mode == "relay" else [])
+        relay = manifest.get("relay", {})
+        sources = topology.source_peers(relay, self.actor_id) if self.config.mode == "relay" else []
+        peers = [Peer(url, peer, _share_mbit(relay, peer)) for url, peer in sources]
         avoid = self._avoided(version)
         if avoided := [p for p in peers if p.actor_id in avoid]:
             log.info("v%d: not asking %s: failed to deliver lately", version, ", ".join(map(str, avoided)))
@@ -337,9 +374,8 @@ class PolicyReceiver:
             log.info("leaving v%d for v%d (staleness %d)", self._pending[0], version, self.staleness)
             self._pending[1].cancel()
         started = time.time()
-        relay = manifest.get("relay", {})
         sites = {str(p): topology.site_of(relay, p.actor_id) for p in peers}
-        future = self.node.start_fetch(manifest, peers, on_left=self._parent_failed)
+        future = self.node.start_fetch(manifest, peers, on_left=self._parent_failed, need_mbit=self.need_mbit(manifest))
         future.add_done_callback(lambda f: self._fetch_ended(f, manifest, sites))
         # how long the transfer itself took (not the wait for the actor to swap): the capacity fit's D
         future.add_done_callback(lambda f: setattr(self, "last_fetch_seconds", time.time() - started))
@@ -356,3 +392,20 @@ class PolicyReceiver:
             except Exception as exc:
                 log.warning("could not unregister %s: %s", self.actor_id, exc)
         self.node.close()
+
+
+def _share_mbit(relay: dict, peer: str) -> float | None:
+    """``peer``'s share of its measured upload as the signed plan carries it: its ``up_mbit`` over its children
+    in the plan (the entries naming it as their ``parent``; in a plan without explicit parents, the fan-out);
+    None if the plan says nothing usable (``rates.min_rate_mbit``)."""
+    peers = [p for p in relay.get("peers", []) if isinstance(p, dict)]
+    entry = next((p for p in peers if p.get("id") == peer), None)
+    up = (entry or {}).get("up_mbit")
+    if isinstance(up, bool) or not isinstance(up, (int, float)) or not math.isfinite(up) or up <= 0:
+        return None
+    if any("parent" in p for p in peers):
+        children = sum(1 for p in peers if p.get("parent") == peer)
+    else:
+        fanout = relay.get("fanout", 1)
+        children = fanout if isinstance(fanout, int) and not isinstance(fanout, bool) else 1
+    return float(up) / max(1, children)

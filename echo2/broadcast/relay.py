@@ -1,29 +1,50 @@
 """The relay: an HTTP server in every actor that serves the chunks it holds, and a fetcher that
-fills a version chunk by chunk from its parent peer, falling back to the store.
+fills a version from its parent peer, falling back to its ancestors and then the store.
 
-Pipelining: a child asks its parent for chunk i as soon as it wants it; if the parent is still
-receiving that chunk, the request waits until the parent has it verified, then gets it. So a
-chain of peers moves a version in about one link's transfer time plus one chunk per hop.
+Runs of chunks, pipelined: a child asks its parent once for every chunk it still lacks
+(``GET /v1/versions/<v>/chunks/<first>?run=<k>``), and the parent streams them in order, each as soon
+as it has it verified: one round trip per run, not per chunk, and a parent still receiving the
+version sends each chunk the moment it lands, so a chain of peers moves a version in about one
+link's transfer time plus one chunk and one one-way delay per hop. In the stream each chunk is one
+tag byte and then the chunk's bytes (its size is the manifest's): ``TAG_CHUNK``, or, ending the
+run, ``TAG_NOT_THERE`` (it will not come here: the honest 404) or ``TAG_NOT_YET`` (held
+``pipeline_wait_s`` and not arrived: the 503). Without ``run`` a request gets one chunk, as before.
+
+Why a streamed run, chosen by measurement (``docs/broadcast.md``, "Keeping long links busy", has the
+dated numbers): a chain of 3 and 5 hops from a seeded root, every hop behind a delaying, rate-shaping
+TCP forwarder on loopback (``tests/test_relay_wan.py``: 50-100 Mbit/s uplinks, 80 and 200 ms round
+trips, 256 KB to 2 MB chunks), timed until every node had the version, for one request at a time (as
+before), 2 and 4 requests in flight, and one streamed run. One request at a time leaves every link idle
+one round trip per chunk; k requests in flight cover the bandwidth-delay product only where the chunks
+are small enough that k of them sharing the parent's uplink do not delay each one k-fold (with 1-2 MB
+chunks 4 in flight was slower than one at a time); the streamed run was the fastest in every case, at
+the chain's bound on the 5-hop one: the chunks go back to back on one connection whatever their size,
+so TCP's window, not the protocol, covers the bandwidth-delay product, and each chunk still goes out
+whole as soon as it is verified.
 
 A parent holds a request only for a chunk that may still come: one of the newest version it has
 (still arriving), or of a version newer than everything it has (it may not have started it
 yet), each for at most ``pipeline_wait_s``. A chunk it lacks of an older version (dropped,
 abandoned for a newer one, or never fetched) or of a version whose fetch failed will not come:
-that is a 404 at once, so the child moves on to its next source without waiting.
+that is a 404 (or ``TAG_NOT_THERE`` in a run) at once, so the child moves on without waiting.
 
-Falling back: any failure of a peer (refused, dead or stalled connection, a peer that dies
-mid-chunk, a non-200 answer, a body of the wrong size, a chunk that fails its sha256, a rate
-below ``min_rate_fraction``) leaves that peer for the rest of the version and moves on to the
-next source; only a failure of the store fails the version. A child reads at most one chunk
-(+1 byte, to see an excess) from a peer, whatever the peer announces or sends.
+Falling back: any failure of a peer (refused or reset connection, a dead or stalled one, a peer
+that dies mid-chunk, a non-200 answer, a junk tag, a chunk of the wrong size or that fails its
+sha256, a rate below what it is held to) leaves that peer for the rest of the version, and the
+next source streams what is still missing; only a failure of the store fails the version. A peer
+that dies (refused, reset, closed) is left the moment the connection says so, not at a timeout,
+so its children go on from their next source at once. A child reads at most the run's chunks from
+a peer, whatever the peer announces or sends.
 
-Timeouts, per chunk request to a peer: the answer (status and headers) must come within
-``pipeline_wait_s`` + ``ANSWER_GRACE_S``, since an honest parent holds a request at most
-``pipeline_wait_s`` and then answers 503; the body must then come within ``chunk_timeout`` of its
-size (a read timeout scaled to the bytes expected), so a peer that trickles bytes is left within a
-few seconds, not at the end of the hold. Every failure but a 404 (the honest "I will not have it")
-is reported to the fetch's ``on_left`` (the receiver puts it in its peer record, ``topology.py``), so
-a parent that holds every request costs its children one hold, not one per version.
+Timeouts, per chunk of a run: its tag (and, for the first, the answer) must come within
+``pipeline_wait_s`` + ``ANSWER_GRACE_S``, since an honest parent holds a chunk at most
+``pipeline_wait_s``; its bytes must then come within ``chunk_timeout`` at the rate the parent is
+held to (``rates.min_rate_mbit``: a fraction of the lesser of its measured rate and what the child
+needs, never below ``floor_mbit``), so a peer that trickles bytes is left within seconds. Every
+failure but a 404 (the honest "I will not have it") is reported to the fetch's ``on_left`` (the
+receiver puts it in its peer record, ``topology.py``), so a parent that holds every request costs
+its children one hold, not one per version. Every node measures its upload and download rates on
+these transfers (``rates.py``), and the receiver reports them in its peer record.
 
 Safety: a chunk enters a node's buffer only after its sha256 matched the signed manifest, so a
 bad chunk is never served on and never loaded. Requests need ``Authorization: Bearer <token>``:
@@ -51,6 +72,7 @@ from typing import Callable, NamedTuple
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, web
 
+from echo2.broadcast.rates import RateMeter, UploadMeter, min_rate_mbit
 from echo2.broadcast.relay_tls import RelayTLS, TLSListener
 from echo2.data.manifest import Chunk, chunk_table
 from echo2.data.relay_tokens import RelayAuth, TokenRefused
@@ -60,6 +82,12 @@ log = logging.getLogger("echo2.relay")
 
 ANSWER_GRACE_S = 2.0
 """How much longer than the pipeline hold a child waits for a peer's answer (network and scheduling)."""
+TAG_CHUNK = b"C"
+"""In a run (``?run=k``): the chunk's bytes follow (its size is the manifest's)."""
+TAG_NOT_THERE = b"N"
+"""In a run: the next chunk will not come here (superseded, failed); the run ends. The honest 404."""
+TAG_NOT_YET = b"H"
+"""In a run: the next chunk was held ``pipeline_wait_s`` and did not arrive; the run ends. The 503."""
 
 
 class SourceFailed(Exception):
@@ -72,10 +100,12 @@ class NotThere(SourceFailed):
 
 
 class Peer(NamedTuple):
-    """A parent from the signed relay plan: where it says it listens, and who it must prove to be (TLS)."""
+    """A parent from the signed relay plan: where it says it listens, who it must prove to be (TLS), and
+    its share of its measured upload (its up_mbit over its children in the plan; None if unknown)."""
 
     url: str
     actor_id: str
+    share_mbit: float | None = None
 
     def __str__(self) -> str:
         return f"{self.actor_id} at {self.url}"
@@ -131,18 +161,23 @@ class VersionBuffer:
 @dataclass
 class FetchPolicy:
     expected_mbit: float = 200.0
-    """Link rate a healthy parent should sustain."""
+    """Not used by the health rule any more (``rates.min_rate_mbit``: a parent is held to its measured rate and
+    the child's need); kept so that callers that set it still work."""
     min_rate_fraction: float = 0.2
-    """A parent slower than this fraction of ``expected_mbit`` on a chunk is abandoned."""
+    """A parent slower on a chunk than this fraction of the lesser of its own rate and the child's need is
+    left (``rates.min_rate_mbit``)."""
+    floor_mbit: float = 5.0
+    """The rate no parent may fall below on a chunk, whatever is (not) known: a stalling parent is left."""
     pipeline_wait_s: float = 30.0
     """How long a server holds a request for a chunk it is still receiving."""
     window: int = 4
-    """Chunk requests in flight to the store. From a peer, chunks come one at a time: parallel
-    transfers would share the parent's uplink and finish every chunk later, adding latency at
-    every hop of the pipeline."""
+    """Chunk requests in flight to the store. From a peer, chunks come as one streamed run (module docstring)."""
+    chunk_slack_s: float = 2.0
+    """Seconds a chunk's bytes may take beyond its size at the rate the parent is held to (scheduling)."""
 
-    def chunk_timeout(self, size: int) -> float:
-        return 2.0 + size * 8 / (self.expected_mbit * 1e6 * self.min_rate_fraction)
+    def chunk_timeout(self, size: int, rate_mbit: float | None = None) -> float:
+        """Seconds a chunk's bytes may take once they start, at ``rate_mbit`` (default: the floor)."""
+        return self.chunk_slack_s + size * 8 / ((rate_mbit or self.floor_mbit) * 1e6)
 
 
 class RelayServer:
@@ -162,6 +197,8 @@ class RelayServer:
         self.buffers: dict[int, VersionBuffer] = {}
         self._version_added: asyncio.Event | None = None
         self.pipeline_wait_s = 30.0
+        self.upload = UploadMeter()
+        """What this node's uploads achieved (``rates.py``)."""
         self._runner: web.AppRunner | None = None
 
     @property
@@ -236,30 +273,68 @@ class RelayServer:
         return web.json_response({"versions": sorted(self.buffers)})
 
     async def _chunk(self, request: web.Request) -> web.StreamResponse:
+        """One chunk, or with ``?run=k`` a stream of chunks ``index`` .. ``index + k - 1`` (module docstring)."""
         if not self._authorized(request):
             return web.Response(status=401, text="missing, invalid or revoked relay token")
         try:
             version, index = int(request.match_info["version"]), int(request.match_info["index"])
+            run = int(request.query["run"]) if "run" in request.query else None
         except ValueError:
             return web.Response(status=404, text="no such chunk")
+        status, found = await self._wait_for(version, index)
+        if status != 200:
+            return web.Response(status=status, text=found)
+        buffer = self.buffers[version]
+        if run is None:
+            return web.Response(body=self._data(buffer, index), content_type="application/octet-stream")
+        last = min(len(buffer.chunks), index + max(1, run)) - 1
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        key = id(resp)
+        self.upload.open(key, request.transport)
+        try:
+            for j in range(index, last + 1):
+                if j > index:
+                    status, found = await self._wait_for(version, j)
+                if status != 200:  # the honest end of a run: why, in one byte
+                    await resp.write(TAG_NOT_THERE if status == 404 else TAG_NOT_YET)
+                    break
+                data = self._data(buffer, j)
+                self.upload.writing(key, len(data) + 1)
+                await resp.write(TAG_CHUNK)
+                await resp.write(data)  # as soon as it is verified: the pipeline
+            await resp.write_eof()
+        finally:
+            self.upload.close(key)
+        return resp
+
+    def _data(self, buffer: VersionBuffer, index: int) -> bytes:
+        """What is served of a chunk that is here (a test's hostile server changes it)."""
+        data = buffer.data[index]
+        assert data is not None
+        return data
+
+    async def _wait_for(self, version: int, index: int) -> tuple[int, str]:
+        """(200, "") once chunk ``index`` of ``version`` is here; (404, why) if it will not come; (503, why)
+        after holding the request ``pipeline_wait_s``."""
         deadline = time.monotonic() + self.pipeline_wait_s
         while True:  # re-checked whenever a version is added or this chunk or its version ends
             buffer = self.buffers.get(version)
             if buffer is not None:
                 if not 0 <= index < len(buffer.chunks):
-                    return web.Response(status=404, text=f"version {version} has no chunk {index}")
+                    return 404, f"version {version} has no chunk {index}"
                 if buffer.data[index] is not None:
-                    return web.Response(body=buffer.data[index], content_type="application/octet-stream")
+                    return 200, ""
             if any(v > version for v in self.buffers):
                 # moved on to a newer version: what is missing of this one will not come
-                return web.Response(status=404, text=f"version {version} is superseded here")
+                return 404, f"version {version} is superseded here"
             if buffer is not None and buffer.failed is not None:
-                return web.Response(status=404, text=f"receiving version {version} failed here")
+                return 404, f"receiving version {version} failed here"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if buffer is None:
-                    return web.Response(status=404, text=f"version {version} not here")
-                return web.Response(status=503, text=f"chunk {index} of version {version} not received yet")
+                    return 404, f"version {version} not here"
+                return 503, f"chunk {index} of version {version} not received yet"
             await self._until_changed(buffer, index, remaining)
 
     async def _until_changed(self, buffer: VersionBuffer | None, index: int, timeout: float) -> None:
@@ -286,6 +361,8 @@ class Fetcher:
         self.policy = policy
         self.tls = tls
         self.auth = auth
+        self.download = RateMeter()
+        """What this node's downloads achieved (``rates.py``)."""
 
     def _dialable(self, peer: str | Peer, version: int) -> bool:
         """Whether ``peer`` may be asked at all: a peer this node cannot verify, or a revoked one, is not."""
@@ -302,91 +379,121 @@ class Fetcher:
         return why is None
 
     async def fetch(self, buffer: VersionBuffer, peers: list[str | Peer],
-                    on_left: Callable[[Peer, int, str], None] | None = None) -> VersionBuffer:
+                    on_left: Callable[[Peer, int, str], None] | None = None,
+                    need_mbit: float | None = None) -> VersionBuffer:
         """Fill ``buffer``; ``on_left(peer, version, why)`` is called (on the relay's loop) for each peer of
-        the plan left because it failed to deliver (not for a 404)."""
+        the plan left because it failed to deliver (not for a 404); ``need_mbit``: the rate this node needs
+        the version at (``rates.min_rate_mbit``), None if unknown."""
         try:
-            return await self._fill(buffer, peers, on_left)
+            return await self._fill(buffer, peers, on_left, need_mbit)
         except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
             buffer.abandon(exc)
             raise
 
     async def _fill(self, buffer: VersionBuffer, peers: list[str | Peer],
-                    on_left: Callable[[Peer, int, str], None] | None) -> VersionBuffer:
-        sources = [p for p in peers if self._dialable(p, buffer.version)] + ["store"]
-        dead: set[str] = set()
-        queue: asyncio.Queue[int] = asyncio.Queue()
-        for chunk in buffer.chunks:
-            queue.put_nowait(chunk.index)
-        gates = {s: asyncio.Semaphore(self.policy.window if s == "store" else 1) for s in sources}
+                    on_left: Callable[[Peer, int, str], None] | None, need_mbit: float | None) -> VersionBuffer:
+        sources = [p for p in peers if self._dialable(p, buffer.version)]
         timeout = ClientTimeout(total=None, sock_connect=3)
         # raw bytes only: a peer's gzip must not turn a bounded read into an unbounded inflate
         async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"},
                                  auto_decompress=False) as session:
-
-            async def worker() -> None:
-                while True:
-                    try:
-                        index = queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        return
-                    while buffer.data[index] is None:
-                        source = next(s for s in sources if s not in dead)
-                        try:
-                            async with gates[source]:
-                                if source in dead:
-                                    continue  # another worker gave up on it while we queued
-                                data = await self._get(session, source, buffer, index)
-                            buffer.put(index, data, str(source))
-                        # ClientError: a peer that dies mid-chunk (ServerDisconnectedError, ClientPayloadError)
-                        except (SourceFailed, OSError, asyncio.TimeoutError, ValueError, ClientError) as exc:
-                            if source == "store":
-                                raise
-                            if source not in dead:
-                                why = str(exc) or type(exc).__name__
-                                log.warning("v%d: leaving %s for the next source: %s", buffer.version, source, why)
-                                dead.add(source)
-                                if on_left is not None and isinstance(source, Peer) and not isinstance(exc, NotThere):
-                                    on_left(source, buffer.version, why)
-
-            await asyncio.gather(*(worker() for _ in range(self.policy.window)))
+            for source in sources:  # each peer streams what is still missing, in order, until it fails
+                try:
+                    for first, last in _runs([i for i, d in enumerate(buffer.data) if d is None]):
+                        await self._stream(session, source, buffer, first, last, need_mbit)
+                    return buffer
+                # ClientError: a peer that dies (ServerDisconnectedError, ClientPayloadError, ClientConnectorError
+                # for a refused connection): left at once, its children's next source takes over
+                except (SourceFailed, OSError, asyncio.TimeoutError, ValueError, ClientError) as exc:
+                    why = str(exc) or type(exc).__name__
+                    log.warning("v%d: leaving %s for the next source: %s", buffer.version, source, why)
+                    if on_left is not None and isinstance(source, Peer) and not isinstance(exc, NotThere):
+                        on_left(source, buffer.version, why)
+        await self._from_store(buffer)
         return buffer
 
-    async def _get(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, index: int) -> bytes:
-        chunk = buffer.chunks[index]
-        if source == "store":
-            return await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
+    async def _from_store(self, buffer: VersionBuffer) -> None:
+        """What is still missing, ``window`` chunks at a time; a failure here fails the version."""
+        queue = [i for i, d in enumerate(buffer.data) if d is None][::-1]
+
+        async def worker() -> None:
+            while queue:
+                chunk = buffer.chunks[queue.pop()]
+                self.download.start()
+                data = b""
+                try:
+                    data = await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
+                finally:
+                    self.download.stop(len(data))
+                buffer.put(chunk.index, data, "store")
+
+        await asyncio.gather(*(worker() for _ in range(self.policy.window)))
+
+    async def _stream(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, first: int,
+                      last: int, need_mbit: float | None) -> None:
+        """Chunks ``first`` .. ``last`` from ``source`` as one streamed run, each put (verified) as it comes.
+        Per chunk the peer has what a single request had: ``pipeline_wait_s`` + ``ANSWER_GRACE_S`` for its
+        first byte (the peer may be receiving it), then ``chunk_timeout`` at the rate it is held to."""
         base = source.url if isinstance(source, Peer) else source
-        url = f"{base}/v1/versions/{buffer.version}/chunks/{index}"
+        url = f"{base}/v1/versions/{buffer.version}/chunks/{first}?run={last - first + 1}"
         tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
             "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
-        # the parent may legitimately hold the request while it receives the chunk itself (pipelining), for at
-        # most pipeline_wait_s; once it answers, the body has the time a chunk of its size takes at the lowest
-        # acceptable rate, so a peer that trickles bytes is left as soon as it falls below that rate
         answer_s = self.policy.pipeline_wait_s + ANSWER_GRACE_S
-        body_s = self.policy.chunk_timeout(chunk.size)
-        answered = False
+        best: float | None = None  # the best rate this peer delivered in this run
+        loop = asyncio.get_running_loop()
+        index, waiting = first, True
         try:
             async with asyncio.timeout(answer_s) as deadline:
                 async with session.get(url, **tls) as resp:
-                    answered = True
-                    deadline.reschedule(asyncio.get_running_loop().time() + body_s)
                     if resp.status == 404:
                         raise NotThere(f"{url} answered 404")
                     if resp.status != 200:
                         raise SourceFailed(f"{url} answered {resp.status}")
-                    if resp.content_length is not None and resp.content_length != chunk.size:
-                        raise SourceFailed(f"{url} announces {resp.content_length} bytes for a chunk of {chunk.size}")
-                    data = await _read_at_most(resp, chunk.size + 1)
-                    if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
-                        sent = f"more than {chunk.size}" if len(data) > chunk.size else str(len(data))
-                        raise SourceFailed(f"{url} sent {sent} bytes for a chunk of {chunk.size}")
+                    for index in range(first, last + 1):
+                        chunk = buffer.chunks[index]
+                        waiting = True
+                        deadline.reschedule(loop.time() + answer_s)
+                        tag = await resp.content.read(1)
+                        if tag == TAG_NOT_THERE:
+                            raise NotThere(f"{source} will not have chunk {index} of v{buffer.version}")
+                        if tag != TAG_CHUNK:
+                            what = {TAG_NOT_YET: "held it past its hold", b"": "ended the run"}.get(tag, "sent junk")
+                            raise SourceFailed(f"{source} {what} at chunk {index}")
+                        waiting = False
+                        parent = best if best is not None else (source.share_mbit if isinstance(source, Peer) else None)
+                        rate = min_rate_mbit(fraction=self.policy.min_rate_fraction, floor_mbit=self.policy.floor_mbit,
+                                             parent_mbit=parent, need_mbit=need_mbit)
+                        body_s = self.policy.chunk_timeout(chunk.size, rate)
+                        deadline.reschedule(loop.time() + body_s)
+                        started = time.monotonic()
+                        self.download.start()
+                        data = b""
+                        try:
+                            data = await _read_at_most(resp, chunk.size)
+                        finally:
+                            self.download.stop(len(data))
+                        if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
+                            raise SourceFailed(f"{url} sent {len(data)} bytes for chunk {index} of {chunk.size}")
+                        buffer.put(index, data, str(source))
+                        seconds = time.monotonic() - started
+                        if chunk.size >= 64 * 1024 and seconds > 0:
+                            best = max(best or 0.0, chunk.size * 8 / seconds / 1e6)
         except TimeoutError:
-            if not answered:
-                raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without answering") from None
-            raise SourceFailed(f"{source} sent chunk {index} below {self.policy.min_rate_fraction:g} of "
-                               f"{self.policy.expected_mbit:g} Mbit/s (not within {body_s:.1f} s)") from None
-        return data
+            if waiting:
+                raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without sending it") from None
+            raise SourceFailed(f"{source} sent chunk {index} below {rate:.3g} Mbit/s "
+                               f"(not within {body_s:.1f} s)") from None
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as (first, last) runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
 
 
 async def _read_at_most(resp: ClientResponse, limit: int) -> bytes:
@@ -428,15 +535,22 @@ class RelayNode:
     def url(self) -> str:
         return self.server.url
 
+    @property
+    def rates(self) -> tuple[float | None, float | None]:
+        """(up, down) Mbit/s this node measured on its real transfers (``rates.py``); None where too little
+        moved yet."""
+        return self.server.upload.meter.mbit, self.fetcher.download.mbit
+
     def start_fetch(self, manifest: dict, peers: list[str | Peer],
-                    on_left: Callable[[Peer, int, str], None] | None = None):
+                    on_left: Callable[[Peer, int, str], None] | None = None, need_mbit: float | None = None):
         """Begin receiving a version in the background; returns a concurrent future of its buffer.
-        ``on_left``: told of each peer left because it failed to deliver (``Fetcher.fetch``)."""
+        ``on_left``: told of each peer left because it failed to deliver; ``need_mbit``: the rate this node
+        needs the version at (``Fetcher.fetch``)."""
 
         async def run() -> VersionBuffer:
             buffer = new_buffer(manifest)
             self.server.add(buffer)
-            return await self.fetcher.fetch(buffer, peers, on_left)
+            return await self.fetcher.fetch(buffer, peers, on_left, need_mbit)
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop)
 

@@ -298,13 +298,18 @@ class BroadcastConfig(_Section):
     roots: int = Field(1, ge=1)
     """Relay nodes that read from the store."""
     expected_mbit: float = Field(200.0, gt=0)
-    """Link rate a healthy parent should sustain."""
+    """Not used by the relay's health rule any more (a parent is held to its measured rate and the actor's
+    need, ``broadcast/rates.py``); accepted so that older configs still load."""
     min_rate_fraction: float = Field(0.2, gt=0, le=1)
-    """A parent slower than this fraction of expected_mbit on a chunk is left for the next source."""
+    """A parent slower on a chunk than this fraction of the lesser of its measured rate (its share of its
+    measured upload from the signed plan, or the best it delivered in this fetch) and the rate the actor needs
+    to keep up with publishing is left for the next source (``broadcast/rates.py``)."""
+    floor_mbit: float = Field(5.0, gt=0)
+    """The rate (Mbit/s) below which a parent is left whatever is known of it: a stalling parent is left."""
     pipeline_wait_s: float = Field(30.0, gt=0)
     """How long a relay holds a request for a chunk it is still receiving."""
     window: int = Field(4, ge=1)
-    """Chunk requests in flight to the store (from a peer, chunks come one at a time)."""
+    """Chunk requests in flight to the store (from a peer, chunks come as one streamed run per request)."""
     host: str = "127.0.0.1"
     """Address the relay server binds (0.0.0.0 on cloud VMs)."""
     advertise_host: str | None = None
