@@ -1,0 +1,188 @@
+"""The relay's client side: fills a ``VersionBuffer`` from the parents of the signed plan, one streamed run
+of chunks per parent, then from the store (the protocol, its timeouts and why it streams: ``relay.py``;
+the rate a parent is held to: ``rates.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
+
+from echo2.broadcast.rates import RateMeter, min_rate_mbit
+from echo2.broadcast.relay import (
+    ANSWER_GRACE_S,
+    TAG_CHUNK,
+    TAG_NOT_THERE,
+    TAG_NOT_YET,
+    FetchPolicy,
+    NotThere,
+    Peer,
+    SourceFailed,
+    VersionBuffer,
+)
+from echo2.broadcast.relay_tls import RelayTLS
+from echo2.data.manifest import Chunk
+from echo2.data.relay_tokens import RelayAuth
+
+log = logging.getLogger("echo2.relay")
+
+
+class Fetcher:
+    """Fills a ``VersionBuffer`` from an ordered list of sources: parent peer(s) first, the store last."""
+
+    def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], policy: FetchPolicy, *,
+                 tls: RelayTLS | None = None, auth: RelayAuth | None = None):
+        """``tls``: speak TLS to peers (only to ``Peer``s on https URLs, each checked to be its actor);
+        ``auth``: whose revocations to honour when choosing parents."""
+        self.token = token
+        self.store_read = store_read  # blocking; runs in a worker thread
+        self.policy = policy
+        self.tls = tls
+        self.auth = auth
+        self.download = RateMeter()
+        """What this node's downloads achieved (``rates.py``)."""
+
+    def _dialable(self, peer: str | Peer, version: int) -> bool:
+        """Whether ``peer`` may be asked at all: a peer this node cannot verify, or a revoked one, is not."""
+        url = peer.url if isinstance(peer, Peer) else peer
+        why = None
+        if self.tls is not None and not (isinstance(peer, Peer) and url.startswith("https://")):
+            why = "this relay speaks TLS, and the peer is not an https:// peer of the relay plan"
+        elif self.tls is None and not url.startswith("http://"):
+            why = "this relay speaks plain HTTP (broadcast.tls)"
+        elif isinstance(peer, Peer) and self.auth is not None and peer.actor_id in self.auth.revoked:
+            why = f"{peer.actor_id} is revoked"
+        if why is not None:
+            log.warning("v%d: skipping %s: %s", version, peer, why)
+        return why is None
+
+    async def fetch(self, buffer: VersionBuffer, peers: list[str | Peer],
+                    on_left: Callable[[Peer, int, str], None] | None = None,
+                    need_mbit: float | None = None) -> VersionBuffer:
+        """Fill ``buffer``; ``on_left(peer, version, why)`` is called (on the relay's loop) for each peer of
+        the plan left because it failed to deliver (not for a 404); ``need_mbit``: the rate this node needs
+        the version at (``rates.min_rate_mbit``), None if unknown."""
+        try:
+            return await self._fill(buffer, peers, on_left, need_mbit)
+        except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
+            buffer.abandon(exc)
+            raise
+
+    async def _fill(self, buffer: VersionBuffer, peers: list[str | Peer],
+                    on_left: Callable[[Peer, int, str], None] | None, need_mbit: float | None) -> VersionBuffer:
+        sources = [p for p in peers if self._dialable(p, buffer.version)]
+        timeout = ClientTimeout(total=None, sock_connect=3)
+        # raw bytes only: a peer's gzip must not turn a bounded read into an unbounded inflate
+        async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"},
+                                 auto_decompress=False) as session:
+            for source in sources:  # each peer streams what is still missing, in order, until it fails
+                try:
+                    for first, last in _runs([i for i, d in enumerate(buffer.data) if d is None]):
+                        await self._stream(session, source, buffer, first, last, need_mbit)
+                    return buffer
+                # ClientError: a peer that dies (ServerDisconnectedError, ClientPayloadError, ClientConnectorError
+                # for a refused connection): left at once, its children's next source takes over
+                except (SourceFailed, OSError, asyncio.TimeoutError, ValueError, ClientError) as exc:
+                    why = str(exc) or type(exc).__name__
+                    log.warning("v%d: leaving %s for the next source: %s", buffer.version, source, why)
+                    if on_left is not None and isinstance(source, Peer) and not isinstance(exc, NotThere):
+                        on_left(source, buffer.version, why)
+        await self._from_store(buffer)
+        return buffer
+
+    async def _from_store(self, buffer: VersionBuffer) -> None:
+        """What is still missing, ``window`` chunks at a time; a failure here fails the version."""
+        queue = [i for i, d in enumerate(buffer.data) if d is None][::-1]
+
+        async def worker() -> None:
+            while queue:
+                chunk = buffer.chunks[queue.pop()]
+                self.download.start()
+                data = b""
+                try:
+                    data = await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
+                finally:
+                    self.download.stop(len(data))
+                buffer.put(chunk.index, data, "store")
+
+        await asyncio.gather(*(worker() for _ in range(self.policy.window)))
+
+    async def _stream(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, first: int,
+                      last: int, need_mbit: float | None) -> None:
+        """Chunks ``first`` .. ``last`` from ``source`` as one streamed run, each put (verified) as it comes.
+        Per chunk the peer has what a single request had: ``pipeline_wait_s`` + ``ANSWER_GRACE_S`` for its
+        first byte (the peer may be receiving it), then ``chunk_timeout`` at the rate it is held to."""
+        base = source.url if isinstance(source, Peer) else source
+        url = f"{base}/v1/versions/{buffer.version}/chunks/{first}?run={last - first + 1}"
+        tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
+            "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
+        answer_s = self.policy.pipeline_wait_s + ANSWER_GRACE_S
+        best: float | None = None  # the best rate this peer delivered in this run
+        loop = asyncio.get_running_loop()
+        index, waiting = first, True
+        try:
+            async with asyncio.timeout(answer_s) as deadline:
+                async with session.get(url, **tls) as resp:
+                    if resp.status == 404:
+                        raise NotThere(f"{url} answered 404")
+                    if resp.status != 200:
+                        raise SourceFailed(f"{url} answered {resp.status}")
+                    for index in range(first, last + 1):
+                        chunk = buffer.chunks[index]
+                        waiting = True
+                        deadline.reschedule(loop.time() + answer_s)
+                        tag = await resp.content.read(1)
+                        if tag == TAG_NOT_THERE:
+                            raise NotThere(f"{source} will not have chunk {index} of v{buffer.version}")
+                        if tag != TAG_CHUNK:
+                            what = {TAG_NOT_YET: "held it past its hold", b"": "ended the run"}.get(tag, "sent junk")
+                            raise SourceFailed(f"{source} {what} at chunk {index}")
+                        waiting = False
+                        parent = best if best is not None else (source.share_mbit if isinstance(source, Peer) else None)
+                        rate = min_rate_mbit(fraction=self.policy.min_rate_fraction, floor_mbit=self.policy.floor_mbit,
+                                             parent_mbit=parent, need_mbit=need_mbit)
+                        body_s = self.policy.chunk_timeout(chunk.size, rate)
+                        deadline.reschedule(loop.time() + body_s)
+                        started = time.monotonic()
+                        self.download.start()
+                        data = b""
+                        try:
+                            data = await _read_at_most(resp, chunk.size)
+                        finally:
+                            self.download.stop(len(data))
+                        if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
+                            raise SourceFailed(f"{url} sent {len(data)} bytes for chunk {index} of {chunk.size}")
+                        buffer.put(index, data, str(source))
+                        seconds = time.monotonic() - started
+                        if chunk.size >= 64 * 1024 and seconds > 0:
+                            best = max(best or 0.0, chunk.size * 8 / seconds / 1e6)
+        except TimeoutError:
+            if waiting:
+                raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without sending it") from None
+            raise SourceFailed(f"{source} sent chunk {index} below {rate:.3g} Mbit/s "
+                               f"(not within {body_s:.1f} s)") from None
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as (first, last) runs of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for i in indices:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+async def _read_at_most(resp: ClientResponse, limit: int) -> bytes:
+    """The body up to ``limit`` bytes: never more, whatever the peer sends or announces."""
+    data = bytearray()
+    while len(data) < limit:
+        block = await resp.content.read(limit - len(data))
+        if not block:  # end of the body
+            break
+        data += block
+    return bytes(data)
