@@ -350,3 +350,20 @@ def test_a_fleet_that_fits_no_offer_stops_before_its_backend_starts_anything(tmp
     assert len(injectors()) == before + 1
     fleet.stop()
     assert len(injectors()) == before
+
+
+def test_stopping_the_fleet_bills_what_its_actors_read_since_the_last_publish(tmp_path):
+    """An actor removes its peer record when it stops, and the learner folds the counters only at a publish:
+    without a fold in ``stop`` the bytes read after the last publish (about one version per actor) were lost
+    to the bill."""
+    from echo2.broadcast import topology
+    from echo2.fleet.egress import ReadBytes, read_snapshots
+
+    cloud = FakeCloud()
+    fleet, store = manager(tmp_path, cloud, actors=2)
+    fleet.start()
+    ids = [slot.actor_id for slot in fleet.slots]
+    for n, actor in enumerate(ids):
+        topology.register(store, actor, "http://127.0.0.1:9", 3, read_bytes={"store": 1000 + n, "peers": {"": 7}})
+    fleet.stop()
+    assert read_snapshots(store) == {actor: ReadBytes(1000 + n, {"": 7}) for n, actor in enumerate(ids)}

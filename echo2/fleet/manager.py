@@ -64,6 +64,7 @@ from echo2.fleet.backends import (
 )
 from echo2.fleet.backends.base import RelaySecrets
 from echo2.fleet.costs import fleet_usd
+from echo2.fleet.egress import EgressLedger
 from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix
 from echo2.fleet.sizing.autosize import due as autosize_due
 
@@ -344,6 +345,9 @@ class FleetManager:
         if self._stopped:
             return
         self._stopped = True
+        # the actors' byte counters, before they stop and remove their peer records: the learner folds them only
+        # at a publish, so without this the bill would miss what they read since (never raises: logged)
+        EgressLedger(self.store).fold([slot.actor_id for slot in self.slots])
         # every actor is told to stop at once, not one grace period after another: a cancelled flow run
         # has Prefect's 30 s grace for its checkpoint and the whole teardown
         # (threads, not a pool: this also runs at exit, where a pool takes no more work)
