@@ -27,6 +27,7 @@ from echo2.broadcast import receiver as receiver_module
 from echo2.broadcast.rates import RateMeter, min_rate_mbit
 from echo2.broadcast.receiver import PolicyReceiver, _share_mbit
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.topology import plan
 from echo2.config import BroadcastConfig
 from echo2.data import layout
 from echo2.data.manifest import chunk_hashes, sign
@@ -112,6 +113,10 @@ class DelayingForwarder:
             self._server.close()
             for w in self._conns:
                 w.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:  # the pumps end here, not in a garbage-collected loop
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -348,3 +353,16 @@ def test_a_parents_share_comes_from_the_signed_plan():
     assert _share_mbit(explicit, "c") is None and _share_mbit(explicit, "a") is None  # junk, or nothing said
     fanned = {"fanout": 4, "roots": 1, "peers": [{"id": "p", "url": "", "up_mbit": 200}]}
     assert _share_mbit(fanned, "p") == 50.0 and _share_mbit({"fanout": True, "peers": "x"}, "p") is None
+
+
+def test_the_share_a_child_holds_its_parent_to_from_the_learners_rated_plan():
+    """The real planner's rated plan (explicit parents, each peer's up_mbit): a parent's share is its rate over
+    the children it was given."""
+    relay = plan({"a": "http://h:1", "b": "http://h:2", "c": "http://h:3", "d": "http://h:4"}, 1, fanout=2, roots=1,
+                 rates={"a": 400.0, "b": 100.0, "c": 50.0, "d": None})
+    children = {}
+    for p in relay["peers"]:
+        children.setdefault(p["parent"], []).append(p["id"])
+    root = children[None][0]
+    assert _share_mbit(relay, root) == pytest.approx(400.0 / len(children[root]))
+    assert _share_mbit(relay, "d") is None  # no rate reported: held to the child's need and the floor
