@@ -61,7 +61,7 @@ def prepare_run(config: Config, resume: bool) -> LearnerRun:
 def start_fleet(run: LearnerRun) -> FleetManager:
     fleet = make_fleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
                        run_key=run.key, seed=run.config.run.seed, run_id=run.run_id,
-                       model_params_b=run.model_params_b)
+                       model_params_b=run.model_params_b, active_params_b=run.active_params_b)
     fleet.start()
     return fleet
 

@@ -249,3 +249,28 @@ def test_two_fsdp_ranks_take_the_moe_step_one_process_takes(moe_model, tmp_path)
           f"grad norm {grad_norm:.1e}, update {update:.2f} relative")
     assert worst < 1e-5
     assert loss < BF16["loss"] and grad_norm < BF16["grad_norm"] and update < BF16["update"], (b1, b2, update)
+
+
+@pytest.mark.parametrize("moe", [True, False])
+def test_the_run_tells_the_fleet_a_moes_active_size(moe, moe_model, tiny_model, tmp_path, monkeypatch):
+    """A mixture of experts decodes at the speed of its active weights: the flow hands the fleet the policy's
+    active size (``LearnerRun.active_params_b``), so a live fleet is not priced as a dense model of its total."""
+    from echo2.config import config_from_dict
+    from echo2.data.store import open_store
+    from echo2.learner.run import LearnerRun
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    config = config_from_dict({
+        "run": {"id": "moe-size"}, "store": {"url": str(tmp_path / "store")},
+        "model": {"name": str(moe_model if moe else tiny_model)},
+        "train": {"max_steps": 1, "num_threads": 1}, "eval": {"before": False, "after": False}})
+    run = LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=False)
+    total, active = run.model_params_b, run.active_params_b
+    if not moe:
+        assert active is None
+        return
+    c = AutoConfig.from_pretrained(moe_model)
+    # the experts' MLP weights of the unrouted experts are what a token skips
+    unrouted = c.num_local_experts - c.num_experts_per_tok
+    skipped = c.num_hidden_layers * unrouted * 3 * c.hidden_size * c.moe_intermediate_size
+    assert active == pytest.approx(total - skipped / 1e9, rel=0.02)

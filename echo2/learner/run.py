@@ -31,6 +31,8 @@ from echo2.data.rollouts import RolloutLimits
 from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
+from echo2.errors import Echo2InputError
+from echo2.fleet.sizing.workload_file import params_from_config_dict
 from echo2.learner.behavior_audit import BehaviorAuditor
 from echo2.learner.checkpoint import Checkpoint, newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
 from echo2.learner.collector import RolloutCollector, Selection, quarantine
@@ -305,6 +307,20 @@ class LearnerRun:
         """The policy's size in billions of parameters (which GPUs it fits, how fast they sample it)."""
         model = getattr(self.learner, "model", None)
         return None if model is None else sum(p.numel() for p in model.parameters()) / 1e9
+
+    @property
+    def active_params_b(self) -> float | None:
+        """Billions of parameters one token runs through (a mixture of experts decodes at this size's speed):
+        the counted total scaled by the config's active share; None for a dense model or an unreadable config."""
+        total = self.model_params_b
+        config = getattr(getattr(self.learner, "model", None), "config", None)
+        if total is None or config is None:
+            return None
+        try:
+            config_total, config_active = params_from_config_dict(config.to_dict())
+        except Echo2InputError:
+            return None
+        return None if config_active >= config_total else total * config_active / config_total
 
     @property
     def local_dir(self) -> Path:

@@ -250,23 +250,31 @@ def params_from_config(path: str | Path) -> tuple[float, float]:
     """(total, active) billions of parameters counted from an HF-style config.json (module docstring)."""
     path = Path(path)
     try:
-        c = json.loads(path.read_text())
-        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-        n_q = c["num_attention_heads"]
-        n_kv = c.get("num_key_value_heads", n_q)
-        d = c.get("head_dim") or h // n_q
+        config = json.loads(path.read_text())
     except OSError as exc:
         raise Echo2InputError(f"model config {path}: {exc.strerror or exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Echo2InputError(f"model config {path}: not an HF-style decoder config ({exc!r})") from None
-    attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
-    experts = c.get("num_experts") or c.get("n_routed_experts") or 0
-    if experts:
-        k = c["num_experts_per_tok"]
-        i_moe = c["moe_intermediate_size"]
-        total_mlp, active_mlp = experts * 3 * h * i_moe + h * experts, k * 3 * h * i_moe + h * experts
-    else:
-        total_mlp = active_mlp = 3 * h * c["intermediate_size"]
+    except ValueError as exc:
+        raise Echo2InputError(f"model config {path}: not JSON ({exc})") from None
+    return params_from_config_dict(config, str(path))
+
+
+def params_from_config_dict(c: dict, where: str = "model config") -> tuple[float, float]:
+    """(total, active) billions of parameters of an HF-style decoder config (``PretrainedConfig.to_dict()``)."""
+    try:
+        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        n_q = c["num_attention_heads"]
+        n_kv = c.get("num_key_value_heads") or n_q
+        d = c.get("head_dim") or h // n_q
+        attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
+        experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
+        if experts:
+            k = c["num_experts_per_tok"]
+            i_moe = c["moe_intermediate_size"]
+            total_mlp, active_mlp = experts * 3 * h * i_moe + h * experts, k * 3 * h * i_moe + h * experts
+        else:
+            total_mlp = active_mlp = 3 * h * c["intermediate_size"]
+    except (KeyError, TypeError, ZeroDivisionError) as exc:
+        raise Echo2InputError(f"{where}: not an HF-style decoder config ({exc!r})") from None
     embed = vocab * h * (1 if c.get("tie_word_embeddings", False) else 2)
     total = layers * (attn + total_mlp) + embed
     active = layers * (attn + active_mlp) + embed
