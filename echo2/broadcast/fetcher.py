@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Callable
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
@@ -120,7 +119,6 @@ class Fetcher:
         tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
             "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
         answer_s = self.policy.pipeline_wait_s + ANSWER_GRACE_S
-        best: float | None = None  # the best rate this peer delivered in this run
         loop = asyncio.get_running_loop()
         index, waiting = first, True
         try:
@@ -141,24 +139,22 @@ class Fetcher:
                             what = {TAG_NOT_YET: "held it past its hold", b"": "ended the run"}.get(tag, "sent junk")
                             raise SourceFailed(f"{source} {what} at chunk {index}")
                         waiting = False
-                        parent = best if best is not None else (source.share_mbit if isinstance(source, Peer) else None)
+                        share = source.share_mbit if isinstance(source, Peer) else None
                         rate = min_rate_mbit(fraction=self.policy.min_rate_fraction, floor_mbit=self.policy.floor_mbit,
-                                             parent_mbit=parent, need_mbit=need_mbit)
+                                             parent_mbit=share, need_mbit=need_mbit)
                         body_s = self.policy.chunk_timeout(chunk.size, rate)
                         deadline.reschedule(loop.time() + body_s)
-                        started = time.monotonic()
+                        # timed from its tag to its verification: back to back, the next chunk's bytes arrive while
+                        # this one is checked, so the periods join up; a hold before a tag is not counted
                         self.download.start()
                         data = b""
                         try:
                             data = await _read_at_most(resp, chunk.size)
+                            if len(data) != chunk.size:  # raised in here: the connection is dropped, the rest unread
+                                raise SourceFailed(f"{url} sent {len(data)} bytes for chunk {index} of {chunk.size}")
+                            buffer.put(index, data, str(source))
                         finally:
                             self.download.stop(len(data))
-                        if len(data) != chunk.size:  # raised in here, the connection is dropped with the rest unread
-                            raise SourceFailed(f"{url} sent {len(data)} bytes for chunk {index} of {chunk.size}")
-                        buffer.put(index, data, str(source))
-                        seconds = time.monotonic() - started
-                        if chunk.size >= 64 * 1024 and seconds > 0:
-                            best = max(best or 0.0, chunk.size * 8 / seconds / 1e6)
         except TimeoutError:
             if waiting:
                 raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without sending it") from None

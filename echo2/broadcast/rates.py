@@ -4,26 +4,29 @@ Measured, never configured: every node measures its download rate on the chunks 
 parent or the store) and its upload rate on the chunks it serves, and puts both in its peer record
 (``topology.register(..., up_mbit=, down_mbit=)``), from which the learner may plan (``topology.plan``).
 
-``RateMeter``: bytes moved over the time at least one transfer was in progress (the union of the transfers'
-intervals, so concurrent transfers share one clock: the rate is the link's, not one transfer's), over the
-last ``SAMPLES`` busy periods. A download's interval runs from the moment its bytes start to come (a
-stream's chunk tag, or the store call) to its last byte: the time a parent held the request waiting for the
-chunk itself is not counted. It measures what the downloads achieved, so the slower of the parent's share
-and this node's downlink: a lower bound of the downlink. An upload is counted as the bytes that left this
-node (the bytes written less what still waits in the transport's and, on Linux, the kernel's send queue,
-``TIOCOUTQ``) each ``UPLOAD_TICK_S`` while a stream is open, over the ticks in which anything was queued
-or left: a write returns once the data is queued (up to a few MB of socket buffer), so timing the writes
-alone would count a 64 KB chunk as sent in no time. Rates are None until ``MIN_BYTES`` over
-``MIN_SECONDS`` were seen.
+``RateMeter``: bytes moved over the time at least one transfer was in progress (the union of the
+transfers' intervals, so concurrent transfers share one clock: the rate is the link's, not one
+transfer's), over the last ``SAMPLES`` busy periods. A download's interval runs from the moment its bytes
+start to come (a stream's chunk tag, or the store call) until the chunk is verified: the time a parent
+held the request waiting for the chunk itself is not counted, and the chunks of a stream, whose bytes
+arrive while the one before is checked, make one joined-up period. It measures what the downloads
+achieved, so the slower of the parent's share and this node's downlink: a lower bound of the downlink. An
+upload is counted as the bytes that left this node (the bytes written less what still waits in the
+transport's and, on Linux, the kernel's send queue, ``TIOCOUTQ``) each ``UPLOAD_TICK_S`` while a stream is
+open, over the ticks in which anything was queued or left: a write returns once the data is queued (up to
+a few MB of socket buffer), so timing the writes alone would count a 64 KB chunk as sent in no time. Rates
+are None until ``MIN_BYTES`` over ``MIN_SECONDS`` were seen.
 
 The rate a parent is held to (``min_rate_mbit``): ``min_rate_fraction`` of the lesser of what the parent
-can give this child (the best rate it delivered in this fetch, else its share of its measured upload as the
-signed plan carries it) and what the child needs (the version's bytes over the time between the learner's
-versions, as the receiver observes it), never below ``floor_mbit``, so a stalling parent is left even
-when nothing is known. A parent of unknown rate to a child of unknown need is held to the floor alone: a
-30 Mbit/s peer is not "unhealthy" for missing a fixed 200 Mbit/s figure, and a fast peer is held to the
-rate it showed. The rates are self-reported and untrusted: a parent that claims more than it gives is only
-held to more (and left sooner), and the child's need caps what any claim can demand.
+can give this child (its share of its measured upload as the signed plan carries it: ``up_mbit`` over its
+children) and what the child needs (the version's bytes over the time between the learner's versions, as
+the receiver observes it), never below ``floor_mbit``, so a stalling parent is left even when nothing is
+known. A parent of unknown rate to a child of unknown need is held to the floor alone: a 30 Mbit/s peer
+is not "unhealthy" for missing a fixed 200 Mbit/s figure, and a fast peer is held to the rate it
+measured. What a parent delivered earlier in the same fetch is not used: in a stream a chunk's bytes may
+already wait in the socket when its tag is read, so one chunk's time can show memory speed, not the
+link's. The rates are self-reported and untrusted: a parent that claims more than it gives is only held
+to more (and left sooner), and the child's need caps what any claim can demand.
 """
 
 from __future__ import annotations

@@ -302,8 +302,8 @@ class BroadcastConfig(_Section):
     need, ``broadcast/rates.py``); accepted so that older configs still load."""
     min_rate_fraction: float = Field(0.2, gt=0, le=1)
     """A parent slower on a chunk than this fraction of the lesser of its measured rate (its share of its
-    measured upload from the signed plan, or the best it delivered in this fetch) and the rate the actor needs
-    to keep up with publishing is left for the next source (``broadcast/rates.py``)."""
+    measured upload, from the signed plan) and the rate the actor needs to keep up with publishing is left for
+    the next source (``broadcast/rates.py``)."""
     floor_mbit: float = Field(5.0, gt=0)
     """The rate (Mbit/s) below which a parent is left whatever is known of it: a stalling parent is left."""
     pipeline_wait_s: float = Field(30.0, gt=0)
