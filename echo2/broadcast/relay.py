@@ -296,6 +296,8 @@ class RelayServer:
             for j in range(index, last + 1):
                 if j > index:
                     status, found = await self._wait_for(version, j)
+                    if status == 200 and self.buffers.get(version) is not buffer:
+                        status = 404  # the number was received again meanwhile (a resumed learner): not this run's
                 if status != 200:  # the honest end of a run: why, in one byte
                     await resp.write(TAG_NOT_THERE if status == 404 else TAG_NOT_YET)
                     break
