@@ -646,3 +646,35 @@ def test_a_malformed_run_is_bounded_by_the_version(store, run, status, chunks):
             assert len(body) == sum(size + 1 for size in sizes[:chunks]) and body[:1] == b"C"
     finally:
         parent.close()
+
+
+def test_a_run_ends_when_its_version_is_received_again_meanwhile(store):
+    """A parent streaming v1 from the buffer it had when the run began gets a new v1 (a resumed learner's
+    timeline): the run ends as not-there (not reported), never serving from the old buffer."""
+    manifest, files = make_version(store)
+    parent = RelayNode(TOKEN, auth(), slow_store_reader(store, 0), policy=FetchPolicy(pipeline_wait_s=30))
+    (child,) = nodes(store, 1, FetchPolicy(pipeline_wait_s=30))
+    left = []
+
+    async def hold_chunk_0_only():
+        buffer = new_buffer(manifest)
+        buffer.put(0, files["shard-0000.safetensors"][:CHUNK], "seed")
+        parent.server.add(buffer)
+
+    async def receive_it_again():  # same number, a new buffer, received whole; the old one never gets chunk 1
+        again = new_buffer(manifest)
+        parent.server.add(again)
+        for chunk in again.chunks:
+            again.put(chunk.index, files[chunk.file][chunk.offset:chunk.offset + chunk.size], "seed")
+
+    try:
+        parent._call(hold_chunk_0_only())
+        fut = child.start_fetch(manifest, [Peer(parent.url, "p")], on_left=lambda p, v, why: left.append(why))
+        wait_until(lambda: (b := child.server.buffers.get(1)) is not None and b.data[0] is not None, 10, "chunk 0")
+        parent._call(receive_it_again())
+        buf = fut.result(timeout=20)
+        assert buf.files() == files and buf.sources[0] == f"p at {parent.url}" and buf.sources[1] == "store"
+        assert left == []  # the honest end of a run
+    finally:
+        child.close()
+        parent.close()
