@@ -22,15 +22,19 @@ import time
 import pytest
 from helpers import wait_until
 from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, poll_until, slow_store_reader
+from test_relay_tls import RUN, _tls, _token
 
 from echo2.broadcast import receiver as receiver_module
 from echo2.broadcast.rates import RateMeter, min_rate_mbit
 from echo2.broadcast.receiver import PolicyReceiver, _share_mbit
 from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
 from echo2.broadcast.topology import plan
-from echo2.config import BroadcastConfig
+from echo2.config import BroadcastConfig, Config
 from echo2.data import layout
 from echo2.data.manifest import chunk_hashes, sign
+from echo2.data.relay_tokens import RelayAuth
+from echo2.data.run_folder import create_run
+from echo2.data.run_key import KEY_ENV, run_key
 from echo2.data.store import open_store
 
 BLOCK = 64 * 1024
@@ -366,3 +370,31 @@ def test_the_share_a_child_holds_its_parent_to_from_the_learners_rated_plan():
     root = children[None][0]
     assert _share_mbit(relay, root) == pytest.approx(400.0 / len(children[root]))
     assert _share_mbit(relay, "d") is None  # no rate reported: held to the child's need and the floor
+
+
+def test_rates_are_measured_under_mutual_tls_too(tmp_path, monkeypatch):
+    """The upload meter reads the kernel's send queue through the TLS transport (its socket), so a TLS parent's
+    upload is its link's rate, not the speed at which TLS records were queued."""
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    store = open_store(str(tmp_path / "store" / "runs" / RUN))
+    key = run_key(RUN, create=True)
+    create_run(store, RUN, Config.model_validate({"run": {"id": RUN}}).model_dump(mode="json"), key=key,
+               echo2_version="test")  # run.json with the run's relay CA
+    manifest, files = big_chunked_version(store, 4 * 2**20, 2**20)
+    tls_auth = RelayAuth(key.public_key(), RUN)
+    parent = RelayNode(_token(key, "a1"), tls_auth, slow_store_reader(store, 0), tls=_tls(store, key, "a1"))
+    parent.seed(manifest, files)
+    wan = DelayingForwarder(parent.server.port, delay_s=0.005, rate_mbit=24)
+    child = RelayNode(_token(key, "a2"), RelayAuth(key.public_key(), RUN), slow_store_reader(store, 0),
+                      tls=_tls(store, key, "a2"))
+    try:
+        buf = child.start_fetch(manifest, [Peer(wan.url.replace("http:", "https:"), "a1")]).result(timeout=60)
+        assert buf.files() == files and "store" not in buf.sources
+        wait_until(lambda: parent.rates[0] is not None, 5, "the upload's last tick")
+        up, down = parent.rates[0], child.rates[1]
+        assert down is not None and 12 < down < 36, down
+        assert 12 < up < 48, up
+    finally:
+        for closer in (child.close, wan.close, parent.close):
+            closer()
