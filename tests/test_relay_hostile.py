@@ -525,7 +525,7 @@ def test_one_childs_report_moves_only_that_child(store, relay_run, caplog):
 
 def trickling_run_peer(interval_s: float = 0.1):
     """A test peer on a bare socket that answers every request at once with a 200 and the tag of a chunk
-    (``relay.TAG_CHUNK``), then sends the chunk's bytes one per ``interval_s`` (a parent that holds by
+    (``protocol.TAG_CHUNK``), then sends the chunk's bytes one per ``interval_s`` (a parent that holds by
     trickling); returns (url, stop)."""
     def trickle(conn, stop):
         with conn:

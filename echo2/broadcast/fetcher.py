@@ -10,8 +10,7 @@ from typing import Callable
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
 
-from echo2.broadcast.rates import RateMeter, min_rate_mbit
-from echo2.broadcast.relay import (
+from echo2.broadcast.protocol import (
     ANSWER_GRACE_S,
     TAG_CHUNK,
     TAG_NOT_THERE,
@@ -22,6 +21,7 @@ from echo2.broadcast.relay import (
     SourceFailed,
     VersionBuffer,
 )
+from echo2.broadcast.rates import RateMeter, min_rate_mbit
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.data.manifest import Chunk
 from echo2.data.relay_tokens import RelayAuth

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from echo2.broadcast.relay import SourceFailed, VersionBuffer
+from echo2.broadcast.protocol import SourceFailed, VersionBuffer
 from echo2.data.delta import DeltaRejected
 from echo2.data.delta_chain import apply_version, base_of, chain_manifests, full_tensors, is_delta, weight_bytes
 from echo2.data.manifest import ManifestRejected

@@ -1,0 +1,113 @@
+"""The relay protocol's shared parts, which the server (``relay.py``) and the client (``fetcher.py``) both use:
+the tags of a streamed run of chunks, the errors a source fails with, a parent as the plan names it, the
+buffer a version is received into (every chunk checked against the manifest as it is put), and the fetch
+policy. The protocol itself is described in ``relay.py``'s module docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from echo2.data.manifest import Chunk
+
+ANSWER_GRACE_S = 2.0
+"""How much longer than the pipeline hold a child waits for a peer's answer (network and scheduling)."""
+TAG_CHUNK = b"C"
+"""In a run (``?run=k``): the chunk's bytes follow (its size is the manifest's)."""
+TAG_NOT_THERE = b"N"
+"""In a run: the next chunk will not come here (superseded, failed); the run ends. The honest 404."""
+TAG_NOT_YET = b"H"
+"""In a run: the next chunk was held ``pipeline_wait_s`` and did not arrive; the run ends. The 503."""
+
+
+class SourceFailed(Exception):
+    """A source (peer) was dead, slow, or served a chunk that failed verification."""
+
+
+class NotThere(SourceFailed):
+    """The peer answered 404: it will not have the chunk (superseded, abandoned, never fetched); an
+    honest answer, given at once, so it is not reported against the peer."""
+
+
+class Peer(NamedTuple):
+    """A parent from the signed relay plan: where it says it listens, who it must prove to be (TLS), and
+    its share of its measured upload (its up_mbit over its children in the plan; None if unknown)."""
+
+    url: str
+    actor_id: str
+    share_mbit: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.actor_id} at {self.url}"
+
+
+@dataclass
+class VersionBuffer:
+    """A version being received or held: verified chunks and when each arrived."""
+
+    version: int
+    manifest: dict
+    chunks: list[Chunk]
+    data: list[bytes | None] = field(default_factory=list)
+    arrived_at: list[float | None] = field(default_factory=list)
+    sources: list[str | None] = field(default_factory=list)
+    events: list[asyncio.Event] = field(default_factory=list)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    failed: BaseException | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the fetch stopped short (failed or cancelled): missing chunks will not come."""
+
+    def __post_init__(self) -> None:
+        n = len(self.chunks)
+        self.data = [None] * n
+        self.arrived_at = [None] * n
+        self.sources = [None] * n
+        self.events = [asyncio.Event() for _ in range(n)]
+
+    def put(self, index: int, data: bytes, source: str) -> None:
+        chunk = self.chunks[index]
+        if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != chunk.sha256:
+            raise SourceFailed(f"chunk {index} of v{self.version} from {source} does not match the manifest")
+        self.data[index] = data
+        self.arrived_at[index] = time.time()
+        self.sources[index] = source
+        self.events[index].set()
+        if all(d is not None for d in self.data):
+            self.done.set()
+
+    def abandon(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.ended.set()
+
+    def files(self) -> dict[str, bytes]:
+        """Whole files, once every chunk is in (already verified chunk by chunk)."""
+        out: dict[str, list[bytes]] = {}
+        for chunk, data in zip(self.chunks, self.data):
+            assert data is not None
+            out.setdefault(chunk.file, []).append(data)
+        return {name: b"".join(parts) for name, parts in out.items()}
+
+
+@dataclass
+class FetchPolicy:
+    expected_mbit: float = 200.0
+    """Not used by the health rule any more (``rates.min_rate_mbit``: a parent is held to its measured rate and
+    the child's need); kept so that callers that set it still work."""
+    min_rate_fraction: float = 0.2
+    """A parent slower on a chunk than this fraction of the lesser of its own rate and the child's need is
+    left (``rates.min_rate_mbit``)."""
+    floor_mbit: float = 5.0
+    """The rate no parent may fall below on a chunk, whatever is (not) known: a stalling parent is left."""
+    pipeline_wait_s: float = 30.0
+    """How long a server holds a request for a chunk it is still receiving."""
+    window: int = 4
+    """Chunk requests in flight to the store. From a peer, chunks come as one streamed run (module docstring)."""
+    chunk_slack_s: float = 2.0
+    """Seconds a chunk's bytes may take beyond its size at the rate the parent is held to (scheduling)."""
+
+    def chunk_timeout(self, size: int, rate_mbit: float | None = None) -> float:
+        """Seconds a chunk's bytes may take once they start, at ``rate_mbit`` (default: the floor)."""
+        return self.chunk_slack_s + size * 8 / ((rate_mbit or self.floor_mbit) * 1e6)
