@@ -72,6 +72,11 @@ class HostilePeer:
                            if p.parent.name < f"v{version:06d}")
             source = older[-1].read_bytes() if older else bytes(len(data))
             data = (source[chunk.offset:chunk.offset + chunk.size] + bytes(chunk.size))[: chunk.size]
+        if "run" in request.query:  # a streamed run (``broadcast/protocol.py``): the tag, then the bad bytes, so the
+            # child's hash check (not the protocol's framing) is what catches it
+            from echo2.broadcast.protocol import TAG_CHUNK
+
+            data = TAG_CHUNK + data
         return web.Response(body=data, content_type="application/octet-stream")
 
     def _beat(self) -> None:
