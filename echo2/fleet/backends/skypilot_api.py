@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from echo2.fleet.backends import skypilot_trust
-
-INSTALL = "pip install -e '.[cloud]'"
+from echo2.fleet.prices import skypilot as prices_skypilot
 
 
 class SkyPilotUnavailable(RuntimeError):
@@ -67,12 +66,8 @@ class LaunchCancelled(RuntimeError):
 
 
 def import_sky():
-    try:
-        import sky  # noqa: F401  (the cloud extra)
-    except ImportError as exc:
-        raise SkyPilotUnavailable(f"fleet.backend skypilot needs SkyPilot, which is not installed here "
-                                  f"({exc.name or exc}): {INSTALL}") from None
-    return sky
+    """SkyPilot's ``sky`` module, or ``SkyPilotUnavailable`` saying how to install it."""
+    return prices_skypilot.import_sky("fleet.backend skypilot", SkyPilotUnavailable, catalog=False)
 
 
 class SkySdk:

@@ -52,14 +52,17 @@ def offers_from_listing(listing: dict[str, list]) -> list[Offer]:
     return sorted(out.values(), key=lambda o: o.name)
 
 
-def import_sky():
-    """SkyPilot's ``sky`` module, or ``PriceSourceUnavailable`` saying how to install it."""
+def import_sky(needed_by: str = "the skypilot price source", error: type[Exception] = PriceSourceUnavailable, *,
+               catalog: bool = True):
+    """SkyPilot's ``sky`` module (with ``sky.catalog`` unless ``catalog`` is False), or ``error`` saying that
+    ``needed_by`` needs it and how to install it. The SkyPilot fleet backend asks through here too
+    (``backends/skypilot_api.py``), with its own error."""
     try:
         import sky  # noqa: F401  (the cloud extra)
-        import sky.catalog
+        if catalog:
+            import sky.catalog
     except ImportError as exc:
-        raise PriceSourceUnavailable(f"the skypilot price source needs SkyPilot, which is not installed here "
-                                     f"({exc.name or exc}): {INSTALL}") from None
+        raise error(f"{needed_by} needs SkyPilot, which is not installed here ({exc.name or exc}): {INSTALL}") from None
     return sky
 
 
