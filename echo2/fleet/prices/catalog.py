@@ -185,15 +185,21 @@ class Profile:
         return max(dense, self.dense_speed(active_params_b * self.moe_bytes_factor))
 
 
+def read_yaml(path: Path, what: str) -> object:
+    """The YAML document at ``path``, or one ``Echo2InputError`` line naming ``what`` and the path (worker
+    profiles here, workload files in ``sizing/workload_file.py``)."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise Echo2InputError(f"{what} {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise Echo2InputError(f"{what} {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
 def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
     """The worker profiles in the YAML at ``path``, keyed by ``gpu_key`` of every name and alias."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise Echo2InputError(f"profiles {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise Echo2InputError(f"profiles {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "profiles")
     workers = data.get("workers") if isinstance(data, dict) else None
     if not isinstance(workers, dict) or not workers:
         raise Echo2InputError(f"profiles {path} has no `workers:` mapping")

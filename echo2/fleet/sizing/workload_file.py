@@ -26,11 +26,11 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from echo2 import shipped
 from echo2.errors import Echo2InputError
+from echo2.fleet.prices.catalog import read_yaml
 
 WORKLOADS = shipped.path("workloads")
 
@@ -291,12 +291,7 @@ def load_workload(name_or_path: str | Path) -> WorkloadFile:
             names = sorted(p.stem for p in WORKLOADS.glob("*.yaml")) if WORKLOADS.is_dir() else []
             raise Echo2InputError(f"no workload {text!r}: give a YAML file or one of {', '.join(names) or 'none'}")
         path = shipped_path
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise Echo2InputError(f"workload {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise Echo2InputError(f"workload {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "workload")
     if not isinstance(data, dict):
         raise Echo2InputError(f"workload {path}: must be a mapping of sections (model:, data:, rollout: ...)")
     return parse_workload(data, where=str(path), base_dir=str(path.parent))
