@@ -56,6 +56,13 @@ def test_a_run_that_ends_short_is_left_for_the_next_source(store, ending, report
         stop()
 
 
+async def hold_chunk_0_only(parent, manifest, files):
+    """The parent holds chunk 0 of the version and nothing else (its slow store never delivers the rest)."""
+    buffer = new_buffer(manifest)
+    buffer.put(0, files["shard-0000.safetensors"][:CHUNK], "seed")
+    parent.server.add(buffer)
+
+
 def test_a_parent_still_waiting_for_a_chunk_ends_the_run_when_its_hold_is_up(store):
     """The parent has chunk 0 and never gets chunk 1: it streams chunk 0, holds chunk 1 ``pipeline_wait_s``
     and ends the run saying so (``TAG_NOT_YET``, the 503 of a single request); the child reports it."""
@@ -64,13 +71,8 @@ def test_a_parent_still_waiting_for_a_chunk_ends_the_run_when_its_hold_is_up(sto
     (child,) = nodes(store, 1, FetchPolicy(pipeline_wait_s=0.3))
     left = []
 
-    async def hold_chunk_0_only():
-        buffer = new_buffer(manifest)
-        buffer.put(0, files["shard-0000.safetensors"][:CHUNK], "seed")
-        parent.server.add(buffer)
-
     try:
-        parent._call(hold_chunk_0_only())
+        parent._call(hold_chunk_0_only(parent, manifest, files))
         buf = child.start_fetch(manifest, [Peer(parent.url, "p")], on_left=lambda p, v, why: left.append(why))
         buf = buf.result(timeout=30)
         assert buf.files() == files and buf.sources[0] == f"p at {parent.url}" and buf.sources[1] == "store"
@@ -110,11 +112,6 @@ def test_a_run_ends_when_its_version_is_received_again_meanwhile(store):
     (child,) = nodes(store, 1, FetchPolicy(pipeline_wait_s=30))
     left = []
 
-    async def hold_chunk_0_only():
-        buffer = new_buffer(manifest)
-        buffer.put(0, files["shard-0000.safetensors"][:CHUNK], "seed")
-        parent.server.add(buffer)
-
     async def receive_it_again():  # same number, a new buffer, received whole; the old one never gets chunk 1
         again = new_buffer(manifest)
         parent.server.add(again)
@@ -122,7 +119,7 @@ def test_a_run_ends_when_its_version_is_received_again_meanwhile(store):
             again.put(chunk.index, files[chunk.file][chunk.offset:chunk.offset + chunk.size], "seed")
 
     try:
-        parent._call(hold_chunk_0_only())
+        parent._call(hold_chunk_0_only(parent, manifest, files))
         fut = child.start_fetch(manifest, [Peer(parent.url, "p")], on_left=lambda p, v, why: left.append(why))
         wait_until(lambda: (b := child.server.buffers.get(1)) is not None and b.data[0] is not None, 10, "chunk 0")
         parent._call(receive_it_again())
