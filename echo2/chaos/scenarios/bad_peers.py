@@ -21,8 +21,11 @@ class HostilePeer:
     A peer under a name the fleet never launched is never planned (``topology.LaunchedActors``)."""
 
     BEAT_S = 0.2
-    """Ten times as often as the actors' heartbeat (broadcast.heartbeat_s, 2 s): the record is nearly always the
-    attacker's."""
+    """Ten times as often as the actors' heartbeat (broadcast.heartbeat_s, 2 s)."""
+    WATCH_S = 0.01
+    """How often the attacker looks at the record: the actor also rewrites it after every fetch, and a learner
+    planning just then would read the actor's own url, so the attacker puts its own back at once (within this)
+    whenever the record is not its own. The record is nearly always the attacker's."""
 
     def __init__(self, run_dir: Path, actor_id: str):
         import asyncio
@@ -82,14 +85,22 @@ class HostilePeer:
     def _beat(self) -> None:
         import os
 
-        while not self._stop.wait(self.BEAT_S):
+        peers = self.run_dir / "peers"
+        written = 0.0
+        while not self._stop.wait(self.WATCH_S):
+            try:
+                ours = json.loads((peers / f"{self.actor_id}.json").read_text()).get("url") == self.url
+            except (OSError, ValueError, AttributeError):
+                ours = False
+            if ours and time.monotonic() - written < self.BEAT_S:
+                continue
             record = {"id": self.actor_id, "url": self.url, "version": None, "heartbeat": time.time()}
-            peers = self.run_dir / "peers"
             try:
                 peers.mkdir(parents=True, exist_ok=True)
                 tmp = peers / f".{self.actor_id}.hostile"
                 tmp.write_text(json.dumps(record))
                 os.replace(tmp, peers / f"{self.actor_id}.json")  # whole, as the store's put_pointer writes it
+                written = time.monotonic()
             except OSError:
                 pass
 
