@@ -253,6 +253,17 @@ class TrainConfig(_Section):
     (``learner/distributed.py``)."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
+    market: Literal["on-demand", "spot"] = "on-demand"
+    """The learner's machine. ``spot``: a preemption notice (SIGTERM, or the metadata notice of
+    ``train.preemption_source``) checkpoints at once and leaves the actors running, waiting for the relaunched
+    learner (a SkyPilot managed job, or a retried Prefect flow run, resuming the same run id) to adopt them;
+    the cost report bills the learner at spot prices and counts the gap (``docs/reliability.md``).
+    ``on-demand``: SIGTERM stops the run and its fleet, as a user's Ctrl-C does."""
+    preemption_source: Literal["off", "aws", "gcp", "auto"] = "off"
+    """Poll the learner machine's instance metadata for a spot notice (as ``rollout.preemption_source`` does
+    for actors); only read with ``train.market: spot``. ``$ECHO2_PREEMPTION_SOURCE`` overrides it."""
+    preemption_poll_s: float = Field(5.0, gt=0)
+    """How often the learner's preemption watcher asks the metadata."""
     nnodes: int = Field(1, ge=1)
     """Nodes of the learner, each running ``nproc`` processes: every node runs ``echo2 learner CONFIG --nnodes N
     --node-rank R --rdzv-endpoint HOST:PORT`` (torchrun's static rendezvous at node 0, ``learner/torchrun.py``);
