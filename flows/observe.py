@@ -99,7 +99,8 @@ class RunWatch:
             self._table()
         chart = ""
         if curves_png:
-            chart = f"\n![reward and lag](data:image/png;base64,{base64.b64encode(curves_png).decode()})\n"
+            png = base64.b64encode(curves_png).decode()
+            chart = f"\n![reward, held-out metric and lag](data:image/png;base64,{png})\n"
         create_markdown_artifact(
             f"# {self.run_id}\n\nheld-out {_metric_name(summary)} "
             f"**{summary['eval_before']} -> {summary['eval_after']}** "

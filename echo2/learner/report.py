@@ -1,4 +1,5 @@
-"""End-of-run reports: ``reports/summary.json`` (what scripts read), metrics and a reward curve.
+"""End-of-run reports: ``reports/summary.json`` (what scripts read), metrics, and curves of reward,
+held-out metric and lag per step (``reports/curves.png``).
 
 Counts come from the ledger, the record of what each step used, dropped or quarantined, so the
 summary can never disagree with it. The cost report (cost.json, cost.md, cost.png) is
@@ -73,22 +74,49 @@ def publish_totals(history: list[dict]) -> dict:
             "published_sent_over_full": round(sent / full, 5) if full else None}
 
 
-def _curves_png(history: list[dict]) -> bytes:
+def held_out_points(evals: dict[str, dict], history: list[dict]) -> list[tuple[int, float]]:
+    """The held-out metric per step, from the run's evaluations by label: "before" at the step before the
+    first one trained here (0 for a new run), "step-N" at N, "after" at the last step; unscored ones left out."""
+    first = history[0]["step"] - 1 if history else 0
+    last = history[-1]["step"] if history else 0
+    points = {}
+    for label, result in evals.items():
+        score = _score(result)
+        if score is None:
+            continue
+        if label == "before":
+            points[first] = score
+        elif label == "after":
+            points[last] = score
+        elif label.startswith("step-") and label[5:].isdigit():
+            points[int(label[5:])] = score
+    return sorted(points.items())
+
+
+def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metric: str = "score") -> bytes:
+    """Reward, held-out metric and policy lag per step, side by side (the Prefect run page shows it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12, 3.2))
     steps = [m["step"] for m in history]
     ax1.plot(steps, [m["reward"] for m in history], marker="o")
     ax1.set_xlabel("step")
     ax1.set_ylabel("mean reward of the batch")
-    ax2.plot(steps, [m["lag_mean"] for m in history], marker="o", label="mean")
-    ax2.plot(steps, [m["lag_max"] for m in history], marker="x", label="max")
+    held_out = held_out_points(evals or {}, history)
+    if held_out:
+        ax2.plot([s for s, _ in held_out], [v for _, v in held_out], marker="s", color="tab:green")
+    else:
+        ax2.text(0.5, 0.5, "no held-out evaluation", ha="center", va="center", transform=ax2.transAxes)
     ax2.set_xlabel("step")
-    ax2.set_ylabel("policy lag t - v")
-    ax2.legend()
+    ax2.set_ylabel(f"held-out {metric}")
+    ax3.plot(steps, [m["lag_mean"] for m in history], marker="o", label="mean")
+    ax3.plot(steps, [m["lag_max"] for m in history], marker="x", label="max")
+    ax3.set_xlabel("step")
+    ax3.set_ylabel("policy lag t - v")
+    ax3.legend()
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -122,7 +150,8 @@ def write_reports(store, run: ReportInputs) -> dict:
     }
     store.put(layout.report_key("metrics.json"), json.dumps(run.history, indent=1).encode(), if_absent=False)
     if run.history:
-        store.put(layout.report_key("curves.png"), _curves_png(run.history), if_absent=False)
+        store.put(layout.report_key("curves.png"), _curves_png(run.history, run.evals, run.eval_metric),
+                  if_absent=False)
     # cost.json, cost.md (the Prefect cost artifact) and cost.png: every figure from fleet/costs.py
     summary["cost_usd"] = write_cost_reports(store, summary=summary)["total_usd"]
     store.put_json(layout.SUMMARY, summary)
