@@ -38,7 +38,8 @@ from echo2.config import Config, config_from_dict, load_config
 from echo2.data import layout
 from echo2.data.ledger import read_events, write_event
 from echo2.data.store import open_store
-from echo2.fleet.manager import FleetManager, make_fleet
+from echo2.fleet.make import make_fleet
+from echo2.fleet.manager import FleetManager
 from echo2.fleet.sizing import autosize
 from echo2.launch import resolve_launch
 from echo2.learner.collector import Selection

@@ -122,7 +122,7 @@ def env_of_a_launched_actor(store, key, tmp_path, names, **fleet_kwargs):
     import sys
 
     from echo2.config import LocalFleetConfig
-    from echo2.fleet.manager import make_fleet
+    from echo2.fleet.make import make_fleet
 
     show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {tuple(names)!r}}}))"
     fleet = make_fleet(LocalFleetConfig(actors=1), store, store_options={}, log_dir=tmp_path / "logs", run_key=key,

@@ -16,7 +16,7 @@ from echo2.data.delta import tensor_table
 from echo2.data.delta_chain import read_version
 from echo2.data.store import open_store
 from echo2.data.weights import read_manifest
-from echo2.fleet.manager import make_fleet
+from echo2.fleet.make import make_fleet
 from echo2.learner.run import LearnerRun
 
 

@@ -229,7 +229,7 @@ def test_echo2_plan_and_the_runs_first_launches_buy_the_same_fleet(tmp_path, mon
     from echo2.data.ledger import read_events
     from echo2.data.run_key import run_key
     from echo2.data.store.fsspec_store import FsspecStore
-    from echo2.fleet.manager import make_fleet
+    from echo2.fleet.make import make_fleet
 
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     actors = [CHEAP_L4, A10G, "aws/g6.xlarge@us-east-1", "aws/g6.xlarge@us-west-2"]

@@ -14,7 +14,8 @@ from echo2.data.run_key import run_key
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState, ActorStatus, CapacityError, FleetBackend
 from echo2.fleet.costs import fleet_usd
-from echo2.fleet.manager import FleetFailed, FleetManager, make_fleet
+from echo2.fleet.make import make_fleet
+from echo2.fleet.manager import FleetFailed, FleetManager
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]
 

@@ -450,7 +450,7 @@ def test_make_fleet_mints_scoped_expiring_credentials_and_ranks_catalog_offers(s
     from echo2.data.relay_certs import RELAY_TLS_ENV, ActorCertificate
     from echo2.data.relay_tokens import RELAY_TOKEN_ENV
     from echo2.data.run_key import run_key
-    from echo2.fleet.manager import make_fleet
+    from echo2.fleet.make import make_fleet
 
     iam = boto3.client("iam", endpoint_url=s3_server, region_name="us-east-1")
     trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
@@ -488,7 +488,7 @@ def test_a_skypilot_fleet_that_fits_no_offer_stages_nothing(tmp_path, monkeypatc
     a model no offer fits stops the run with nothing staged, and a fitting fleet stages nothing until it starts."""
     from echo2.data.run_key import run_key
     from echo2.errors import Echo2InputError
-    from echo2.fleet.manager import make_fleet
+    from echo2.fleet.make import make_fleet
 
     monkeypatch.setenv("HOME", str(tmp_path))  # no credential file that would travel anyway
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))

@@ -39,7 +39,7 @@ from echo2.config import config_from_dict
 from echo2.data import layout
 from echo2.data.store import open_store
 from echo2.data.weights import read_manifest
-from echo2.fleet.manager import make_fleet
+from echo2.fleet.make import make_fleet
 from echo2.fleet.sizing.capacity import Workload, min_staleness, predict
 from echo2.fleet.sizing.fit import fit_run
 

@@ -5,7 +5,7 @@
   actors' relay secrets issued by a ``RelaySecrets``, no closure: a backend builds its own launch spec from the
   context alone; ``ActorLaunch``, ``ActorOffer``) and tells (``ActorState``, ``ActorStatus``), its errors
   (``CapacityError``, ``FleetApiError``). How many actors, on which offer, and replacing the reclaimed are the manager's
-  (``echo2/fleet/manager.py``), the same for every backend; ``make_fleet`` there names no backend.
+  (``echo2/fleet/manager.py``), the same for every backend; ``make_fleet`` (``echo2/fleet/make.py``) names no backend.
 * ``local.py`` (``fleet.backend: local``): OS processes on this machine, with a reclaim injector.
 * ``skypilot.py`` (``fleet.backend: skypilot``): one SkyPilot cluster per actor, spot GPUs across clouds.
 
