@@ -100,10 +100,14 @@ def test_cost_report_totals_equal_the_ledger_events(tmp_path, clock):
     expected = recompute(run_dir, now)
 
     assert expected["total"] == pytest.approx(2 + 1 + 0 + 1.5 + 2)  # the hand-made bill, checked once
-    learner_usd = 3.0 * 3  # priced from the config, for the summary's wall seconds
+    # priced from the config, per learner session: the run's start to its last activity before the resume at 2 h
+    # (a4's end at 1.5 h), then the resume to the run's last activity (3 h); the half hour between is a gap
+    learner_usd = 3.0 * (1.5 + 1)
     assert report["total_usd"] == pytest.approx(expected["total"] + learner_usd)
     assert report["by_role"]["actor"]["usd"] == pytest.approx(expected["total"])
-    assert report["by_role"]["learner"] == pytest.approx({"hours": 3.0, "usd": learner_usd})
+    assert report["by_role"]["learner"] == pytest.approx({"hours": 2.5, "usd": learner_usd})
+    assert report["learner"]["sessions"] == 2 and report["learner"]["reclaims"] == 1
+    assert report["learner"]["gap_hours"] == pytest.approx(0.5)
     assert {g: v["usd"] for g, v in report["by_gpu"].items() if g != "unknown"} == pytest.approx(expected["gpu"])
     assert sum(v["usd"] for v in report["by_provider"].values()) == pytest.approx(report["total_usd"])
     assert report["by_provider"]["aws"]["usd"] == pytest.approx(2 + 2)
@@ -122,8 +126,8 @@ def test_cost_report_totals_equal_the_ledger_events(tmp_path, clock):
     written = json.loads((run_dir / "reports" / "cost.json").read_text())
     assert written["total_usd"] == pytest.approx(report["total_usd"])
     md = (run_dir / "reports" / "cost.md").read_text()
-    assert md.startswith("## Cost of costly: $15.5000\n") and "simulated" not in md
-    assert "| GPU | H100 | 1.5000 | 4.0000 |" in md and "per accuracy point: $0.620000" in md
+    assert md.startswith("## Cost of costly: $14.0000\n") and "simulated" not in md
+    assert "| GPU | H100 | 1.5000 | 4.0000 |" in md and "per accuracy point: $0.560000" in md
     assert (run_dir / "reports" / "cost.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -11,10 +11,15 @@ worker never seen before also starts one) to its end (``exited``, ``terminated``
 knows which of a launch's candidate offers was bought). Missing or malformed fields fall back to
 defaults (price 0, on-demand price = price), so a report is always written.
 
-The learner is a worker too. When no event describes it, its row is made from ``run.json`` (start)
-and ``reports/summary.json`` (``wall_seconds``; for a crashed run, the last ledger activity), priced
-at ``fleet.learner_usd_per_hour`` of the run's config when that field exists, otherwise at $0 and
-labelled unpriced -- a bill that guesses is worse than one that says what it does not know.
+The learner is a worker too. When no event describes it, it gets one row per learner session
+(``learner_bill.py``: the run's start and each ``resume`` event start one; each ends at the learner's last
+activity before the next, the last at ``reports/summary.json``'s ``finished_at``, else its ``wall_seconds`` for a
+run that never resumed, else the last ledger activity), in the market of ``train.market`` (run.json's config),
+priced at ``fleet.learner_usd_per_hour`` of the run's config when that field exists, otherwise at $0 and
+labelled unpriced -- a bill that guesses is worse than one that says what it does not know. The report's
+``learner`` object sums them (``market``, ``sessions``, ``hours``, ``usd``) and counts the gaps between sessions
+(``reclaims``, ``gap_hours``, and ``gap_actor_usd``: the share of the actors' bill that fell in the gaps, while
+they waited for the relaunched learner).
 
 A local actor (``backend: local``) is a child of the learner and dies with it (PR_SET_PDEATHSIG): one
 whose row has no end event was killed with a learner that could write none (SIGKILL, a crash). Its
@@ -48,7 +53,7 @@ from echo2.data import layout
 from echo2.data.audit import failure_kind, finite_number
 from echo2.data.ledger import consumed_keys, read_events
 from echo2.data.store import NotFound, ObjectStore
-from echo2.fleet import egress
+from echo2.fleet import egress, learner_bill
 from echo2.fleet.providers import transfer_usd_per_gb
 
 STARTS = ("launch", "requested")
@@ -187,19 +192,23 @@ def _get(store: ObjectStore, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _learner_row(run_record: dict, summary: dict, last_activity: float | None, now: float) -> dict | None:
+def _learner_rows(run_record: dict, summary: dict, facts: dict, timeline: list[dict], now: float) -> list[dict]:
+    """One row per learner session (``learner_bill.py``), priced from the run's config."""
     start = _num(run_record.get("created_at"))
     if start is None:
-        return None
+        return []
     config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
     section = config.get(LEARNER_PRICE_FIELD[0]) if isinstance(config.get(LEARNER_PRICE_FIELD[0]), dict) else {}
     price = _price(section.get(LEARNER_PRICE_FIELD[1]))
-    wall = _num(summary.get("wall_seconds"))
-    end = start + wall if wall is not None else max(start, last_activity or now)
-    row = _new_row({"actor_id": "learner"}, start)
-    row.update(backend="learner", provider="unknown", gpu="unknown", end=end, price_usd_per_hour=price or 0.0,
-               ended_by="finished" if wall is not None else "last activity", priced=price is not None)
-    return _finish(row, now)
+    spot = learner_bill.learner_market(config) == "spot"
+    rows = []
+    for s in learner_bill.sessions(start, timeline, facts["written"], finished_at=_num(summary.get("finished_at")),
+                                   wall_seconds=_num(summary.get("wall_seconds")), now=now):
+        row = _new_row({"actor_id": "learner"}, s["start"])
+        row.update(backend="learner", provider="unknown", gpu="unknown", end=s["end"], price_usd_per_hour=price or 0.0,
+                   spot=spot, ended_by=s["ended_by"], priced=price is not None)
+        rows.append(_finish(row, now))
+    return rows
 
 
 def _group(rows: list[dict], field: str) -> dict[str, dict]:
@@ -280,10 +289,14 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     facts = _ledger_facts(store)
     rows = worker_rows(events, now, learner_activity=facts["written"])
     run_record = _get(store, layout.RUN_JSON)
+    timeline = _timeline(events)
     if not any(r["role"] == "learner" for r in rows):
-        last = max([facts["last_activity"] or 0.0, *(float(e["ts"]) for e in _timeline(events))]) or None
-        learner = _learner_row(run_record, summary, last, now)
-        rows += [learner] if learner else []
+        rows += _learner_rows(run_record, summary, facts, timeline, now)
+    learner_rows = [r for r in rows if r["role"] == "learner"]
+    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
+    learner = learner_bill.learner_summary(
+        learner_rows, learner_bill.gaps(learner_rows, timeline, now=now) if learner_rows else [],
+        [r for r in rows if r["role"] != "learner"], market=learner_bill.learner_market(config), now=now)
     store_at = store_site(run_record)
     traffic = traffic_rows(egress.read_snapshots(store), _placement(rows), store_at)
     gpu_usd = sum(r["usd"] for r in rows)
@@ -327,6 +340,7 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
         "reclaims": sum(m["what"] == "reclaim" for m in marks),
         "crashes": sum(m["what"] == "crash" for m in marks),
         "failures": marks,
+        "learner": learner,
         "computed_at": now,
         "workers": rows,
     }
@@ -368,6 +382,7 @@ def cost_markdown(report: dict) -> str:
     if report["traffic_unpriced_bytes"]:
         lines.append(f"- {_bytes(report['traffic_unpriced_bytes'])} of that traffic is unpriced: the "
                      "store's or an actor's place is not known")
+    lines += learner_bill.learner_lines(report["learner"])
     if not report["learner_priced"]:
         lines.append("- the learner is unpriced ($0): the run's config has no learner price "
                      f"(`{'.'.join(LEARNER_PRICE_FIELD)}`)")
@@ -383,6 +398,7 @@ def cost_markdown(report: dict) -> str:
         lines.append(f"| {r['actor_id']} | {role} | {r['provider']} | {r['gpu']} | {r['region']} | {r['market']} | "
                      f"{r['price_usd_per_hour']:.4f} | {r['on_demand_usd_per_hour']:.4f} | {r['hours']:.4f} | "
                      f"{r['usd']:.4f} | {r['ended_by'] or 'running'} |")
+    lines += learner_bill.gap_table(report["learner"])
     if report["traffic"]:
         lines += ["", "| actor | provider | region | GB from the store | $/GB from the store | GB from peers | $ |",
                   "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
@@ -420,13 +436,17 @@ def cost_png(report: dict) -> bytes:
     ax2.set_ylabel("actors alive")
     ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_xlabel("minutes since the run started")
+    for i, g in enumerate(report.get("learner", {}).get("gaps", [])):  # the learner away, the actors waiting
+        for ax in (ax1, ax2):
+            ax.axvspan((g["start"] - t0) / 60, (g["end"] - t0) / 60, color="grey", alpha=0.2,
+                       label="learner gap" if i == 0 and ax is ax2 else None)
     for what, color, plural in (("reclaim", "red", "reclaims"), ("crash", "orange", "crashes")):
         xs = [(m["ts"] - t0) / 60 for m in report["failures"] if m["what"] == what]
         for i, x in enumerate(xs):
             for ax in (ax1, ax2):
                 label = plural if i == 0 and ax is ax2 else None
                 ax.axvline(x, color=color, linestyle="--", linewidth=1, label=label)
-    if report["failures"]:
+    if report["failures"] or report.get("learner", {}).get("gaps"):
         ax2.legend(loc="best")
     fig.tight_layout()
     buf = io.BytesIO()

@@ -1,0 +1,145 @@
+"""The learner's bill by session, and the gaps between sessions: what ``costs.py`` reports for the learner when no
+fleet event describes it.
+
+Model. A run's learner lives in sessions. The first starts at the run's start (``run.json``'s ``created_at``); each
+``resume`` event (``LearnerRun._resume``) starts another: a new learner process, in general a new machine (a spot
+learner reclaimed and relaunched, a crashed one retried). A session ends at the last learner activity before the
+next one starts -- a ledger event other than the next ``resume`` (the learner's fleet writes every one of them) or a
+``ledger/consumed`` entry (``written_at``) -- or, for the last session, at the summary's ``finished_at`` (a
+finished run), else at ``run.json``'s start plus the summary's ``wall_seconds`` (a run that never resumed, as
+before sessions existed), else at the run's last activity. A session with no activity of its own ends where it
+started. Each session is billed at ``fleet.learner_usd_per_hour`` (the price of the learner's machine: for
+``train.market: spot`` the spot price); between sessions nothing of the learner's machine is known and nothing is
+billed (an on-demand host that stayed up through a crash and its retry is under-billed by the gap: the report
+lists the gap).
+
+Gaps. Every session after the first follows a learner restart ("reclaims" here: for a spot learner a reclaim,
+for an on-demand one a crash or a reclaim of its host alike). The gap runs from the reclaim to the ``resume``:
+from the session's first ``learner_notice`` event (the spot notice the learner heard), else its
+``learner_left`` event (the learner checkpointed and left), else its last activity (no notice: the learner
+vanished), to the resume event. A ``learner_notice`` or ``learner_left`` after the last session's start with no
+resume yet is an open gap, counted until the report's ``now``. The actors kept running through a gap (they wait
+for the relaunched learner): their rows already bill them, and ``gap_actor_usd`` is the share of those rows that
+fell inside gaps (each row's price times its overlap with each gap), not an extra charge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from echo2.data.audit import finite_number
+
+NOTICE = "learner_notice"
+LEFT = "learner_left"
+RESUME = "resume"
+MARKETS = ("on-demand", "spot")
+
+
+def learner_market(config: dict) -> str:
+    """``train.market`` of the run's config (``run.json``), "on-demand" where absent or unknown."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    market = train.get("market")
+    return market if market in MARKETS else "on-demand"
+
+
+def sessions(start: float, timeline: list[dict], written: list[float], *, finished_at: float | None = None,
+             wall_seconds: float | None = None, now: float) -> list[dict]:
+    """[{start, end, ended_by}] of the learner (module docstring). ``timeline``: the ledger events sorted by ``ts``;
+    ``written``: when each ``ledger/consumed`` entry was written."""
+    starts = [start, *sorted(float(e["ts"]) for e in timeline if e.get("kind") == RESUME and float(e["ts"]) > start)]
+    activity = sorted([*written, *(float(e["ts"]) for e in timeline if e.get("kind") != RESUME)])
+    out = []
+    for i, s in enumerate(starts):
+        nxt = starts[i + 1] if i + 1 < len(starts) else None
+        mine = [t for t in activity if t >= s and (nxt is None or t < nxt)]
+        if nxt is not None:
+            out.append({"start": s, "end": max([s, *mine]), "ended_by": "restarted"})
+        elif finished_at is not None and finished_at >= s:
+            out.append({"start": s, "end": finished_at, "ended_by": "finished"})
+        elif wall_seconds is not None and len(starts) == 1:
+            out.append({"start": s, "end": s + wall_seconds, "ended_by": "finished"})
+        elif mine or activity:
+            out.append({"start": s, "end": max([s, *mine]), "ended_by": "last activity"})
+        else:  # nothing written yet: a learner still starting, billed until now
+            out.append({"start": s, "end": max(s, now), "ended_by": "last activity"})
+    return out
+
+
+def gaps(sessions_: list[dict], timeline: list[dict], *, now: float) -> list[dict]:
+    """[{start, end, hours, notice, left, source, step, resume_step, resumed}] between sessions (module docstring):
+    ``step`` the notice's (or the leaving's) step, ``resume_step`` the step the next session resumed from."""
+    resumes = [s["start"] for s in sessions_[1:]]
+    resume_steps = {float(e["ts"]): e.get("step") for e in timeline if e.get("kind") == RESUME}
+    out = []
+    for i, s in enumerate(sessions_):
+        until = resumes[i] if i < len(resumes) else None
+        mine = [e for e in timeline if float(e["ts"]) >= s["start"] and (until is None or float(e["ts"]) < until)]
+        notice = next((e for e in mine if e.get("kind") == NOTICE), None)
+        left = next((e for e in mine if e.get("kind") == LEFT), None)
+        if until is None and notice is None and left is None:
+            continue  # the running (or finished) session: no gap after it
+        marker = notice or left
+        begin = float(marker["ts"]) if marker is not None else s["end"]
+        end = until if until is not None else max(begin, now)
+        out.append({"start": begin, "end": end, "hours": max(0.0, end - begin) / 3600, "notice": notice is not None,
+                    "left": left is not None, "source": str(notice.get("source")) if notice else None,
+                    "step": _step((marker or {}).get("step")), "resume_step": _step(resume_steps.get(until)),
+                    "resumed": until is not None})
+    return out
+
+
+def _step(value: Any) -> int | None:
+    return int(value) if finite_number(value) is not None else None
+
+
+def actor_usd_within(rows: list[dict], begin: float, end: float, now: float) -> float:
+    """Dollars the actor rows billed between ``begin`` and ``end``."""
+    usd = 0.0
+    for r in rows:
+        if r["role"] == "learner":
+            continue
+        r_end = r["end"] if r["end"] is not None else max(now, r["start"])
+        overlap = min(end, r_end) - max(begin, r["start"])
+        usd += max(0.0, overlap) / 3600 * r["price_usd_per_hour"]
+    return usd
+
+
+def learner_summary(learner_rows: list[dict], gaps_: list[dict], actor_rows: list[dict], *, market: str,
+                    now: float) -> dict[str, Any]:
+    """The report's ``learner`` object: market, sessions, hours, usd, gap_hours, gap_actor_usd, reclaims, gaps."""
+    for g in gaps_:
+        g["actor_usd"] = actor_usd_within(actor_rows, g["start"], g["end"], now)
+    return {"market": market, "sessions": len(learner_rows), "hours": sum(r["hours"] for r in learner_rows),
+            "usd": sum(r["usd"] for r in learner_rows),
+            "usd_per_hour": learner_rows[0]["price_usd_per_hour"] if learner_rows else None,
+            "priced": all(r["priced"] for r in learner_rows),
+            "gap_hours": sum(g["hours"] for g in gaps_), "gap_actor_usd": sum(g["actor_usd"] for g in gaps_),
+            "reclaims": len(gaps_), "with_notice": sum(g["notice"] for g in gaps_), "gaps": gaps_}
+
+
+def learner_lines(learner: dict) -> list[str]:
+    """The cost report's Markdown lines about the learner (``costs.cost_markdown``)."""
+    lines = [f"- learner: {learner['market']}, {learner['sessions']} session(s), {learner['hours']:.4f} h, "
+             f"${learner['usd']:,.4f}"]
+    if learner["reclaims"]:
+        lines.append(f"- learner reclaims: {learner['reclaims']} ({learner['with_notice']} with a notice); the "
+                     f"gap {learner['gap_hours']:.4f} h with the actors waiting: ${learner['gap_actor_usd']:,.4f} "
+                     "of their bill fell in it (the learner's machine is not billed in a gap)")
+    return lines
+
+
+def _or(value: Any, default: str) -> str:
+    return default if value is None else str(value)
+
+
+def gap_table(learner: dict) -> list[str]:
+    """One Markdown row per gap (none without gaps)."""
+    if not learner["gaps"]:
+        return []
+    lines = ["", "| learner gap | at step | notice | hours | actors' $ in it | resumed from step |",
+             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    for i, g in enumerate(learner["gaps"], 1):
+        notice = f"yes ({g['source']})" if g["notice"] else ("left, no notice" if g["left"] else "no")
+        lines.append(f"| {i} | {_or(g['step'], '?')} | {notice} | {g['hours']:.4f} | "
+                     f"{g['actor_usd']:.4f} | {_or(g['resume_step'], '?') if g['resumed'] else 'not yet'} |")
+    return lines
