@@ -27,6 +27,8 @@ BENCHMARKS += overlap
 BENCHMARKS += cost
 # echo2's training step vs the old padded full-logits one at Qwen3's vocabulary (tens of minutes on 2 cores)
 BENCHMARKS += learner
+# the same task trained at S = 0, 1, 2, 4, 8: held-out metric, reward area, lag, utilization (about 45 minutes)
+BENCHMARKS += staleness
 BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 
 .PHONY: setup lock run test test-fast lint test-vllm chaos clean-runs help bench $(BENCH_TARGETS) ui ui-stop browser

@@ -294,3 +294,49 @@ def bench_learner(
     code = run_and_report(chosen, opts, as_json=as_json, model_config=model_config, table=rich_table)
     if code:
         raise typer.Exit(code)
+
+
+@bench_app.command("staleness")
+def bench_staleness(
+    config: str = typer.Option("configs/quickstart.yaml", "--config", help="The task, model and run shape swept."),
+    staleness: Optional[List[int]] = typer.Option(None, "--staleness", "-S", help="S values (repeatable; default "
+                                                  "0 1 2 4 8, --quick: 0 2)."),
+    seeds: Optional[List[int]] = typer.Option(None, "--seed", help="Seeds, each S trained once per seed (default 0); "
+                                              "two or more give the interval over seeds."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="train.max_steps of every run (default: the config's)."),
+    actors: Optional[int] = typer.Option(None, "--actors", help="fleet.actors of every run (default: the config's)."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="More key=value settings for every run."),
+    quick: bool = typer.Option(False, "--quick", help="Smoke form: a tiny random model, two steps at S = 0 and 2."),
+    plot: Path = typer.Option(Path("reports/staleness.png"), "--plot", help="Where the curves are drawn."),
+    keep: Optional[Path] = typer.Option(None, "--keep", help="Keep the run folders in this directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: one object per S."),
+) -> None:
+    """The same task, model and seeds trained at each S: final held-out metric (95% interval), reward area, mean lag,
+    wall time and learner utilization per S, and one plot of the curves."""
+    from echo2.bench import staleness as bench
+
+    values = tuple(staleness or (bench.QUICK_STALENESS if quick else bench.DEFAULT_STALENESS))
+    if any(s < 0 for s in values):
+        fail(f"--staleness values must be >= 0, not {sorted(values)}")
+    sweep = bench.Sweep(config=config, staleness=values, seeds=tuple(seeds or (0,)), steps=steps, actors=actors,
+                  overrides=list(set_ or []))
+    try:
+        rows = bench.run_staleness_bench(sweep, quick=quick, keep=keep,
+                                         progress=lambda line: typer.echo(line, err=True))
+    except RuntimeError as exc:
+        fail(str(exc))
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plot.write_bytes(bench.staleness_png(rows))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"echo2 bench staleness ({config}, seeds {list(sweep.seeds)})")
+    for header in bench.COLUMNS:
+        table.add_column(header, justify="right")
+    for row in bench.table_rows(rows):
+        table.add_row(*row)
+    Console(width=200).print(table)
+    typer.echo(f"curves: {plot}")
