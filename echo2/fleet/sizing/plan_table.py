@@ -90,18 +90,28 @@ def _totals(console, out: dict) -> None:
     learner = out["learner"]
     table.add_row("echo2 (this plan)", f"{out['hours']:.1f}", f"{out['usd_total']:,.0f}", f"{out['usd_learner']:,.0f}",
                   f"{out['usd_actors']:,.0f}", f"{out['usd_traffic']:,.0f}",
-                  f"learner {learner['offer']['name']} {learner['market']} ${learner['usd_per_hour']:.2f}/h")
+                  f"learner {learner['offer']['name']} {learner['market']} ${learner['usd_per_hour']:.2f}/h"
+                  + (f"; $ total includes its expected reclaims, ${out['usd_learner_reclaims']:,.2f}"
+                     if out.get("usd_learner_reclaims") else ""))
     spot = out.get("spot_learner")
-    if spot:
-        table.add_row("echo2, spot learner", f"{out['hours']:.1f}", f"{spot['usd_total']:,.0f}",
-                      f"{spot['usd_learner']:,.0f}", f"{out['usd_actors']:,.0f}", f"{out['usd_traffic']:,.0f}",
-                      f"learner {spot['offer']['name']} spot ${spot['usd_per_hour']:.2f}/h; learner reclaims not "
-                      "counted (issue 23)")
+    if spot and spot["finishes"] and learner["market"] == "on-demand":
+        table.add_row("echo2, spot learner", f"{spot['hours']:.1f}", f"{spot['usd_total']:,.0f}",
+                      f"{spot['usd_learner']:,.0f}", f"{out['usd_actors']:,.0f}", f"{spot['traffic_usd']:,.0f}",
+                      f"learner {spot['offer']['name']} spot ${spot['usd_per_hour']:.2f}/h; with its "
+                      f"{spot['expected_reclaims']:.2f} expected reclaims: ${spot['usd_reclaims']:,.2f}")
+    elif spot and spot.get("on_demand_offer") and learner["market"] == "spot":
+        base = spot["plan_hours"]
+        table.add_row("echo2, on-demand learner", f"{base:.1f}", f"{spot['on_demand_usd_total']:,.0f}",
+                      f"{spot['on_demand_usd_per_hour'] * base:,.0f}", f"{out['usd_actors']:,.0f}",
+                      f"{spot['on_demand_traffic_usd']:,.0f}",
+                      f"learner {spot['on_demand_offer']['name']} on-demand ${spot['on_demand_usd_per_hour']:.2f}/h")
     for r in out.get("compare", []):
         table.add_row(r["name"], f"{r['hours']:g}", f"{r['usd']:,.0f}", "", "", "", r["source"])
     console.print(table)
     if out.get("verdict"):
         console.print(out["verdict"])
+    if spot:
+        console.print(spot["verdict"])
     t = out["traffic"]
     console.print(f"traffic: ${t['usd_with_relay']:,.2f} with the relay (one store read per provider and region), "
                   f"${t['usd_store_only']:,.2f} with every actor reading the store; {t['versions']} versions, store "

@@ -26,6 +26,9 @@ Pipeline (``plan_run``), each step a model documented in its own module:
    the versions' bytes to the actors (``traffic.traffic_per_run``, with the relay or without, both reported) plus
    the learner's upload of each version to the store and the actors' rollout files to the store, each priced by
    ``providers.transfer_usd_per_gb``. Reclaims: ``plan.simulate_reclaims`` (Monte Carlo) over the run's hours.
+   The learner at spot against on demand (``spot_learner.py``: expected learner reclaims x (relaunch + resume +
+   lost work) at the run's burn rate, against the on-demand premium): ``spot_learner`` in the result; with
+   ``learner.market: spot`` the plan's own hours and dollars include those reclaims (``usd_learner_reclaims``).
 7. Budget and deadline: the hours and steps a budget buys at the plan's $/h; whether a deadline is met, and the
    cheapest way if it is (the plan's own cost).
 
@@ -39,13 +42,14 @@ the result's ``assumptions`` list with its source.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from echo2.errors import Echo2InputError
 from echo2.fleet.prices import gpu_matcher
 from echo2.fleet.prices.catalog import Offer, Profile, gpu_key, profile_for
-from echo2.fleet.providers import transfer_usd_per_gb
-from echo2.fleet.sizing import dissemination, step_time, traffic
+from echo2.fleet.providers import facts, transfer_usd_per_gb
+from echo2.fleet.sizing import dissemination, spot_learner, step_time, traffic
 from echo2.fleet.sizing.capacity import Workload, min_staleness
 from echo2.fleet.sizing.choose import batch_seconds_of, choose_fleet
 from echo2.fleet.sizing.plan import WorkerType, simulate_reclaims
@@ -286,12 +290,8 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
     return out
 
 
-def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batches, reclaim_hours, seed) -> dict:
-    startup = d + max(batches)
-    seconds = steps * step_seconds + startup
-    hours = seconds / 3600
-    learner = learner_offer(wf, offers)
-    learner_price = learner.price(wf.learner.market == "spot")
+def _traffic(wf: WorkloadFile, learner: Offer, found, vb: dict, steps: int) -> dict:
+    """The run's traffic with the learner on ``learner`` (module docstring, step 6)."""
     store = (wf.store.provider or learner.provider, wf.store.region or learner.region)
     versions = math.ceil(steps / wf.train.publish_every)
     groups = _groups(found)
@@ -304,36 +304,78 @@ def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batche
     rollouts_usd += rollout_gb * transfer_usd_per_gb(*store, learner.provider, learner.region)  # the learner reads them
     fixed = learner_to_store + rollouts_usd
     relay_usd, store_usd = moved["relay"]["usd"] + fixed, moved["store_only"]["usd"] + fixed
-    usd_traffic = relay_usd if wf.network.relay else store_usd
+    return {"usd": relay_usd if wf.network.relay else store_usd, "store": store, "relay": wf.network.relay,
+            "usd_with_relay": relay_usd, "usd_store_only": store_usd, "versions": versions,
+            "versions_to_actors": {k: {kk: vv for kk, vv in v.items() if kk != "by_provider"}
+                                   for k, v in moved.items() if k != "versions"},
+            "usd_learner_to_store": learner_to_store, "usd_rollouts": rollouts_usd, "rollout_gb": rollout_gb}
+
+
+def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batches, reclaim_hours, seed) -> dict:
+    startup = d + max(batches)
+    seconds = steps * step_seconds + startup
+    hours = seconds / 3600
+    learner = learner_offer(wf, offers)
+    learner_price = learner.price(wf.learner.market == "spot")
+    moved = _traffic(wf, learner, found, vb, steps)
+    store, usd_traffic = moved.pop("store"), moved.pop("usd")
     usd_learner = learner_price * hours
     usd_actors = found.usd_per_hour * hours
     reclaims = _reclaims(wf, found, workload, reclaim_hours or hours, seed)
-    spot_learner = None
-    if wf.learner.market == "on-demand":
-        try:
-            spot_offer = learner_offer(wf.model_copy(update={"learner": wf.learner.model_copy(
-                update={"market": "spot"})}), offers)
-        except Echo2InputError:
-            spot_offer = None
-        if spot_offer is not None:
-            usd = spot_offer.price(True) * hours
-            spot_learner = {"offer": spot_offer.as_dict(), "usd_per_hour": spot_offer.price(True), "usd_learner": usd,
-                            "usd_total": usd + usd_actors + usd_traffic,
-                            "note": "the same hours and traffic with the learner at spot; its own reclaims (restarts "
-                                    "from the last checkpoint) are NOT counted here: issue 23 models them"}
-    return {"steps": steps, "hours": hours, "startup_seconds": startup,
+    spot = _spot_learner(wf, offers, hours, step_seconds, found.usd_per_hour,
+                         lambda offer: _traffic(wf, offer, found, vb, steps)["usd"])
+    gap_hours = usd_reclaims = 0.0
+    if wf.learner.market == "spot" and spot is not None and spot["finishes"]:  # the plan's own learner is reclaimed
+        gap_hours, usd_reclaims = spot["gap_hours"], spot["usd_reclaims"]
+    return {"steps": steps, "hours": hours + gap_hours, "startup_seconds": startup,
             "usd_learner": usd_learner, "usd_actors": usd_actors, "usd_traffic": usd_traffic,
-            "usd_total": usd_learner + usd_actors + usd_traffic,
+            "usd_learner_reclaims": usd_reclaims, "usd_total": usd_learner + usd_actors + usd_traffic + usd_reclaims,
             "learner": {"offer": learner.as_dict(), "market": wf.learner.market, "usd_per_hour": learner_price,
                         "gpus_billed": learner.gpu_count},
-            "store": {"provider": store[0], "region": store[1]},
-            "traffic": {"relay": wf.network.relay, "usd_with_relay": relay_usd, "usd_store_only": store_usd,
-                        "versions": versions, "versions_to_actors": {k: {kk: vv for kk, vv in v.items()
-                                                                         if kk != "by_provider"}
-                                                                     for k, v in moved.items() if k != "versions"},
-                        "usd_learner_to_store": learner_to_store, "usd_rollouts": rollouts_usd,
-                        "rollout_gb": rollout_gb},
-            "reclaims": reclaims, "spot_learner": spot_learner}
+            "store": {"provider": store[0], "region": store[1]}, "traffic": moved,
+            "reclaims": reclaims, "spot_learner": spot}
+
+
+def _learner_in(wf: WorkloadFile, offers: list[Offer], market: str) -> Offer | None:
+    try:
+        return learner_offer(wf.model_copy(update={"learner": wf.learner.model_copy(update={"market": market})}),
+                             offers)
+    except Echo2InputError:
+        return None
+
+
+def _spot_learner(wf: WorkloadFile, offers: list[Offer], hours: float, step_seconds: float,
+                  actors_usd_per_hour: float, traffic_usd: Callable[[Offer], float]) -> dict | None:
+    """The learner at spot against on demand (``spot_learner.py``), each with the run's traffic from its own
+    place (``traffic_usd(offer)``); None without a spot offer of its GPUs."""
+    spot, on_demand = _learner_in(wf, offers, "spot"), _learner_in(wf, offers, "on-demand")
+    if spot is None:
+        return None
+    lw = wf.learner
+    if lw.reclaims_per_hour is not None:
+        rate, rate_source = lw.reclaims_per_hour, wf.sources.get("learner.reclaims_per_hour", "the workload")
+    else:
+        rate, rate_source = facts(spot.provider).spot_reclaims_per_hour, f"providers.py's {spot.provider} spot rate"
+    notice_q, notice_s = spot_learner.notice_of(spot.provider)
+    io = spot_learner.state_seconds(LEARNER_BYTES_PER_PARAM * wf.params_b()[0] * 1e9, wf.network.store_gbit,
+                                    lw.gpus or 1)
+    out = spot_learner.price_spot_learner(
+        hours=hours, step_seconds=step_seconds, spot_usd_per_hour=spot.price(True),
+        on_demand_usd_per_hour=None if on_demand is None else on_demand.price(False),
+        actors_usd_per_hour=actors_usd_per_hour, traffic_usd=traffic_usd(spot),
+        on_demand_traffic_usd=None if on_demand is None else traffic_usd(on_demand), reclaims_per_hour=rate,
+        recovery_seconds=lw.recovery_minutes * 60,
+        resume_seconds=io if lw.resume_seconds is None else lw.resume_seconds,
+        checkpoint_every=wf.train.checkpoint_every,
+        notice_probability=notice_q if lw.notice_probability is None else lw.notice_probability,
+        notice_seconds=notice_s if lw.notice_seconds is None else lw.notice_seconds, checkpoint_seconds=io)
+    out.update({"offer": spot.as_dict(), "usd_per_hour": spot.price(True), "rate_source": rate_source,
+                "on_demand_offer": None if on_demand is None else on_demand.as_dict(),
+                "on_demand_usd_per_hour": None if on_demand is None else on_demand.price(False),
+                "note": "the plan's hours and actors with the learner at spot (its traffic from the spot offer's "
+                        "place), plus its expected reclaims (spot_learner.py)"})
+    out["verdict"] = spot_learner.verdict(out, rate_source=rate_source)
+    return out
 
 
 def _reclaims(wf, found, workload, hours, seed) -> dict:
@@ -420,6 +462,8 @@ def _assumptions(wf: WorkloadFile, t_info: dict, changed: tuple[float, str], tot
                  "source": "assumption: fp32 weights, gradients and AdamW moments, sharded over the learner's GPUs"})
     rows.append({"name": "rollout bytes per completion token", "value": ROLLOUT_BYTES_PER_TOKEN,
                  "source": "assumption: token id + behavior logprob, 4 bytes each, uncompressed"})
+    rows.append({"name": "spot learner notice by provider (share of reclaims, seconds)",
+                 "value": spot_learner.NOTICE, "source": spot_learner.NOTICE_SOURCE})
     rows.append({"name": "provider facts (reclaim rate, cap, egress)", "value": "providers.py",
                  "source": "echo2/fleet/providers.py: each provider's row states its source"})
     return rows

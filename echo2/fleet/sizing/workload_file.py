@@ -4,7 +4,8 @@ One YAML file describes a whole RL post-training run as the planner needs it: th
 parameters, or an HF-style ``config.json`` to count them from), how much data (prompts x epochs, or steps),
 the rollout shape (G, groups per step and per actor batch, mean and p95 completion tokens, prompt tokens),
 the training knobs (staleness S, kappa = ``train.publish_every`` as echo2's config calls it, the audit
-share), the learner (GPU, count, market, MFU), the actors (market, GPUs), the links and where the store
+share, the checkpoint interval), the learner (GPU, count, market, MFU, and for a spot learner its reclaim rate,
+relaunch and resume times and notice: ``spot_learner.py``), the actors (market, GPUs), the links and where the store
 lives. ``echo2 plan``'s flags (``--model-params`` ...) build the same object (``from_flags``), so there is
 one path from input to plan.
 
@@ -90,6 +91,9 @@ class TrainSpec(_Part):
     """T: learner busy seconds per step; given, it wins over the FLOP model (step_time.py)."""
     max_pending_batches: int | None = Field(None, ge=1)
     """Q: flow control (rollout.max_pending_batches); None: ceil(R / b)."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Steps between the learner's periodic checkpoints (train.checkpoint_every): a spot learner reclaimed without
+    a notice loses the steps since the last one (spot_learner.py)."""
 
 
 class LearnerSpec(_Part):
@@ -106,6 +110,21 @@ class LearnerSpec(_Part):
     """Only this region's offers for the learner; None: any."""
     mfu: float | None = Field(None, gt=0, le=1)
     """Model FLOPs utilization of the learner step; None: step_time.DEFAULT_MFU (or --mfu-from)."""
+    reclaims_per_hour: float | None = Field(None, ge=0)
+    """Reclaims per hour of a spot learner's machine; None: providers.py's spot rate for the spot offer's provider
+    (the rate the actors are planned with)."""
+    recovery_minutes: float = Field(10.0, ge=0)
+    """A reclaimed spot learner to its relaunched process starting: the managed job's recovery provisioning
+    another instance, its setup, the process start (the checkpoint's read is ``resume_seconds``)."""
+    resume_seconds: float | None = Field(None, ge=0)
+    """The relaunched learner's restore before its first step; None: the training state read by its ranks in
+    parallel, each at network.store_gbit (spot_learner.py)."""
+    notice_probability: float | None = Field(None, ge=0, le=1)
+    """Share of the learner's reclaims that come with a notice it hears; None: spot_learner.NOTICE's figure for
+    the spot offer's provider (aws, gcp 0.95; others 0)."""
+    notice_seconds: float | None = Field(None, ge=0)
+    """Seconds a notice gives before the machine goes (the notice checkpoint must be written within them);
+    None: spot_learner.NOTICE's (aws 120, gcp 30)."""
 
 
 class ActorSpec(_Part):
