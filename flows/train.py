@@ -11,7 +11,10 @@
                      forward actor logs, update the artifacts
     on cancel, Ctrl-C or SIGTERM: checkpoint so `resume: true` continues from here, while the fleet
                      is told to stop (both inside Prefect's grace: 30 s from its SIGTERM to SIGKILL)
-    always: stop the fleet
+    on a spot learner's notice (train.market: spot; SIGTERM or the machine's metadata): finish the step
+                     if it ends in time, else abandon it; checkpoint, and leave the fleet running for the
+                     relaunched learner (echo2/learner/notice.py); the flow run fails with LearnerReclaimed
+    else, always: stop the fleet
     evaluate after training, write the reports and the cost report artifact
 
 A rerun of the same flow run (a flow-run retry, the UI's Retry on a failed or crashed run) continues the
@@ -27,6 +30,7 @@ or a later Prefect default to: a model and its threads do not belong in a result
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 
@@ -43,6 +47,7 @@ from echo2.fleet.manager import FleetManager
 from echo2.fleet.sizing import autosize
 from echo2.launch import resolve_launch
 from echo2.learner.collector import Selection
+from echo2.learner.notice import LearnerReclaimed, SpotNotice
 from echo2.learner.run import LearnerRun
 from flows.observe import RunWatch
 
@@ -59,10 +64,13 @@ def prepare_run(config: Config, resume: bool) -> LearnerRun:
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
-def start_fleet(run: LearnerRun) -> FleetManager:
+def start_fleet(run: LearnerRun, made: list | None = None) -> FleetManager:
+    """``made`` gets the fleet before it starts: a notice during its start still finds it (to leave it running)."""
     fleet = make_fleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
                        run_key=run.key, seed=run.config.run.seed, run_id=run.run_id,
                        model_params_b=run.model_params_b, active_params_b=run.active_params_b)
+    if made is not None:
+        made.append(fleet)
     fleet.start()
     return fleet
 
@@ -148,6 +156,17 @@ def _stop_interrupted(run: LearnerRun, fleet: FleetManager) -> None:
         teardown.join()
 
 
+def _leave_on_notice(run: LearnerRun | None, made: list, notice: SpotNotice) -> dict | None:
+    """A spot learner's notice: the fleet is left running (not even stopped at exit), the run checkpointed with its
+    ``learner_notice`` and ``learner_left`` events (``LearnerRun.leave_on_notice``); None before the run exists."""
+    for fleet in made:
+        atexit.unregister(fleet.stop)
+    if run is None:
+        log.warning("preemption notice before the run was prepared: nothing to checkpoint")
+        return None
+    return run.leave_on_notice(notice.heard, notice.abandoned(run.step))
+
+
 @flow(name="echo2-train")
 def train(config_path: str = "configs/quickstart.yaml", model: str | None = None, task: str | None = None,
           staleness: int | None = None, max_steps: int | None = None, fleet_budget_usd_per_hour: float | None = None,
@@ -162,28 +181,56 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
                  "train.max_steps": max_steps, "fleet.max_usd_per_hour": fleet_budget_usd_per_hour}
     settings = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides or [])
     cfg, resume = _launch(config, config_path, settings, resume)
-    watch = RunWatch(cfg)
-    run = prepare_run(cfg, resume)
-    if this_flow_run.id:
-        write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
-                    attempt=this_flow_run.run_count, step=run.step)
-    fleet = start_fleet(run)
+    notice = None
+    if cfg.train.market == "spot":  # SIGTERM and the metadata notice: leave the fleet running (notice.py)
+        notice = SpotNotice(cfg.train.sigterm_notice_s, preemption_source=cfg.train.preemption_source,
+                            poll_s=cfg.train.preemption_poll_s).install()
     try:
+        return _train(cfg, resume, notice)
+    finally:
+        if notice is not None:
+            notice.close()
+
+
+def _train(cfg: Config, resume: bool, notice: SpotNotice | None) -> dict:
+    watch = RunWatch(cfg)
+    run: LearnerRun | None = None
+    made: list[FleetManager] = []
+    fleet: FleetManager | None = None
+    left = False
+    try:
+        run = prepare_run(cfg, resume)
+        if notice is not None:
+            notice.attach(run.clock, lambda: run.step)
+        if this_flow_run.id:
+            write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
+                        attempt=this_flow_run.run_count, step=run.step)
+        fleet = start_fleet(run, made)
         if cfg.eval.before:
             watch.eval("before", evaluate(run, "before"))
         watch.started(run.step)
         while run.step < cfg.train.max_steps:
             selection = collect_rollouts(run, fleet, step=run.step + 1)
             metrics = update_policy(run, selection, step=run.step + 1)
+            if notice is not None:
+                notice.check()  # a notice that let the step finish: leave now
             watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
             if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
                 watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
     except BaseException:
-        _stop_interrupted(run, fleet)
-        watch.stopped()
+        if notice is not None and notice.heard is not None:
+            notice.leaving = True  # a second SIGTERM must not interrupt the checkpoint
+            _leave_on_notice(run, made, notice)
+            left = True
+            watch.stopped()
+            raise LearnerReclaimed(cfg.run.id, run.step if run is not None else 0, notice.heard.source) from None
+        if fleet is not None:
+            _stop_interrupted(run, fleet)
+            watch.stopped()
         raise
     finally:
-        fleet.stop()
+        if fleet is not None and not left:
+            fleet.stop()
     if cfg.eval.after:
         watch.eval("after", evaluate(run, "after"))
     summary = write_reports(run)

@@ -78,6 +78,12 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = Fa
         prefect_api_ready()
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
     except BaseException as exc:
+        from echo2.learner.notice import RECLAIMED_EXIT, LearnerReclaimed, NoticeInterrupt
+
+        if isinstance(exc, (LearnerReclaimed, NoticeInterrupt)):  # a spot learner's notice: the actors keep running
+            typer.echo(f"reclaimed: checkpointed, actors left running; continue with `{rerun} --resume "
+                       f"--set run.id={cfg.run.id}` (a SkyPilot managed job does, on exit {RECLAIMED_EXIT})", err=True)
+            raise typer.Exit(RECLAIMED_EXIT) from None
         if CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
             typer.echo(f"interrupted: every actor was stopped; continue with `{rerun} --resume "
                        f"--set run.id={cfg.run.id}`", err=True)

@@ -264,6 +264,10 @@ class TrainConfig(_Section):
     for actors); only read with ``train.market: spot``. ``$ECHO2_PREEMPTION_SOURCE`` overrides it."""
     preemption_poll_s: float = Field(5.0, gt=0)
     """How often the learner's preemption watcher asks the metadata."""
+    sigterm_notice_s: float = Field(30.0, gt=0)
+    """Seconds a SIGTERM gives a spot learner before its machine goes (SkyPilot's, Kubernetes' and Prefect's usual
+    grace is 30 s; the learner-reclaim scenario sends 2): it finishes the step under way only if the step and a
+    checkpoint fit in them (``echo2/learner/notice.py``). Only read with ``train.market: spot``."""
     nnodes: int = Field(1, ge=1)
     """Nodes of the learner, each running ``nproc`` processes: every node runs ``echo2 learner CONFIG --nnodes N
     --node-rank R --rdzv-endpoint HOST:PORT`` (torchrun's static rendezvous at node 0, ``learner/torchrun.py``);

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -40,6 +41,7 @@ from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
+from echo2.learner.notice import Heard, StepClock
 from echo2.learner.publisher import Publisher
 from echo2.learner.report import ReportInputs, write_reports
 from echo2.learner.verify import TaskVerifier
@@ -89,6 +91,8 @@ class LearnerRun:
         self.revoked: set[str] = set()
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
         self.wall_before = 0.0
+        self.clock = StepClock()
+        """How long steps and checkpoints take, and whether one is under way (a spot notice's estimates)."""
         state: dict = {}
         self.publisher: Publisher | None = None  # made once the signing key is known
         self.last_publish: dict = {}
@@ -148,7 +152,8 @@ class LearnerRun:
         else:
             self.publish()  # never committed (killed while publishing it): publish it now
         write_event(self.store, "resume", "learner", step=step, orphaned=len(moved),
-                    orphaned_rollouts=[k for k in moved if k.startswith(layout.ROLLOUTS)])
+                    orphaned_rollouts=[k for k in moved if k.startswith(layout.ROLLOUTS)],
+                    market=self.config.train.market, host=socket.gethostname())
         log.info("run %s resumed from step %d (%d objects of the lost timeline moved to orphaned/)",
                  self.run_id, step, len(moved))
         return state
@@ -183,6 +188,16 @@ class LearnerRun:
 
     def update(self, selection: Selection) -> dict:
         """One optimizer step on ``selection``; publish and checkpoint on schedule; returns metrics."""
+        self.clock.begin(self.step)
+        completed = False
+        try:
+            metrics = self._update(selection)
+            completed = True
+        finally:
+            self.clock.end(completed)
+        return metrics
+
+    def _update(self, selection: Selection) -> dict:
         cfg = self.config.train
         t0 = time.time()
         before = self.learner.version
@@ -247,6 +262,23 @@ class LearnerRun:
         write_event(self.store, "interrupted", "learner", step=self.step)
         log.warning("run %s interrupted at step %d; resume with --resume", self.run_id, self.step)
 
+    def leave_on_notice(self, heard: Heard, abandoned_step: bool) -> dict:
+        """A spot learner's notice (``notice.py``): ``learner_notice``, a checkpoint of the step reached unless it is
+        committed already, then ``learner_left``, whose fields it returns. The fleet is not touched."""
+        write_event(self.store, "learner_notice", "learner", step=self.step if heard.step is None else heard.step,
+                    source=heard.source, deadline_s=heard.deadline_s)
+        if self.step > 0 and not verified_steps(self.store, self.key.public_key(), [self.step]):
+            self.checkpoint()
+        left = {"step": self.step, "reason": "notice", "checkpoint_step": self.step,
+                "notice_to_checkpoint_s": round(time.monotonic() - heard.at, 3), "abandoned_step": abandoned_step}
+        write_event(self.store, "learner_left", "learner", **left)
+        self.sink.close()
+        log.warning("run %s left on a %s notice at step %d, %.2f s after it (the notice gave %s s)%s; its actors keep "
+                    "running: relaunch with --resume", self.run_id, heard.source, self.step,
+                    left["notice_to_checkpoint_s"], heard.deadline_s, ", the step under way abandoned"
+                    if abandoned_step else "")
+        return left
+
     def publish(self) -> dict:
         """Publish the current version, signed, with the relay tree over the peers alive now: in full,
         or as a sparse delta against the previous one (``train.publish_delta``; a keyframe first, so
@@ -276,8 +308,10 @@ class LearnerRun:
         # every rank writes its own shards (no weight or optimizer state is gathered); the manifest goes last
         meta = ({"weights": "lora", "base_version": 0, "lora_rank": t.lora_rank, "lora_alpha": t.lora_alpha}
                 if learner.lora else {"weights": "full"})
+        t0 = time.monotonic()
         save_checkpoint(self.store, self.step, learner.save_sharded, state, key=self.key,
                         extra_files=learner.extra_files, meta=meta)
+        self.clock.checkpointed(time.monotonic() - t0)
         prune_checkpoints(self.store, self.config.train.keep_checkpoints, self.key.public_key())
 
     def wall_seconds(self) -> float:
