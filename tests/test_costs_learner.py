@@ -86,6 +86,7 @@ def test_a_spot_learner_is_billed_per_session_and_the_gaps_are_counted(tmp_path,
     first, second = learner["gaps"]
     assert first["notice"] and first["source"] == "aws" and first["step"] == 2 and first["resume_step"] == 2
     assert not second["notice"] and not second["left"] and second["resume_step"] == 4 and second["resumed"]
+    assert first["last_step"] == 2 and second["last_step"] == 4 and first["steps_lost"] == second["steps_lost"] == 0
     # the learner's rows are in the spot market, and the gap share is inside the actors' bill, not added to it
     assert report["by_market"]["spot"]["usd"] == pytest.approx(6.0 * 3.75 + 2.0 * 5)
     assert report["total_usd"] == pytest.approx(6.0 * 3.75 + 2.0 * 5)
@@ -94,7 +95,7 @@ def test_a_spot_learner_is_billed_per_session_and_the_gaps_are_counted(tmp_path,
     md = (tmp_path / "spot" / "reports" / "cost.md").read_text()
     assert "- learner: spot, 3 session(s), 3.7500 h, $22.5000" in md
     assert "- learner reclaims: 2 (1 with a notice); the gap 0.8000 h with the actors waiting: $1.6000" in md
-    assert "| 1 | 2 | yes (aws) | 0.3000 | 0.6000 | 2 |" in md and "| 2 | ? | no | 0.5000 | 1.0000 | 4 |" in md
+    assert "| 1 | 2 | yes (aws) | 0.3000 | 0.6000 | 2 | 0 |" in md and "| 2 | 4 | no | 0.5000 | 1.0000 | 4 | 0 |" in md
     written = json.loads((tmp_path / "spot" / "reports" / "cost.json").read_text())
     assert {k: written["learner"][k] for k in ("market", "sessions", "reclaims")} == {
         "market": "spot", "sessions": 3, "reclaims": 2}
@@ -114,7 +115,7 @@ def test_a_learner_gone_on_a_notice_and_not_back_yet_is_an_open_gap(tmp_path, cl
     assert learner["sessions"] == 1 and learner["hours"] == pytest.approx(2.01)
     assert learner["reclaims"] == 1 and learner["gap_hours"] == pytest.approx(1.0)
     assert learner["gap_actor_usd"] == pytest.approx(1.0) and not learner["gaps"][0]["resumed"]
-    assert "| 1 | 1 | yes (gcp) | 1.0000 | 1.0000 | not yet |" in cost_markdown(report)
+    assert "| 1 | 1 | yes (gcp) | 1.0000 | 1.0000 | not yet | ? |" in cost_markdown(report)
 
 
 def test_an_on_demand_learner_that_never_left_has_one_session_and_no_gap(tmp_path, clock):
@@ -141,3 +142,23 @@ def test_echo2_report_shows_the_spot_hours_and_the_gap(tmp_path, clock):
     assert proc.returncode == 0, proc.stderr
     assert "- learner: spot, 3 session(s), 3.7500 h" in proc.stdout
     assert "learner reclaims: 2 (1 with a notice)" in proc.stdout
+
+
+def test_steps_the_resume_went_back_over_are_counted_per_gap(tmp_path, clock):
+    """Killed without a notice two steps after its last checkpoint: the resume (the real orphan_after) moves the
+    entries of steps 4 and 5 aside and the relaunched learner goes on from step 3; the dead learner's session still
+    ends at step 5's entry, and the gap threw away 2 steps."""
+    from echo2.data.run_folder import orphan_after
+
+    store = new_run(tmp_path / "lost", SPOT)
+    for n in range(1, 6):
+        step(store, clock, 0.2 * n, n)
+    at(clock, 1.5)
+    orphan_after(store, 3)
+    event(store, clock, 1.5, "resume", step=3, orphaned=2, orphaned_rollouts=[])
+    step(store, clock, 1.7, 4)
+    report = cost_report(store, now=T0 + 2 * H)
+    gap = report["learner"]["gaps"][0]
+    assert gap["last_step"] == 5 and gap["resume_step"] == 3 and gap["steps_lost"] == 2
+    assert gap["start"] == pytest.approx(T0 + 1.0 * H) and gap["hours"] == pytest.approx(0.5)
+    assert report["learner"]["hours"] == pytest.approx(1.0 + 0.2)  # 0 -> step 5's entry, 1.5 h -> 1.7 h

@@ -158,9 +158,12 @@ def actor_costs(events: list[dict], now: float | None = None) -> list[dict]:
 
 
 def _ledger_facts(store: ObjectStore) -> dict:
-    """Steps, completions used (an amendment's quarantine takes them back) and the last activity."""
+    """Steps, completions used (an amendment's quarantine takes them back), the last activity, and when each
+    step's entry was written (``committed``), the entries a resume moved under ``orphaned/`` included (when the
+    dead learner was last active, and the steps the resume went back over)."""
     steps, completions, last = 0, 0, None
     written: list[float] = []
+    committed: list[tuple[float, int]] = []  # (written_at, step) of each step's entry
     used: dict[str, int] = {}
     amended: set[str] = set()
     for key in consumed_keys(store):
@@ -177,11 +180,23 @@ def _ledger_facts(store: ObjectStore) -> dict:
             amended.update(str(i.get("key")) for i in record.get("quarantined", []) if isinstance(i, dict))
             continue
         steps = max(steps, layout.step_of_consumed_key(key) or 0)
+        if _num(record.get("written_at")) is not None and layout.step_of_consumed_key(key) is not None:
+            committed.append((_num(record.get("written_at")), layout.step_of_consumed_key(key)))
         for item in record.get("used", []) or []:
             if isinstance(item, dict) and "key" in item:
                 used[str(item["key"])] = used.get(str(item["key"]), 0) + int(_num(item.get("rows"), 0))
+    for key in store.list(layout.ORPHANED):  # a resume moved the lost timeline's entries aside: the learner wrote them
+        inner = key.split("/", 2)[2] if key.count("/") >= 2 else ""
+        n = layout.step_of_consumed_key(inner) if inner.endswith(".json") else None
+        if n is None or inner.endswith(".deleted.json"):
+            continue
+        at = _num(_get(store, key).get("written_at"))
+        if at is not None:
+            written.append(at)
+            committed.append((at, n))
     completions = sum(n for k, n in used.items() if k not in amended)
-    return {"steps": steps, "completions_used": completions, "last_activity": last, "written": written}
+    return {"steps": steps, "completions_used": completions, "last_activity": last, "written": written,
+            "committed": committed}
 
 
 def _get(store: ObjectStore, key: str) -> dict:
@@ -294,9 +309,9 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
         rows += _learner_rows(run_record, summary, facts, timeline, now)
     learner_rows = [r for r in rows if r["role"] == "learner"]
     config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
-    learner = learner_bill.learner_summary(
-        learner_rows, learner_bill.gaps(learner_rows, timeline, now=now) if learner_rows else [],
-        [r for r in rows if r["role"] != "learner"], market=learner_bill.learner_market(config), now=now)
+    gaps = learner_bill.gaps(learner_rows, timeline, now=now, committed=facts["committed"]) if learner_rows else []
+    learner = learner_bill.learner_summary(learner_rows, gaps, [r for r in rows if r["role"] != "learner"],
+                                           market=learner_bill.learner_market(config), now=now)
     store_at = store_site(run_record)
     traffic = traffic_rows(egress.read_snapshots(store), _placement(rows), store_at)
     gpu_usd = sum(r["usd"] for r in rows)

@@ -5,7 +5,7 @@ Model. A run's learner lives in sessions. The first starts at the run's start (`
 ``resume`` event (``LearnerRun._resume``) starts another: a new learner process, in general a new machine (a spot
 learner reclaimed and relaunched, a crashed one retried). A session ends at the last learner activity before the
 next one starts -- a ledger event other than the next ``resume`` (the learner's fleet writes every one of them) or a
-``ledger/consumed`` entry (``written_at``) -- or, for the last session, at the summary's ``finished_at`` (a
+``ledger/consumed`` entry (``written_at``; those a resume moved under ``orphaned/`` too) -- or, for the last session, at the summary's ``finished_at`` (a
 finished run), else at ``run.json``'s start plus the summary's ``wall_seconds`` (a run that never resumed, as
 before sessions existed), else at the run's last activity. A session with no activity of its own ends where it
 started. Each session is billed at ``fleet.learner_usd_per_hour`` (the price of the learner's machine: for
@@ -17,10 +17,12 @@ Gaps. Every session after the first follows a learner restart ("reclaims" here: 
 for an on-demand one a crash or a reclaim of its host alike). The gap runs from the reclaim to the ``resume``:
 from the session's first ``learner_notice`` event (the spot notice the learner heard), else its
 ``learner_left`` event (the learner checkpointed and left), else its last activity (no notice: the learner
-vanished), to the resume event. A ``learner_notice`` or ``learner_left`` after the last session's start with no
-resume yet is an open gap, counted until the report's ``now``. The actors kept running through a gap (they wait
-for the relaunched learner): their rows already bill them, and ``gap_actor_usd`` is the share of those rows that
-fell inside gaps (each row's price times its overlap with each gap), not an extra charge.
+vanished), to the resume event; its ``steps_lost`` are the steps the session committed to the ledger beyond the
+one the next session resumed from (the work the reclaim threw away). A ``learner_notice`` or ``learner_left``
+after the last session's start with no resume yet is an open gap, counted until the report's ``now``. The actors
+kept running through a gap (they wait for the relaunched learner): their rows already bill them, and
+``gap_actor_usd`` is the share of those rows that fell inside gaps (each row's price times its overlap with each
+gap), not an extra charge.
 """
 
 from __future__ import annotations
@@ -65,9 +67,12 @@ def sessions(start: float, timeline: list[dict], written: list[float], *, finish
     return out
 
 
-def gaps(sessions_: list[dict], timeline: list[dict], *, now: float) -> list[dict]:
-    """[{start, end, hours, notice, left, source, step, resume_step, resumed}] between sessions (module docstring):
-    ``step`` the notice's (or the leaving's) step, ``resume_step`` the step the next session resumed from."""
+def gaps(sessions_: list[dict], timeline: list[dict], *, now: float,
+         committed: list[tuple[float, int]] = ()) -> list[dict]:
+    """[{start, end, hours, notice, left, source, step, last_step, resume_step, steps_lost, resumed}] between
+    sessions (module docstring): ``step`` the notice's (or the leaving's) step, ``last_step`` the last step the
+    session committed to the ledger (``committed``: (written_at, step) of each entry), ``resume_step`` the step the
+    next session resumed from, ``steps_lost`` the committed steps the resume went back over (last - resume)."""
     resumes = [s["start"] for s in sessions_[1:]]
     resume_steps = {float(e["ts"]): e.get("step") for e in timeline if e.get("kind") == RESUME}
     out = []
@@ -81,9 +86,12 @@ def gaps(sessions_: list[dict], timeline: list[dict], *, now: float) -> list[dic
         marker = notice or left
         begin = float(marker["ts"]) if marker is not None else s["end"]
         end = until if until is not None else max(begin, now)
+        last = max((n for t, n in committed if t >= s["start"] and (until is None or t < until)), default=None)
+        resume_step = _step(resume_steps.get(until))
         out.append({"start": begin, "end": end, "hours": max(0.0, end - begin) / 3600, "notice": notice is not None,
                     "left": left is not None, "source": str(notice.get("source")) if notice else None,
-                    "step": _step((marker or {}).get("step")), "resume_step": _step(resume_steps.get(until)),
+                    "step": _step((marker or {}).get("step")), "last_step": last, "resume_step": resume_step,
+                    "steps_lost": None if last is None or resume_step is None else max(0, last - resume_step),
                     "resumed": until is not None})
     return out
 
@@ -136,10 +144,11 @@ def gap_table(learner: dict) -> list[str]:
     """One Markdown row per gap (none without gaps)."""
     if not learner["gaps"]:
         return []
-    lines = ["", "| learner gap | at step | notice | hours | actors' $ in it | resumed from step |",
-             "| --- | ---: | --- | ---: | ---: | ---: |"]
+    lines = ["", "| learner gap | last step | notice | hours | actors' $ in it | resumed from step | steps lost |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for i, g in enumerate(learner["gaps"], 1):
         notice = f"yes ({g['source']})" if g["notice"] else ("left, no notice" if g["left"] else "no")
-        lines.append(f"| {i} | {_or(g['step'], '?')} | {notice} | {g['hours']:.4f} | "
-                     f"{g['actor_usd']:.4f} | {_or(g['resume_step'], '?') if g['resumed'] else 'not yet'} |")
+        lines.append(f"| {i} | {_or(g['last_step'], _or(g['step'], '?'))} | {notice} | {g['hours']:.4f} | "
+                     f"{g['actor_usd']:.4f} | {_or(g['resume_step'], '?') if g['resumed'] else 'not yet'} | "
+                     f"{_or(g['steps_lost'], '?')} |")
     return lines
