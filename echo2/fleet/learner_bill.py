@@ -5,13 +5,13 @@ Model. A run's learner lives in sessions. The first starts at the run's start (`
 ``resume`` event (``LearnerRun._resume``) starts another: a new learner process, in general a new machine (a spot
 learner reclaimed and relaunched, a crashed one retried). A session ends at the last learner activity before the
 next one starts -- a ledger event other than the next ``resume`` (the learner's fleet writes every one of them) or a
-``ledger/consumed`` entry (``written_at``; those a resume moved under ``orphaned/`` too) -- or, for the last session, at the summary's ``finished_at`` (a
-finished run), else at ``run.json``'s start plus the summary's ``wall_seconds`` (a run that never resumed, as
-before sessions existed), else at the run's last activity. A session with no activity of its own ends where it
-started. Each session is billed at ``fleet.learner_usd_per_hour`` (the price of the learner's machine: for
-``train.market: spot`` the spot price); between sessions nothing of the learner's machine is known and nothing is
-billed (an on-demand host that stayed up through a crash and its retry is under-billed by the gap: the report
-lists the gap).
+``ledger/consumed`` entry (``written_at``; those a resume moved under ``orphaned/`` too) -- or, for the last
+session, at the summary's ``finished_at`` (a finished run), else at ``run.json``'s start plus the summary's
+``wall_seconds`` (a run that never resumed, as before sessions existed), else at the run's last activity. A session
+with no activity of its own ends where it started. Each session is billed at ``fleet.learner_usd_per_hour`` (the
+price of the learner's machine: for ``train.market: spot`` the spot price); between sessions nothing of the
+learner's machine is known and nothing is billed (an on-demand host that stayed up through a crash and its retry is
+under-billed by the gap: the report lists the gap).
 
 Gaps. Every session after the first follows a learner restart ("reclaims" here: for a spot learner a reclaim,
 for an on-demand one a crash or a reclaim of its host alike). The gap runs from the reclaim to the ``resume``:
