@@ -757,9 +757,9 @@ def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, of
     other = SkyPilotBackend(SkyPilotFleetConfig(), run_id="another-run", api=api)
     other.launch(spec("actor0-bbbbbb", L4_GCP, ()))
     wait_for(lambda: len(api.table) == 3, "three clusters up")
-    # the learner dies here (nothing stops its fleet); a resumed learner starts a fleet on the same run
-    resumed = FleetManager(backend_with(api), SkyPilotFleetConfig(actors=2), store, launch_spec=fleet.launch_spec,
-                           offers=[L4_GCP])
+    # the learner dies here (nothing stops its fleet); a resumed learner that adopts nothing starts a fleet
+    resumed = FleetManager(backend_with(api), SkyPilotFleetConfig(actors=2, adopt_on_resume=False), store,
+                           launch_spec=fleet.launch_spec, offers=[L4_GCP])
     resumed.start()
     wait_for(lambda: all(cluster_name(RUN, a) in api.downs for a in old), "the old clusters downed")
     assert cluster_name("another-run", "actor0-bbbbbb") in api.table  # another run's are not touched
@@ -768,6 +768,39 @@ def test_a_resumed_run_downs_the_clusters_its_previous_learner_left(tmp_path, of
     assert all(e["reason"] == "left by the learner before the resume" for e in terminated)
     assert set(old) <= resumed.revoked and len(resumed.slots) == 2
     assert not set(old) & {s.actor_id for s in resumed.slots}
+    resumed.stop()
+    fleet.stop()
+
+
+def test_a_resumed_learner_adopts_the_clusters_still_up_and_downs_only_the_one_it_cannot_reach(
+        tmp_path, offline_optimizer):
+    """Issue 23: the learner dies (nothing stops its fleet); the resumed one adopts the run's clusters that are UP
+    with a live job (one ``adopt`` event each, no new launch) and downs only the actor whose cluster is gone
+    (``adopt_failed``, then replaced). The cloud is the test double at SkyPilot's API boundary."""
+    api = FakeLaunchApi()
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP,), actors=3)
+    fleet.start()
+    wait_for(lambda: len(api.table) == 3, "three clusters up")
+    fleet.reconcile()
+    old = [s.actor_id for s in fleet.slots]
+    api.table.pop(cluster_name(RUN, old[2]))  # taken by the cloud while no learner watched
+    resumed = FleetManager(backend_with(api), SkyPilotFleetConfig(actors=3), store, launch_spec=fleet.launch_spec,
+                           offers=[L4_GCP])
+    resumed.start()
+    adopted = events(store, "adopt")
+    assert sorted(e["actor_id"] for e in adopted) == sorted(old[:2])
+    assert all(e["how"] == "cluster" and e["backend"] == "skypilot" and e["resigned"] is False for e in adopted)
+    assert [e["actor_id"] for e in events(store, "adopt_failed")] == [old[2]]
+    assert "gone" in events(store, "adopt_failed")[0]["reason"]
+    assert not any(cluster_name(RUN, a) in api.downs for a in old[:2])  # the adopted ones keep running
+    assert {s.actor_id for s in resumed.slots} >= set(old[:2]) and len(resumed.slots) == 3
+    assert old[2] in resumed.revoked and not set(old[:2]) & resumed.revoked
+    assert len(events(store, "launch")) == 4  # three at the start, one replacing the actor that could not be reached
+    status = resumed.reconcile()  # the adopted are polled through the backend as its own
+    assert status["actors_alive"] == 3
+    api.jobs[cluster_name(RUN, old[0])] = "FAILED"
+    resumed.reconcile()
+    assert old[0] in [e["actor_id"] for e in events(store, "crashed")]
     resumed.stop()
     fleet.stop()
 

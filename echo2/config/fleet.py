@@ -83,6 +83,11 @@ class FleetConfigBase(_Section):
     new ledger entry. A learner that died cannot down its actors, so this is how a SkyPilot actor stops
     billing (its cluster then downs itself, ``fleet.idle_minutes_to_autodown``); keep it well above the
     longest gap between two steps (an evaluation included)."""
+    adopt_on_resume: bool = True
+    """On ``--resume``, the new learner adopts the run's actors that are still running (the ledger's launches
+    that never ended, reached through the backend: a live local process of this run and actor, an UP SkyPilot
+    cluster) instead of stopping them and launching new ones (``echo2/fleet/adoption.py``); those it cannot
+    reach are stopped and replaced as before. False: stop them all (the behaviour before issue 23)."""
 
 
     @model_validator(mode="after")

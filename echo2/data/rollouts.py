@@ -2,6 +2,12 @@
 
 ``encode_rollouts`` builds a file's bytes, ``decode_rollouts`` reads them back into a table and
 ``validate_rollouts`` checks everything the learner relies on before a row can reach the loss.
+
+A file also names the policy it was generated with: ``POLICY_DIGEST_KEY`` in its schema metadata, the sha256 of
+the version's signed manifest (``policy_digest``, over its canonical JSON: sorted keys, no spaces). A version
+number is not an identity across a resume (a resumed learner publishes the numbers after its checkpoint again,
+with other weights); the digest is, so the collector keeps an adopted actor's file of the new timeline and drops
+one of the lost timeline (``collector.py``). Files written before the field existed have none.
 """
 
 from __future__ import annotations
@@ -106,6 +112,25 @@ def content_hash(table: pa.Table) -> str:
     return digest.hexdigest()
 
 
+POLICY_DIGEST_KEY = "echo2.policy_manifest_sha256"
+"""Schema metadata key: the sha256 (hex) of the signed manifest of the policy version the file was generated with."""
+
+
+def policy_digest(manifest: dict) -> str:
+    """The identity of a policy version: the sha256 of its signed manifest's canonical JSON (signature included)."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_policy_digest(data: bytes) -> str | None:
+    """The policy digest a rollout file's schema names (None: none, or not a readable Arrow file; never raises)."""
+    try:
+        meta = ipc.open_file(pa.BufferReader(data)).schema.metadata or {}
+    except Exception:
+        return None
+    value = meta.get(POLICY_DIGEST_KEY.encode())
+    return value.decode("ascii", errors="replace") if value is not None and len(value) == 64 else None
+
+
 MEASURED_PREFIX = "echo2.measured."
 """Schema metadata keys an actor may add with timings it measured (e.g. ``echo2.measured.dissemination_seconds``).
 Informational only: the capacity fit reads them as finite floats or ignores them; training never does."""
@@ -113,7 +138,7 @@ Informational only: the capacity fit reads them as finite floats or ignores them
 
 def encode_rollouts(
     rollouts: list[Rollout], *, run_id: str, actor_id: str, policy_version: int, task: str,
-    measured: dict[str, float] | None = None,
+    measured: dict[str, float] | None = None, policy_digest: str | None = None,
 ) -> bytes:
     now = datetime.now(timezone.utc)
     columns: dict[str, list] = {name: [] for name in ROLLOUT_SCHEMA.names}
@@ -136,7 +161,8 @@ def encode_rollouts(
         columns["generation_seconds"].append(r.generation_seconds)
         columns["created_at"].append(now)
     schema = ROLLOUT_SCHEMA.with_metadata(
-        {**ROLLOUT_SCHEMA.metadata, **{f"{MEASURED_PREFIX}{k}": repr(float(v)) for k, v in (measured or {}).items()}})
+        {**ROLLOUT_SCHEMA.metadata, **{f"{MEASURED_PREFIX}{k}": repr(float(v)) for k, v in (measured or {}).items()},
+         **({POLICY_DIGEST_KEY: policy_digest} if policy_digest else {})})
     table = pa.Table.from_pydict(columns, schema=schema)
     sink = io.BytesIO()
     with ipc.new_file(sink, schema) as writer:

@@ -13,7 +13,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.config import FleetConfig
-from echo2.data.store import ObjectStore
+from echo2.data import layout
+from echo2.data.store import NotFound, ObjectStore
 from echo2.fleet.backends import LaunchContext, make_backend
 from echo2.fleet.backends.base import RelaySecrets
 from echo2.fleet.manager import FleetManager
@@ -23,7 +24,7 @@ from echo2.fleet.sizing.autosize import FleetChooser, FleetSize
 def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, log_dir: Path,
                run_key: Ed25519PrivateKey, seed: int = 0, actor_command: list[str] | None = None,
                run_id: str | None = None, model_params_b: float | None = None, active_params_b: float | None = None,
-               plan_from: FleetSize | None = None) -> FleetManager:
+               plan_from: FleetSize | None = None, market: str | None = None) -> FleetManager:
     """The configured backend behind a manager. ``actor_command`` replaces ``python -m echo2.cli
     actor`` (the overlap benchmark's timing workload); ``--run``, ``--actor-id`` and
     ``--parent-pid`` are appended to it. ``run_id`` and ``model_params_b`` (the policy's size, which
@@ -31,10 +32,14 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     backend needs beside. The backend answers for its offers, its actors' launches (from the ``LaunchContext``
     given here: the run's store, options and relay secrets) and its manager options (``FleetBackend``): nothing
     here names one. With ``fleet.actors: auto`` over catalog offers the fleet is the chooser's
-    (``autosize.FleetChooser``), first for ``plan_from`` where given."""
+    (``autosize.FleetChooser``), first for ``plan_from`` where given. ``market``: the learner's own
+    (``train.market``; default: what the run's ``run.json`` says, else on-demand): a spot learner's actors outlive
+    it (``LaunchContext.outlive_learner``)."""
     run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
+    market = market or learner_market(store)
     launch = LaunchContext(store_url=store.url, store_options=store_options,
-                           relay_secrets=RelaySecrets(run_key, run_id), run_id=run_id, actor_command=actor_command)
+                           relay_secrets=RelaySecrets(run_key, run_id), run_id=run_id, actor_command=actor_command,
+                           outlive_learner=market == "spot")
     backend = make_backend(config, run_id=run_id, log_dir=log_dir, seed=seed)
     # the offers before the backend starts: a fleet that fits no offer stops here, before a backend has started
     # its threads (the reclaim injector) or staged a workdir (SkyPilot); both wait for FleetManager.start
@@ -46,3 +51,13 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
         plan_from = chooser.first_plan(config.workload, make_price_source(config.prices).offers())
     return FleetManager(backend, config, store, launch=launch, offers=offers, chooser=chooser, plan_from=plan_from,
                         **backend.manager_options())
+
+
+def learner_market(store: ObjectStore) -> str:
+    """``train.market`` as the run's ``run.json`` records it ("on-demand" where it has none, or no run.json)."""
+    try:
+        record = store.get_json(layout.RUN_JSON)
+    except (NotFound, ValueError):
+        return "on-demand"
+    market = ((record.get("config") or {}).get("train") or {}).get("market") if isinstance(record, dict) else None
+    return market if market in ("on-demand", "spot") else "on-demand"

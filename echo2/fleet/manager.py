@@ -1,7 +1,8 @@
 """The fleet manager: desired against actual, for every backend.
 
-    start: start the backend (its threads, its staged files); after a --resume, stop what the previous
-           learner's ledger launched and never saw end (a SkyPilot cluster outlives its learner); then launch
+    start: start the backend (its threads, its staged files); after a --resume, adopt what the previous
+           learner's ledger launched and never saw end and the backend still reaches (``adoption.py``: a spot
+           learner's local actors and SkyPilot clusters outlive it), stop the rest; then launch
            the desired number of actors (with fleet.actors: auto and fleet.workload over catalog offers: the
            fleet `echo2 plan --workload` prints for the same workload and catalog)
     every reconcile (between learner steps, and while the learner waits for rollouts):
@@ -49,6 +50,8 @@ from typing import Callable, Mapping
 from echo2.config import FleetConfig
 from echo2.data.ledger import read_events, write_event
 from echo2.data.store import ObjectStore
+from echo2.fleet import adoption
+from echo2.fleet.adoption import ENDED_KINDS  # noqa: F401  (re-exported: the kinds that end an actor's bill)
 from echo2.fleet.backends import (
     ActorLaunch,
     ActorOffer,
@@ -73,8 +76,6 @@ class FleetFailed(RuntimeError):
 
 CREDENTIAL_MARGIN_S = 600.0
 """An actor is replaced this long before its scoped credentials expire (a fresh actor gets fresh ones)."""
-ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "terminated"})
-"""Ledger events after which an actor runs no more (``costs.py`` closes its bill at them)."""
 
 
 MAX_REPLANS_PER_PASS = 4
@@ -165,14 +166,21 @@ class FleetManager:
             self._fill()
 
     def _release_leftovers(self) -> None:
-        """A resumed run: actors its ledger launched and never saw end belong to the dead learner's timeline
-        (their tokens are revoked by the resume); stop them and close their ledger rows."""
-        events = sorted(read_events(self.store), key=lambda e: e.get("ts", 0))
-        launched = [str(e["actor_id"]) for e in events if e.get("kind") == "launch"]
-        if not launched:
-            return  # a new run
-        ended = {str(e["actor_id"]) for e in events if e.get("kind") in ENDED_KINDS}
-        leftovers = [a for a in dict.fromkeys(launched) if a not in ended]
+        """A resumed run: the actors its ledger launched and never saw end are adopted where the backend can reach
+        them (``fleet.adopt_on_resume``, ``adoption.py``: one ``adopt`` event each, a slot kept with its id, offer
+        and bill); the others are stopped (``adopt_failed``, then ``terminated``) and their tokens revoked."""
+        events = read_events(self.store)
+        adopted, leftovers = adoption.take_over(self.backend, self.store, events, self.launch, self.offers,
+                                                enabled=self.config.adopt_on_resume)
+        for event, offer in adopted:
+            actor_id = str(event["actor_id"])
+            index = adoption.slot_index(actor_id)
+            index = index if index is not None else self._next_index
+            self._next_index = max(self._next_index, index + 1)
+            expires = event.get("expires_at")
+            running = any(e.get("kind") == "running" and e.get("actor_id") == actor_id for e in events)
+            self.slots.append(_Slot(index, actor_id, offer, running_seen=running, planned=offer,
+                                    expires_at=float(expires) if isinstance(expires, (int, float)) else None))
         self.backend.release_leftovers(leftovers)
         for actor_id in leftovers:
             self.revoked.add(actor_id)
@@ -445,7 +453,8 @@ class FleetManager:
                 continue
             # the bill starts here: "launch" opens the billing row (fleet/costs.py); a "running" event
             # later names the alternative the backend took, whose price then bills the whole row
-            write_event(self.store, "launch", actor_id, backend=self.backend.name, **offer.event_fields(), **details)
+            write_event(self.store, "launch", actor_id, backend=self.backend.name, expires_at=spec.expires_at,
+                        **offer.event_fields(), **details)
             self.slots.append(_Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at, planned=offer))
             self._budget_logged = False
             return True

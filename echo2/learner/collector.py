@@ -68,7 +68,15 @@ from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.ledger import collecting_record, pending_rollouts, used_measurements, write_consumed
 from echo2.data.quarantine import quarantine
-from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, decode_rollouts, validate_rollouts
+from echo2.data.rollouts import (
+    InvalidRollouts,
+    RolloutLimits,
+    content_hash,
+    decode_rollouts,
+    file_policy_digest,
+    policy_digest,
+    validate_rollouts,
+)
 from echo2.data.store import NotFound, ObjectStore, is_transient
 from echo2.learner.behavior_audit import Dishonest
 
@@ -137,7 +145,11 @@ class RolloutCollector:
         self.lost_timelines = list(lost_timelines or ())
         """(step resumed from, actors launched before that resume), one per resume: a file such an actor
         commits in a folder after that step is of the timeline the resume lost (its weights were not the
-        new timeline's of the same number), dropped with that reason, never used."""
+        new timeline's of the same number), dropped with that reason, never used; unless it names this
+        timeline's signed manifest of its version (``rollouts.POLICY_DIGEST_KEY``: an adopted actor that moved to
+        the new timeline). A file of such an actor from a version the learner has not reached is dropped the
+        same way (not quarantined as from the future: the actor was on the dead learner's newer versions)."""
+        self._digests: dict[int, str] = {}
         self.run_id = run_id
         self.staleness = staleness
         self.groups_per_step = groups_per_step
@@ -193,9 +205,27 @@ class RolloutCollector:
         quarantine(self.store, key, reason)
         sel.quarantined.append({"key": key, "reason": reason})
 
-    def _check(self, key: str, version: int, actor_id: str, learner_version: int) -> pa.Table:
-        """Download and validate one file; raises ``InvalidRollouts`` (or ``NotFound`` if it vanished)."""
-        data = self._read(key)
+    def _lost_after(self, version: int, actor_id: str) -> int | None:
+        """The step of the first resume after which a file of ``actor_id`` in ``version`` may be of a lost timeline
+        (the actor was launched before that resume and ``version`` is past its checkpoint), else None."""
+        return next((s for s, actors in self.lost_timelines if version > s and actor_id in actors), None)
+
+    def _timeline_digest(self, version: int) -> str | None:
+        """``rollouts.policy_digest`` of this timeline's manifest of ``version`` (None: none published). One
+        learner's manifests are never replaced (only a resume does that, with a new collector): kept once read."""
+        if version not in self._digests:
+            try:
+                self._digests[version] = policy_digest(self.store.get_json(
+                    layout.manifest_key(layout.policy_dir(version))))
+            except (NotFound, ValueError):
+                return None
+        return self._digests[version]
+
+    def _check(self, key: str, version: int, actor_id: str, learner_version: int,
+               data: bytes | None = None) -> pa.Table:
+        """Download (unless ``data`` was) and validate one file; raises ``InvalidRollouts`` (or ``NotFound`` if it
+        vanished)."""
+        data = self._read(key) if data is None else data
         try:
             table = validate_rollouts(decode_rollouts(data), run_id=self.run_id, actor_id=actor_id,
                                       expected_version=version, learner_version=learner_version, limits=self.limits)
@@ -271,6 +301,12 @@ class RolloutCollector:
                 # no policy of a version from the future exists: judged at once by its key, unread (and never
                 # left pending to be listed at every poll while honest files keep arriving)
                 taken.add(key)
+                lost = self._lost_after(version, layout.parse_rollout_key(key)[1])
+                if lost is not None:  # an adopted actor still on the dead learner's newer versions: not junk
+                    sel.dropped.append({"key": key, "policy_version": version, "reason": (
+                        f"lost timeline: generated with v{version} of the timeline lost at the resume from "
+                        f"step {lost}")})
+                    continue
                 reason = f"version {version} is from the future (the learner is at {learner_version})"
                 self._quarantine(sel, key, reason)
                 self._count_invalid(layout.parse_rollout_key(key)[1], reason)
@@ -280,11 +316,22 @@ class RolloutCollector:
                 progressed = True
                 taken.add(key)
                 _, actor_id, _ = layout.parse_rollout_key(key)
-                lost = next((s for s, actors in self.lost_timelines if version > s and actor_id in actors), None)
+                lost = self._lost_after(version, actor_id)
+                data = None
                 if lost is not None:
-                    sel.dropped.append({"key": key, "policy_version": version, "reason": (
-                        f"lost timeline: actor {actor_id} generated it before the resume from step {lost}")})
-                    continue
+                    try:
+                        data = self._read(key)
+                    except NotFound:
+                        taken.discard(key)
+                        continue
+                    except InvalidRollouts:
+                        data = None
+                    named = file_policy_digest(data) if data is not None else None
+                    if named is None or named != self._timeline_digest(version):  # None: a file from before the field
+                        sel.dropped.append({"key": key, "policy_version": version, "reason": (
+                            f"lost timeline: actor {actor_id} generated it with a v{version} other than this "
+                            f"timeline's (resume from step {lost})")})
+                        continue
                 if not is_fresh(learner_version, version, self.staleness):
                     lag = learner_version - version
                     sel.dropped.append({"key": key, "policy_version": version, "lag": lag,
@@ -294,7 +341,7 @@ class RolloutCollector:
                     self._quarantine(sel, key, f"actor {actor_id} is banned: {self.banned[actor_id]}")
                     continue
                 try:
-                    table = self._check(key, version, actor_id, learner_version)
+                    table = self._check(key, version, actor_id, learner_version, data)
                 except NotFound:
                     taken.discard(key)
                     continue  # moved away meanwhile; gone from the next listing

@@ -18,6 +18,12 @@ finishing a commit already under way, dropping a batch in generation, leaving ``
 its parent process dies, when the run has written its summary, or when the learner has left no new mark in
 the store (LATEST, the ledger) for ``fleet.learner_silence_s`` (``learner_watch.py``: a dead learner cannot
 stop a cloud actor, which would bill on). It never imports Prefect or the learner.
+
+A spot learner's actors outlive it (issue 23): during the gap the actor keeps its weights and relay, stops at the
+backlog bound (the dead learner judges nothing, so the backlog fills), and carries on when LATEST moves, also
+back: a resumed learner re-points LATEST at its checkpoint c and publishes c + 1 ... again with other weights.
+Every file names the signed manifest it was generated with (``rollouts.policy_digest``), so the learner keeps
+the files of the new timeline and drops those of the lost one, whatever their version numbers.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from echo2.config import Config, config_from_dict
 from echo2.data import layout
 from echo2.data.ledger import ConsumedIndex
 from echo2.data.relay_tokens import token_from_env
-from echo2.data.rollouts import Rollout, encode_rollouts
+from echo2.data.rollouts import Rollout, encode_rollouts, policy_digest
 from echo2.data.run_key import public_key_of
 from echo2.data.store import ObjectStore
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
@@ -113,6 +119,8 @@ class Actor:
         self.engine: Engine | None = None
         self.tokenizer = None
         self.version: int | None = None
+        self.policy_digest: str | None = None
+        """The sha256 of the signed manifest of the version in use, named in every file (``rollouts.policy_digest``)."""
         self.dissemination_seconds: float | None = None
         """From the learner's publish (manifest ``created_at``) to this actor generating with it."""
         self.fetch_seconds: float | None = None
@@ -214,7 +222,8 @@ class Actor:
         if ready.adapter is not None:
             self.engine.load_lora(ready.adapter.tensors, version=ready.version, rank=ready.adapter.rank,
                                   alpha=ready.adapter.alpha)
-        self.version = ready.version
+        self.version = ready.version  # may move back: a resumed learner's LATEST (its checkpoint, then c + 1 ...)
+        self.policy_digest = policy_digest(ready.manifest)
         created = ready.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
         self.fetch_seconds = ready.fetch_seconds
@@ -265,7 +274,7 @@ class Actor:
 
     def _generate_batch(self) -> None:
         cfg = self.config.rollout
-        version = self.version
+        version, digest = self.version, self.policy_digest
         problems = self.task.sample_train(self.rng, cfg.groups_per_batch)
         t0 = time.time()
         # the task plays the episodes (one reply each, or a multi-turn game) and scores them
@@ -287,7 +296,7 @@ class Actor:
                                       ("previous_batch_seconds", self.previous_batch_seconds))
                     if v is not None}
         data = encode_rollouts(rollouts, run_id=self.run_id, actor_id=self.actor_id, policy_version=version,
-                               task=self.task.name, measured=measured)
+                               task=self.task.name, measured=measured, policy_digest=digest)
         self._committing = True
         put_started = time.time()
         try:

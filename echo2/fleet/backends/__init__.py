@@ -37,6 +37,7 @@ from echo2.fleet.backends.base import (
     ActorOffer,
     ActorState,
     ActorStatus,
+    AdoptError,
     CapacityError,
     FleetApiError,
     FleetBackend,
@@ -58,5 +59,5 @@ def make_backend(config: FleetConfig, *, run_id: str, log_dir: Path, seed: int =
     raise ValueError(f"no fleet backend for config {type(config).__name__}")
 
 
-__all__ = ["ActorLaunch", "ActorState", "ActorStatus", "CapacityError", "FleetApiError", "FleetBackend",
+__all__ = ["ActorLaunch", "ActorState", "ActorStatus", "AdoptError", "CapacityError", "FleetApiError", "FleetBackend",
            "LaunchContext", "ActorOffer", "make_backend"]

@@ -66,6 +66,17 @@ class ActorOffer:
     def name(self) -> str:
         return f"{self.provider}/{self.instance_type}@{self.region}:{'spot' if self.spot else 'on-demand'}"
 
+    @classmethod
+    def from_event(cls, event: dict) -> "ActorOffer":
+        """The offer a ledger event names (``event_fields``), without the catalog row or the expected speed."""
+        return cls(provider=str(event.get("provider", "local")),
+                   instance_type=str(event.get("instance_type", "process")), gpu=str(event.get("gpu", "cpu")),
+                   gpu_count=int(event.get("gpu_count") or 0),
+                   region=str(event.get("region", "local")), spot=bool(event.get("spot", False)),
+                   usd_per_hour=float(event.get("price_usd_per_hour") or 0.0),
+                   on_demand_usd_per_hour=float(event.get("on_demand_usd_per_hour") or 0.0),
+                   simulated_price=bool(event.get("simulated_price", False)))
+
     def event_fields(self) -> dict:
         """How the ledger records it (``fleet/costs.py`` reads these)."""
         return {"provider": self.provider, "instance_type": self.instance_type, "gpu": self.gpu,
@@ -128,6 +139,10 @@ class LaunchContext:
     run_id: str
     actor_command: list[str] | None = None
     """Replaces ``python -m echo2.cli actor`` for local actors (the overlap benchmark's timing workload)."""
+    outlive_learner: bool = False
+    """The learner's own machine is spot (``train.market: spot``): its actors must outlive it, so that the
+    relaunched learner adopts them (a local actor then runs in a session of its own, without the parent-death
+    signal or the parent-pid watch)."""
 
 
 class ActorState(str, Enum):
@@ -154,6 +169,11 @@ class ActorStatus:
 
 class CapacityError(Exception):
     """The offer cannot be had now (no capacity, quota, price above the bid): try the next offer."""
+
+
+class AdoptError(Exception):
+    """A resumed learner cannot take over an actor its predecessor launched (gone, another machine or boot,
+    another process under its pid, a cluster not UP): the manager records ``adopt_failed`` and stops it."""
 
 
 class FleetApiError(RuntimeError):
@@ -200,6 +220,13 @@ class FleetBackend(ABC):
     @abstractmethod
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
         """Stop the actor: SIGTERM-like first (a commit under way finishes), then for good."""
+
+    def adopt(self, actor_id: str, launched: dict, launch: LaunchContext | None, offer: ActorOffer) -> str:
+        """Take over ``actor_id``, which the previous learner of this run launched (``launched``: its ledger
+        ``launch`` event; ``offer``: what it was bought as) and which is still running: from now on ``poll``,
+        ``terminate`` and ``new_log_lines`` answer for it. Returns how it was found ("pid", "cluster"); raises
+        ``AdoptError`` when it cannot be reached (the manager then stops what is left of it)."""
+        raise AdoptError(f"the {self.name} backend cannot adopt actors")
 
     def release_leftovers(self, actor_ids: list[str]) -> None:
         """Stop what a previous learner of this run left running (``--resume``): ``actor_ids`` are the actors

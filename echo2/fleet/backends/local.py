@@ -2,8 +2,16 @@
 injector that plays a spot market (the chaos source for tests and demos).
 
 Children get PR_SET_PDEATHSIG on Linux, so an actor dies with a learner killed by SIGKILL, and
-they also watch their parent pid. Secrets reach the child through its environment only (never
-argv, never the store), and never the learner's signing key, even one our own environment holds.
+they also watch their parent pid; except with a spot learner (``train.market: spot``, the launch
+context's ``outlive_learner``): then an actor runs in a session of its own, without either, so that it
+outlives a learner whose whole process tree was killed, and the relaunched learner adopts it (``adopt``:
+the ledger's launch event names its pid and this machine's boot id; the process under that pid must be
+alive, not a zombie, and its command line must name this run's store and the actor's id, so a pid reused
+by another process is never taken). An adopted actor is not this process's child: its exit code cannot be
+read, so it ends as "exited" (a crash looks like an exit), and it is stopped by signals to its pid.
+
+Secrets reach the child through its environment only (never argv, never the store), and never the
+learner's signing key, even one our own environment holds.
 
 Not a trust boundary: local actors run as the learner's user on the learner's machine, so they could
 read whatever it can (its key folder included); an actor that must not be trusted runs elsewhere
@@ -42,7 +50,15 @@ import time
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
-from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState, ActorStatus, FleetBackend, LaunchContext
+from echo2.fleet.backends.base import (
+    ActorLaunch,
+    ActorOffer,
+    ActorState,
+    ActorStatus,
+    AdoptError,
+    FleetBackend,
+    LaunchContext,
+)
 from echo2.fleet.backends.offers import local_offers
 
 log = logging.getLogger("echo2.fleet")
@@ -90,13 +106,91 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass  # not Linux: the actor's own parent-pid watch still applies
 
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (Linux): a pid means the same process only within one boot of one machine."""
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.decode(errors="replace").split("\0")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :][:1] in ("Z", "X")
+
+
+class AdoptedProcess:
+    """An actor process a previous learner started (not our child): the ``Popen`` calls the backend uses,
+    from its pid and ``/proc``. ``poll`` answers ``UNKNOWN`` once it ended (its exit code went to its old parent,
+    or to init)."""
+
+    UNKNOWN = -1_000_000
+
+    def __init__(self, pid: int, actor_id: str, run_url: str | None):
+        self.pid = pid
+        self.actor_id = actor_id
+        self.run_url = run_url
+        self.returncode: int | None = None
+
+    def unreachable(self) -> str | None:
+        """Why the process under ``pid`` is not this run's actor ``actor_id`` now (None: it is, and alive)."""
+        argv = _cmdline(self.pid)
+        if argv is None or _zombie(self.pid):
+            return f"pid {self.pid} is gone"
+        if not _follows(argv, "--actor-id", self.actor_id) or (
+                self.run_url is not None and not _follows(argv, "--run", self.run_url)):
+            return f"pid {self.pid} is another process now ({' '.join(argv)[:200]})"
+        return None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.unreachable():
+            self.returncode = self.UNKNOWN
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.time() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.time() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+
+def _follows(argv: list[str], flag: str, value: str) -> bool:
+    return any(a == flag and b == value for a, b in zip(argv, argv[1:]))
+
+
 class LocalBackend(FleetBackend):
     name = "local"
 
     def __init__(self, config: LocalFleetConfig, log_dir: Path, *, seed: int = 0):
         self.config = config
         self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, subprocess.Popen | AdoptedProcess] = {}
         self.logs: dict[str, Path] = {}
         self.reclaimed: set[str] = set()
         self._offsets: dict[str, int] = {}
@@ -110,9 +204,9 @@ class LocalBackend(FleetBackend):
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
         command = launch.actor_command or [self.config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
+        parent = [] if launch.outlive_learner else ["--parent-pid", str(os.getpid())]
         return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
-                           command=[*command, "--run", launch.store_url, "--actor-id", actor_id,
-                                    "--parent-pid", str(os.getpid())],
+                           command=[*command, "--run", launch.store_url, "--actor-id", actor_id, *parent],
                            env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options)}, offer=offer,
                            secrets=launch.relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
 
@@ -127,14 +221,44 @@ class LocalBackend(FleetBackend):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{spec.actor_id}.log"
         env = actor_environment(dict(os.environ), spec)
+        outlive = "--parent-pid" not in spec.command  # a spot learner's actor (launch_spec)
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            if outlive:  # its own session: a kill of the learner's process group or tree does not reach it
+                proc = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, start_new_session=True)
+            else:
+                proc = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env,
+                                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         with self._lock:
             self.procs[spec.actor_id] = proc
             self.logs[spec.actor_id] = log_path
         log.info("launched %s (pid %d), log %s", spec.actor_id, proc.pid, log_path)
-        return {"pid": proc.pid, "log": str(log_path)}
+        return {"pid": proc.pid, "log": str(log_path), "boot_id": boot_id(), "outlives_learner": outlive,
+                "marker": ["--run", spec.run_url, "--actor-id", spec.actor_id]}
+
+    def adopt(self, actor_id: str, launched: dict, launch: LaunchContext | None, offer: ActorOffer) -> str:
+        """Take over a live actor of this run that the previous learner launched (see the module docstring)."""
+        pid, boot = launched.get("pid"), launched.get("boot_id")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            raise AdoptError("its launch event names no pid")
+        if boot is None or boot != boot_id():
+            raise AdoptError(f"launched on another machine or boot ({boot}, this one is {boot_id()})")
+        run_url = launch.store_url if launch is not None else None
+        handle = AdoptedProcess(pid, actor_id, run_url)
+        why = handle.unreachable()
+        if why:
+            raise AdoptError(why)
+        log_path = Path(str(launched.get("log") or self.log_dir / f"{actor_id}.log"))
+        with self._lock:
+            self.procs[actor_id] = handle
+            self.logs[actor_id] = log_path
+        try:
+            self._offsets[actor_id] = log_path.stat().st_size  # its lines before now were the old learner's
+        except OSError:
+            self._offsets[actor_id] = 0
+        log.info("adopted %s (pid %d), log %s", actor_id, pid, log_path)
+        return "pid"
 
     def poll(self, actor_id: str) -> ActorStatus:
         proc = self.procs[actor_id]
@@ -143,6 +267,8 @@ class LocalBackend(FleetBackend):
             return ActorStatus(ActorState.RUNNING)
         if actor_id in self.reclaimed:
             return ActorStatus(ActorState.RECLAIMED, f"reclaim injector (exit code {code})")
+        if code is AdoptedProcess.UNKNOWN:
+            return ActorStatus(ActorState.EXITED, "adopted process ended (its exit code is its old parent's)")
         if code == 0:
             return ActorStatus(ActorState.EXITED, "exit code 0")
         return ActorStatus(ActorState.CRASHED, f"exit code {code}, log {self.logs[actor_id]}")

@@ -40,7 +40,9 @@
                                                  taken) RECLAIMED where the cloud says so, else EXITED
         a status request that fails           -> retried (bounded, logged); then FleetApiError, and the
                                                  manager skips that reconcile pass
-    release_leftovers(ids)  --resume: down every cluster of the run this learner did not launch
+    adopt(actor, launched)  --resume: take over the previous learner's actor when its cluster (by name) is UP,
+                            labelled with this run, and its job still live; else AdoptError (the manager downs it)
+    release_leftovers(ids)  --resume: down every cluster of the run this learner did not launch or adopt
     terminate(actor)        sky.down sent at once, in a thread of its own (never queued behind launches);
                             a launch still in flight is cancelled in the API server, and its cluster gets
                             one more down when the launch returns (a down that came before the launch
@@ -83,6 +85,7 @@ from echo2.fleet.backends.base import (
     ActorOffer,
     ActorState,
     ActorStatus,
+    AdoptError,
     FleetApiError,
     FleetBackend,
     LaunchContext,
@@ -472,6 +475,31 @@ class SkyPilotBackend(FleetBackend):
                 log.info("SkyPilot cluster %s is down", name)
                 future.set_result(None)
         threading.Thread(target=down, name=f"echo2-down-{name}").start()
+
+    def adopt(self, actor_id: str, launched: dict, launch: LaunchContext | None, offer: ActorOffer) -> str:
+        """Take over ``actor_id`` (launched by the previous learner of this run): its cluster must be UP, carry
+        this run's label and run a live job. Its relay token and scoped credentials are those it was launched
+        with; the manager replaces it before they expire (``expires_at`` of its launch event)."""
+        name = cluster_name(self.run_id, actor_id)
+        found = {c.name: c for c in self._ask("sky.status", self.api.clusters, [name])}.get(name)
+        if found is None or found.status != "UP":
+            raise AdoptError(f"cluster {name} is {'gone' if found is None else found.status}")
+        if found.labels.get(RUN_LABEL) != run_label(self.run_id):
+            raise AdoptError(f"cluster {name} is not labelled with run {self.run_id}")
+        job = self._ask("job_status", self.api.job_status, name, None)
+        if job is not None and job not in JOB_LIVE:
+            raise AdoptError(f"the actor's job on cluster {name} ended ({job})")
+        bought = Launched(None, str(launched.get("provider", "")), str(launched.get("region", "")),
+                          str(launched.get("instance_type", "")), bool(launched.get("spot", True)),
+                          found.name_on_cloud)
+        future: Future = Future()
+        future.set_result(bought)
+        actor = _Actor(ActorLaunch(actor_id=actor_id, run_url=launch.store_url if launch else "", command=[],
+                                   offer=offer), name, future, launched=bought, done_at=time.time(), seen_up=True,
+                       name_on_cloud=found.name_on_cloud)
+        self.actors[actor_id] = actor
+        log.info("adopted %s: SkyPilot cluster %s is UP", actor_id, name)
+        return "cluster"
 
     def release_leftovers(self, actor_ids: list[str]) -> None:
         """``--resume``: down the clusters of ``actor_ids`` (the previous learner's, never seen ending) and any
