@@ -36,6 +36,21 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, 
     return config
 
 
+def run_exists(config_path: str | Path, overrides: list[str]) -> bool:
+    """Whether the run the config names already has its ``run.json`` in the store: ``--start-or-resume``, the one
+    command of a relaunched learner (a SkyPilot managed job's every start creates the run first, then resumes it)."""
+    config = load_config(config_path, overrides)
+    if config.run.id is None:
+        raise Echo2InputError("--start-or-resume needs the run's id fixed (--set run.id=ID): every start must name "
+                              "the same run")
+    try:
+        store = FsspecStore(config.store.url, config.store.options)
+        store.check()
+        return store.child(layout.RUNS).child(config.run.id).exists(layout.RUN_JSON)
+    except StoreError as exc:
+        raise StoreUnreachable(str(exc)) from None
+
+
 def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
     """The config of the run to resume with ``overrides`` applied; refuses what would split learner and actors."""
     run_id = run_id or find_resumable_run(runs)

@@ -1,5 +1,5 @@
-"""The fleet's commands: ``echo2 plan``, ``echo2 prices`` and ``echo2 fleet down``. Bad input prints one line and
-exits 2, as everywhere in the CLI."""
+"""The fleet's commands: ``echo2 plan``, ``echo2 prices``, ``echo2 fleet down`` and ``echo2 fleet learner-job``.
+Bad input prints one line and exits 2, as everywhere in the CLI."""
 
 from __future__ import annotations
 
@@ -208,3 +208,26 @@ def fleet_down(
         fail(str(exc))
     typer.echo(f"{len(names)} SkyPilot cluster(s) of run {run_id} torn down"
                + (f": {', '.join(names)}" if names else ""))
+
+
+@fleet_app.command("learner-job")
+def learner_job(
+    config: Path = typer.Argument(..., help="YAML config inside the workdir, e.g. configs/spot-multicloud.yaml."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable), at every start."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="The run every start trains [run.id, else a new id]."),
+    task_file: Optional[Path] = typer.Option(None, "--task-file",
+                                             help="SkyPilot task file [infra/skypilot/learner-spot.yaml]."),
+    workdir: Path = typer.Option(Path("."), "--workdir", help="The checkout the job uploads and runs from."),
+) -> None:
+    """Launch the learner as a SkyPilot managed job on spot machines: relaunched elsewhere after a reclaim, resuming
+    the same run (its key as a SkyPilot secret)."""
+    from echo2.fleet.backends.skypilot_api import SkyPilotUnavailable
+    from echo2.fleet.learner_job import launch_learner_job
+
+    try:
+        job = launch_learner_job(str(config), list(set_ or []), run_id=run_id, task_file=task_file, workdir=workdir)
+    except (Echo2InputError, SkyPilotUnavailable) as exc:
+        fail(str(exc))
+    typer.echo(f"managed job {job.name} (id {job.job_id}) trains run {job.run_id} in {job.store_url}"
+               + ("; its new signing key is in your secrets folder" if job.created_key else "")
+               + f"; watch it with `sky jobs logs {job.job_id}`")

@@ -15,6 +15,9 @@ import typer
 from echo2.cli.common import CtrlC, fail, need_learner_extra, prepare_flow_process, setup_logging
 from echo2.errors import Echo2InputError
 
+START_OR_RESUME = ("With run.id set: resume the run if it exists, else create it (the same command at every start "
+                   "of a relaunched learner, e.g. a SkyPilot managed job).")
+
 if TYPE_CHECKING:  # the launcher's helpers are imported where used: an actor's `echo2` imports no echo2.learner
     from echo2.learner.torchrun import Rendezvous
 
@@ -24,15 +27,17 @@ def run(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set train.lr=1e-5 (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run (run.id, or the newest unfinished one) "
                                                         "from its last checkpoint."),
+    start_or_resume: bool = typer.Option(False, "--start-or-resume", help=START_OR_RESUME),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the resolved config; start nothing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
 ) -> None:
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
-    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=None)
+    _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=None,
+            start_or_resume=start_or_resume)
 
 
 def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, verbose: bool, *,
-            rdzv_endpoint: str | None, rdzv_timeout: float | None) -> None:
+            rdzv_endpoint: str | None, rdzv_timeout: float | None, start_or_resume: bool = False) -> None:
     """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
     with ``train.nnodes > 1``)."""
     from echo2.config import dump_config
@@ -40,9 +45,11 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
 
     prepare_flow_process(verbose)
     need_learner_extra("echo2 run")
-    from echo2.launch import resolve_launch
+    from echo2.launch import resolve_launch, run_exists
 
     try:
+        if start_or_resume:
+            resume = run_exists(config, overrides)
         cfg = resolve_launch(config, overrides, resume, dry_run=dry_run)
         if dry_run:
             typer.echo(dump_config(cfg), nl=False)
@@ -130,6 +137,11 @@ def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool,
     finally:
         never_formed = rank_file.exists()
         rank_file.unlink(missing_ok=True)
+    if _reclaimed_marker(rank_file).exists():  # rank 0 left on a spot notice: say so, whatever torchrun's code
+        from echo2.learner.notice import RECLAIMED_EXIT
+
+        _reclaimed_marker(rank_file).unlink()
+        raise typer.Exit(RECLAIMED_EXIT)
     if CtrlC.pressed:  # as the one-process learner exits (130, 143), whatever torchrun made of the signal
         raise typer.Exit(CtrlC.exit_code())
     if code != 0 and never_formed and rendezvous.nnodes > 1:
@@ -141,6 +153,7 @@ def learner(
     config: Optional[Path] = typer.Argument(None, help="YAML config (as for `echo2 run`), the same on every node."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint (node 0)."),
+    start_or_resume: bool = typer.Option(False, "--start-or-resume", help=START_OR_RESUME + " Node 0."),
     nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (train.nproc)."),
     nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes of the learner (train.nnodes)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This node: 0 resolves the run and runs the flow, the "
@@ -163,7 +176,8 @@ def learner(
     overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else []),
                  *([f"train.nnodes={nnodes}"] if nnodes else [])]
     if node_rank == 0:  # resolve the run once, then torchrun (or the flow here, on one process)
-        _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout)
+        _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout,
+                start_or_resume=start_or_resume)
         return
     _follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout, verbose)
 
@@ -199,5 +213,16 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
                  f"{os.environ.get('MASTER_PORT')}"
     try:
         _run_flow(cfg, rerun, resume, verbose, rank_0=True)
+    except typer.Exit as exc:
+        from echo2.learner.notice import RECLAIMED_EXIT
+
+        if exc.exit_code == RECLAIMED_EXIT:  # torchrun's own exit code would not tell the launcher
+            _reclaimed_marker(rank_config).touch()
+        raise
     finally:
         release_followers()
+
+
+def _reclaimed_marker(rank_file: Path) -> Path:
+    """Beside the node's start file: rank 0 left on a spot notice (exit ``RECLAIMED_EXIT``)."""
+    return rank_file.with_name(rank_file.name + ".reclaimed")

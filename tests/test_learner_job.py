@@ -1,0 +1,110 @@
+"""The learner as a SkyPilot managed job (issue 23, item 2; ``echo2/fleet/learner_job.py``): the shipped task file
+built into a real ``sky.Task`` (spot, any of several clouds and GPUs, SkyPilot's own recovery including the learner's
+"reclaimed" exit, the run id fixed at launch, the run's key as a SkyPilot secret only), and a command that works at
+every start (``--start-or-resume``). ``_Jobs`` is a test double of the one call that reaches SkyPilot's API server
+(``sky.jobs.launch``): no cloud is reachable from here."""
+
+from __future__ import annotations
+
+import pytest
+import sky
+from typer.testing import CliRunner
+
+from echo2.config import load_config
+from echo2.data import layout
+from echo2.data.run_folder import create_run
+from echo2.data.run_key import key_path, run_key
+from echo2.data.store import open_store
+from echo2.errors import Echo2InputError
+from echo2.fleet import learner_job
+from echo2.launch import run_exists
+
+
+class _Jobs:
+    """Test double of ``sky.jobs.launch``: records what reached the "API server"."""
+
+    def __init__(self):
+        self.launched: list[tuple[sky.Task, str]] = []
+
+    def launch(self, task, name):
+        self.launched.append((task, name))
+        return 7
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    monkeypatch.delenv("ECHO2_RUN_KEY", raising=False)
+    work = tmp_path / "checkout"
+    (work / "configs").mkdir(parents=True)
+    (work / "configs" / "spot.yaml").write_text("run: {name: spotty}\nstore: {url: s3://bucket/echo2}\n")
+    return work
+
+
+def test_the_learner_job_is_a_spot_managed_job_that_recovers_and_carries_the_key_as_a_secret(workdir):
+    jobs = _Jobs()
+    job = learner_job.launch_learner_job("configs/spot.yaml", ["train.max_steps=9"], workdir=workdir, api=jobs)
+    [(task, name)] = jobs.launched
+    assert isinstance(task, sky.Task) and name == job.name == f"echo2-learner-{job.run_id}" and job.job_id == 7
+    assert job.run_id.startswith("spotty-") and job.created_key and key_path(job.run_id).exists()
+    assert {str(r.cloud).lower() for r in task.resources} == {"aws", "gcp"}  # any of several clouds
+    assert {g for r in task.resources for g in r.accelerators} == {"H100", "A100-80GB"}
+    for r in task.resources:
+        assert r.use_spot
+        assert r.job_recovery["recover_on_exit_codes"] == [learner_job.RECLAIMED_EXIT]
+        assert r.job_recovery["strategy"] == "EAGER_NEXT_REGION" and r.job_recovery["max_restarts_on_errors"] >= 1
+    assert task.envs["ECHO2_RUN_ID"] == job.run_id and task.envs["ECHO2_CONFIG"] == "configs/spot.yaml"
+    assert task.envs["ECHO2_SETTINGS"].split() == ["train.max_steps=9", "train.market=spot"]
+    assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto"
+    # the key: a SkyPilot secret, never an env, and redacted where SkyPilot shows the task
+    key = key_path(job.run_id).read_text().strip()
+    assert task.secrets["ECHO2_RUN_KEY"].get_secret_value() == key
+    assert key not in str(task.envs) and key not in str(task.to_yaml_config(use_user_specified_yaml=True))
+    assert "--start-or-resume" in task.run and '--set "run.id=$ECHO2_RUN_ID"' in task.run
+    assert task.workdir == str(workdir)
+    # a second launch of the same run (a job cancelled by hand, launched again) takes the same key
+    again = learner_job.launch_learner_job("configs/spot.yaml", [], run_id=job.run_id, workdir=workdir, api=jobs)
+    assert not again.created_key and jobs.launched[1][0].secrets["ECHO2_RUN_KEY"].get_secret_value() == key
+
+
+def test_the_jobs_command_creates_the_run_at_its_first_start_and_resumes_it_at_every_later_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    settings = [f"store.url={tmp_path / 'store'}", "run.id=relaunched"]
+    assert run_exists(None, settings) is False  # first start: --start-or-resume creates
+    runs = open_store(str(tmp_path / "store")).child(layout.RUNS)
+    config = load_config(None, settings)
+    create_run(runs.child("relaunched"), "relaunched", config.model_dump(mode="json"),
+               key=run_key("relaunched", create=True), echo2_version="test")
+    assert run_exists(None, settings) is True  # every later start: resumes
+    with pytest.raises(Echo2InputError, match="run.id"):
+        run_exists(None, [f"store.url={tmp_path / 'store'}"])
+
+
+def test_bad_learner_jobs_are_refused_in_one_line(workdir, tmp_path):
+    jobs = _Jobs()
+    with pytest.raises(Echo2InputError, match="folder of this machine"):
+        learner_job.launch_learner_job("configs/spot.yaml", [f"store.url={tmp_path}"], workdir=workdir, api=jobs)
+    with pytest.raises(Echo2InputError, match="not inside the workdir"):
+        learner_job.launch_learner_job(str(tmp_path / "elsewhere.yaml"), [], workdir=workdir, api=jobs)
+    no_recovery = tmp_path / "task.yaml"
+    no_recovery.write_text("resources: {use_spot: true}\nrun: echo2 learner x\n")
+    with pytest.raises(Echo2InputError, match="recover_on_exit_codes must name 75"):
+        learner_job.launch_learner_job("configs/spot.yaml", [], task_file=no_recovery, workdir=workdir, api=jobs)
+    with pytest.raises(Echo2InputError, match="without spaces"):
+        learner_job.launch_learner_job("configs/spot.yaml", ["a=b c"], workdir=workdir, api=jobs)
+    assert not jobs.launched
+
+
+def test_echo2_fleet_learner_job(workdir, monkeypatch):
+    from echo2.cli import app
+
+    jobs = _Jobs()
+    monkeypatch.setattr(learner_job, "SkyJobs", lambda: jobs)
+    result = CliRunner().invoke(app, ["fleet", "learner-job", "configs/spot.yaml", "--workdir", str(workdir),
+                                      "--run-id", "r-cli"])
+    assert result.exit_code == 0, result.output
+    assert "managed job echo2-learner-r-cli (id 7) trains run r-cli in s3://bucket/echo2" in result.output
+    assert jobs.launched[0][0].envs["ECHO2_RUN_ID"] == "r-cli"
+    bad = CliRunner().invoke(app, ["fleet", "learner-job", "configs/spot.yaml", "--workdir", str(workdir),
+                                   "--set", "store.url=/tmp/x"])
+    assert bad.exit_code == 2 and "error: store.url" in bad.output
