@@ -30,6 +30,7 @@ from echo2.chaos.scenarios import (
     fuzzed_rollouts,
     hostile_store,
     learner_kill,
+    learner_reclaim,
     load,
     reclaims,
     store_faults,
@@ -38,6 +39,7 @@ from echo2.chaos.scenarios import (
 SCENARIOS = {
     "reclaims": reclaims.reclaims,
     "learner-kill": learner_kill.learner_kills,
+    "learner-reclaim": learner_reclaim.learner_reclaim,
     "bad-peers": bad_peers.bad_peers,
     "forgeries": forgeries.forgeries,
     "fuzzed-rollouts": fuzzed_rollouts.fuzzed_rollouts,
