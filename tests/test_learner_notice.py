@@ -18,6 +18,7 @@ from helpers import rollout_bytes
 from test_preemption import FakeMetadata
 
 import flows.train as train_flow
+from echo2 import preemption
 from echo2.config import config_from_dict
 from echo2.data import layout
 from echo2.data.ledger import read_events
@@ -27,7 +28,6 @@ from echo2.learner import notice as notice_module
 from echo2.learner.collector import Selection
 from echo2.learner.notice import LearnerReclaimed, NoticeInterrupt, SpotNotice, StepClock, finish_budget_s
 from echo2.learner.run import LearnerRun
-from echo2.rollout import preemption
 
 
 class _Fleet:

@@ -4,7 +4,7 @@ Only with ``train.market: spot``; an on-demand learner keeps SIGTERM as a stop (
 
 Where a notice comes from. SIGTERM, on any machine (a spot VM's shutdown, SkyPilot's or Kubernetes' stop, Prefect's
 cancellation): it gives ``train.sigterm_notice_s`` seconds (the provider's grace; the learner-reclaim scenario sends
-2). The machine's metadata, polled by the actors' watcher (``echo2/rollout/preemption.py``, ``train.preemption_source``,
+2). The machine's metadata, polled by the actors' watcher (``echo2/preemption.py``, ``train.preemption_source``,
 ``$ECHO2_PREEMPTION_SOURCE``): AWS ``spot/instance-action`` (its ``time`` field is the deadline; about 120 s when it
 has none), GCP ``instance/preempted`` (about 30 s). The watcher's thread hands its notice to the main thread as a
 SIGTERM sent to that thread (``signal.pthread_kill``: it also ends a sleep there), so both ways meet in one handler.
@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 
-from echo2.rollout.preemption import Notice, PreemptionWatcher, start_watcher
+from echo2.preemption import Notice, PreemptionWatcher, start_watcher
 
 log = logging.getLogger("echo2.learner")
 
