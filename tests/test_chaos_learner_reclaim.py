@@ -26,5 +26,5 @@ def test_a_reclaimed_spot_learner_is_relaunched_adopts_its_actors_and_finishes(t
               f"kill->first new step {r['kill_to_first_step_s']}s, steps lost {r['steps_lost']}")
 
 
-NOTICES = (False,)
+NOTICES = (True, False)
 """Reclaims in order: with a notice (True) or not."""

@@ -125,7 +125,8 @@ def learner_reclaim(workdir: Path, quick: bool = False, notices: tuple[bool, ...
     max_steps = 3 * len(notices) + 3 if quick else 6 * len(notices) + 6
     run_dir = workdir / "runs" / RUN_ID
     sets = h.sets(f"model.name={model}", f"store.url={workdir}", f"run.id={RUN_ID}", *h.TINY, f"fleet.actors={actors}",
-                  f"train.max_steps={max_steps}", f"train.checkpoint_every={every}", "train.market=spot")
+                  f"train.max_steps={max_steps}", f"train.checkpoint_every={every}", "train.market=spot",
+                  f"train.sigterm_notice_s={NOTICE_S:g}")
     resume = ["run", h.QUICKSTART, *h.sets(f"store.url={workdir}", f"run.id={RUN_ID}"), "--resume"]
     watch = _LatestWatch(run_dir)
     broken: list[str] = []
