@@ -245,3 +245,21 @@ def test_an_aws_notice_gives_the_seconds_to_its_time():
     assert notice_module.aws_deadline_s('{"action": "terminate", "time": "2026-01-01T00:02:00Z"}',
                                         now=1767225600.0) == 120.0
     assert notice_module.aws_deadline_s("not json") == 120.0
+
+
+def test_a_resumed_learner_leaves_the_tokens_of_the_actors_it_may_adopt_good(tiny_model, tmp_path, monkeypatch):
+    """``LearnerRun``'s revocations at a resume: only the actors the ledger saw end (the live ones are the fleet's to
+    adopt, ``fleet/adoption.py``); with ``fleet.adopt_on_resume`` off, every actor launched before, as before."""
+    from echo2.data.ledger import write_event
+
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
+    (tmp_path / "model").symlink_to(tiny_model)
+    runs = open_store(str(tmp_path / "store")).child(layout.RUNS)
+    first = LearnerRun(_config(tmp_path, "adoptable", "spot"), runs, resume=False)
+    for actor in ("actor0-aa", "actor1-bb"):
+        write_event(first.store, "launch", actor)
+    write_event(first.store, "terminated", "actor1-bb")
+    assert LearnerRun(_config(tmp_path, "adoptable", "spot"), runs, resume=True).revoked == {"actor1-bb"}
+    config = _config(tmp_path, "adoptable", "spot")
+    config.fleet.adopt_on_resume = False
+    assert LearnerRun(config, runs, resume=True).revoked == {"actor0-aa", "actor1-bb"}

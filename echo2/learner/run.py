@@ -33,6 +33,7 @@ from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
 from echo2.errors import Echo2InputError
+from echo2.fleet.adoption import revoked_on_resume
 from echo2.fleet.sizing.workload_file import params_from_config_dict
 from echo2.learner.behavior_audit import BehaviorAuditor
 from echo2.learner.checkpoint import Checkpoint, newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
@@ -144,8 +145,11 @@ class LearnerRun:
             self.evals = state["evals"]
             self.wall_before = state["wall_seconds"]
         self.learner.version = step
-        # every actor of the dead learner is gone or orphaned: none of their tokens is good any more
-        self.revoked = {str(e["actor_id"]) for e in read_events(self.store) if e.get("kind") == "launch"}
+        # the dead learner's actors the ledger saw end are revoked at once; the live ones are the fleet's to adopt
+        # (their tokens stay good) or to stop and revoke (``fleet/adoption.py``); without adoption, all of them
+        events = read_events(self.store)
+        self.revoked = (revoked_on_resume(events) if self.config.fleet.adopt_on_resume
+                        else {str(e["actor_id"]) for e in events if e.get("kind") == "launch"})
         moved = orphan_after(self.store, step)
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
