@@ -214,9 +214,10 @@ def fleet_down(
 def learner_job(
     config: Path = typer.Argument(..., help="YAML config inside the workdir, e.g. configs/spot-multicloud.yaml."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable), at every start."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="The run every start trains [run.id, else a new id]."),
+    run_id: Optional[str] = typer.Option(None, "--run-id",
+                                         help="The run every start trains (default: run.id, else a new id)."),
     task_file: Optional[Path] = typer.Option(None, "--task-file",
-                                             help="SkyPilot task file [infra/skypilot/learner-spot.yaml]."),
+                                             help="SkyPilot task file (default: infra/skypilot/learner-spot.yaml)."),
     workdir: Path = typer.Option(Path("."), "--workdir", help="The checkout the job uploads and runs from."),
 ) -> None:
     """Launch the learner as a SkyPilot managed job on spot machines: relaunched elsewhere after a reclaim, resuming
