@@ -44,8 +44,10 @@ def slow_store_reader(store, delay=0.02):
 
 
 def nodes(store, n, policy=None):
-    return [RelayNode(TOKEN, auth(), slow_store_reader(store), policy=policy or FetchPolicy(pipeline_wait_s=10))
-            for _ in range(n)]
+    """``n`` relay nodes reading the slow store; by default the window's 4 store reads at a time, no more for
+    small chunks (``FetchPolicy.store_bytes_in_flight``), so that a root is still receiving while its children ask."""
+    policy = policy or FetchPolicy(pipeline_wait_s=10, store_bytes_in_flight=0)
+    return [RelayNode(TOKEN, auth(), slow_store_reader(store), policy=policy) for _ in range(n)]
 
 
 def _bare_peer(handle):

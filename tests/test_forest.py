@@ -327,3 +327,42 @@ def test_a_peer_is_planned_by_its_uplink_but_never_faster_than_its_downlink(stor
         relay = topology.relay_plan(store, version, fanout=1, roots=1, max_age_s=3600)
         assert [p["id"] for p in relay["peers"]] == ["a1", "a2", "a0"]
         assert [p["up_mbit"] for p in relay["peers"]] == [200.0, 100.0, 50.0]
+
+
+# -- the latency model: fan-out where the delay per level outweighs what fan-out costs in bandwidth -------------
+
+MB = 2**20
+
+
+def test_the_latency_model_keeps_the_chain_for_a_large_version_and_fans_out_a_small_one_over_long_trips():
+    a = {"version_bytes": 64 * MB, "chunk_bytes": MB, "rate_mbit": 200.0}
+    # scenario A of issue 22: 8 peers, 80 ms: the chain's 3.34 s against fan-out 2's 5.86 s
+    assert forest.pipeline_s(8, 1, one_way_s=0.04, **a) == pytest.approx(64 * MB * 8 / 200e6 + 8 * (0.04 + MB * 8
+                                                                                                   / 200e6))
+    assert forest.pipeline_s(8, 2, one_way_s=0.04, **a) > forest.pipeline_s(8, 1, one_way_s=0.04, **a)
+    assert forest.latency_fanout(8, rtt_s=0.08, **a) == 1
+    small = {"version_bytes": 4 * MB, "chunk_bytes": MB // 4, "rate_mbit": 200.0}
+    assert forest.latency_fanout(8, rtt_s=0.2, **small) == 2  # a 4 MB delta over 200 ms round trips
+    assert forest.latency_fanout(8, rtt_s=0.0, **small) == 1  # no delay: the chain, every link at full rate
+    assert forest.latency_fanout(32, rtt_s=0.4, **small) >= 2
+    assert forest.latency_fanout(1, rtt_s=1.0, **small) == 1
+    assert [forest.levels(n, 2) for n in (1, 2, 3, 4, 7, 8)] == [1, 2, 2, 3, 3, 4]
+    assert forest.levels(8, 1) == 8 and forest.levels(13, 3) == 3
+
+
+def test_the_plan_fans_out_by_the_latency_model_deterministically_and_keeps_the_chain_without_it():
+    live = {f"a{k}": f"http://10.0.0.{k + 1}:8000" for k in range(8)}
+    rates = dict.fromkeys(live, 200.0)
+    small = (4 * MB, MB // 4, 0.2)
+    relay = topology.plan(live, 7, fanout=1, roots=1, rates=rates, latency=small)
+    again = topology.plan(dict(reversed(list(live.items()))), 7, fanout=1, roots=1, rates=rates, latency=small)
+    assert relay == again and relay["fanout"] == 2
+    kids = {}
+    for actor, parent in parents(relay).items():
+        kids.setdefault(parent, []).append(actor)
+    roots = kids.pop(None)
+    assert len(roots) == 1 and max(len(c) for c in kids.values()) == 2
+    assert max(depth(relay).values()) == 3  # 4 levels (the chain: 8)
+    chain = topology.plan(live, 7, fanout=1, roots=1, rates=rates, latency=(64 * MB, MB, 0.08))
+    assert chain == topology.plan(live, 7, fanout=1, roots=1, rates=rates)  # the model keeps today's chain here
+    assert max(depth(chain).values()) == 7

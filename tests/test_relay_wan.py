@@ -167,7 +167,9 @@ def test_the_pipeline_is_kept_over_long_links(store):
     """A chain root -> a -> b, each hop 40 ms of round trip: b has its first chunk before a has its last, and
     a chunk reaches b while its parent is still receiving the run (served as soon as it is verified)."""
     manifest, files = make_version(store, sizes=(24 * 64 * 1024,))
-    root = RelayNode(TOKEN, auth(), slow_store_reader(store, 0.03), policy=FetchPolicy(pipeline_wait_s=10))
+    # the window's 4 store reads at a time (no more for small chunks), so the root is still receiving when a asks
+    root = RelayNode(TOKEN, auth(), slow_store_reader(store, 0.03),
+                     policy=FetchPolicy(pipeline_wait_s=10, store_bytes_in_flight=0))
     a, b = nodes(store, 2)
     wan_root, wan_a = DelayingForwarder(root.server.port, 0.02), DelayingForwarder(a.server.port, 0.02)
     try:
@@ -253,7 +255,7 @@ def test_a_parent_that_dies_mid_version_hands_its_child_to_the_next_source_at_on
     a failure to deliver."""
     manifest, files = make_version(store, sizes=(40 * 64 * 1024,))
     root = seeded(store, manifest, files)
-    policy = FetchPolicy(pipeline_wait_s=60, floor_mbit=0.01)
+    policy = FetchPolicy(pipeline_wait_s=60, floor_mbit=0.01, store_bytes_in_flight=0)  # the window's 4 reads
     parent = RelayNode(TOKEN, auth(), slow_store_reader(store, 0.05), policy=policy)
     (child,) = nodes(store, 1, policy)
     reported = []

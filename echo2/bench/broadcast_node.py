@@ -4,6 +4,10 @@ relay code: a ``RelayNode`` that fetches chunks from its sources (peers, then th
 serves what it has verified to its children; given ``--base``, it then applies the sparse delta
 it received to that base and checks every rebuilt tensor against the manifest's signed table.
 
+A receiver that is a root (no sources) reads the origin through ``store_stream``: one ranged GET per run of
+chunks, read a chunk at a time, as an object store streams it (``Fetcher``); single chunks through fsspec's
+``cat_file`` where that fails.
+
 With ``--rtt-ms`` the server listens on loopback and a ``wan.DelayForwarder`` on the node's address
 stands in front of it (``wan.py``): whoever asks this node pays the round trip.
 
@@ -11,7 +15,9 @@ Protocol with the coordinator (stdin/stdout, one JSON object per line):
     node -> {"ready": url}         server is listening
     coord -> {"sources": [...]}    start fetching (receivers only)
     node -> {"half": t}            with --say-half: half the version's chunks are in (the churn's cue)
-    node -> {"done": t, ...}       whole version verified (receivers only)
+    node -> {"done": t, ...}       whole version in, every chunk verified (receivers only)
+    coord -> {"verify": true}      once every receiver is done
+    node -> {"verified": bool}     the whole files hash to the manifest's sha256 too
     coord -> {"rebuild": true}     with --base, once every receiver is done: apply the delta
     node -> {"rebuilt": bool}      every rebuilt tensor matched the signed table
     coord -> closes stdin          exit
@@ -25,6 +31,7 @@ import hashlib
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import fsspec
@@ -78,11 +85,19 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
     def store_read(chunk, manifest):
         return http.cat_file(f"{origin}/{chunk.file}", start=chunk.offset, end=chunk.offset + chunk.size)
 
+    def store_stream(chunks, manifest):  # one ranged GET, read a chunk at a time, as an object store streams it
+        first, last = chunks[0], chunks[-1]
+        request = urllib.request.Request(f"{origin}/{first.file}",
+                                         headers={"Range": f"bytes={first.offset}-{last.offset + last.size - 1}"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            for chunk in chunks:
+                yield answer.read(chunk.size)
+
     public = public_key_of({"public_key": auth["public_key"], "run_id": auth["run_id"]})
     tls = RelayTLS(ActorCertificate(auth["tls"]["bundle"]), auth["tls"]["ca"]) if "tls" in auth else None
     listen_host, listen_port = _behind(host, port, rtt_ms)
     node = RelayNode(auth["token"], RelayAuth(public, auth["run_id"]), store_read, host=listen_host, port=listen_port,
-                     policy=policy, tls=tls)
+                     policy=policy, tls=tls, store_stream=store_stream)
     _say({"ready": f"{node.url.split('://')[0]}://{host}:{_front(host, port, node.server.port, rtt_ms)}"})
     command = json.loads(sys.stdin.readline())
     # over TLS every receiver is the one bench actor: each parent must prove it is that actor
@@ -93,7 +108,11 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
         _say_half(node, int(manifest["version"]), future)
     buffer = future.result()
     done = time.time()
-    # whole-file check on top of the per-chunk checks: every byte matches the manifest
+    _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at),
+          "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+    # told once every receiver is done (a whole version hashed again here would take CPU from transfers still
+    # going on, on the same cores): the whole-file check on top of the per-chunk checks
+    json.loads(sys.stdin.readline())
     verified = True
     for entry in manifest["files"]:
         digest = hashlib.sha256()
@@ -101,8 +120,7 @@ def run_receiver(manifest_path: Path, origin: str, auth: dict, host: str, port: 
             if chunk.file == entry["name"]:
                 digest.update(data)
         verified &= digest.hexdigest() == entry["sha256"]
-    _say({"done": done, "started": started, "first_chunk": min(buffer.arrived_at), "verified": verified,
-          "from_store": sum(s == "store" for s in buffer.sources), "chunks": len(buffer.chunks)})
+    _say({"verified": verified})
     if base is not None:  # told once every receiver is done, so that no rebuild slows a transfer still going on
         json.loads(sys.stdin.readline())
         _say({"rebuilt": _rebuilds(base, manifest, buffer.files())})

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
 
 from echo2.broadcast.protocol import (
     ANSWER_GRACE_S,
+    MAX_STORE_REQUESTS,
     TAG_CHUNK,
     TAG_NOT_THERE,
     TAG_NOT_YET,
@@ -33,16 +36,28 @@ class Fetcher:
     """Fills a ``VersionBuffer`` from an ordered list of sources: parent peer(s) first, the store last."""
 
     def __init__(self, token: str, store_read: Callable[[Chunk, dict], bytes], policy: FetchPolicy, *,
-                 tls: RelayTLS | None = None, auth: RelayAuth | None = None):
+                 tls: RelayTLS | None = None, auth: RelayAuth | None = None,
+                 store_stream: Callable[[list[Chunk], dict], Iterator[bytes]] | None = None):
         """``tls``: speak TLS to peers (only to ``Peer``s on https URLs, each checked to be its actor);
-        ``auth``: whose revocations to honour when choosing parents."""
+        ``auth``: whose revocations to honour when choosing parents; ``store_stream``: where the store can stream
+        a byte range, consecutive chunks of one file -> their bytes, one chunk per item, in order (blocking; one
+        ranged GET), which a root then reads in order instead of ``store_read``'s parallel requests."""
         self.token = token
         self.store_read = store_read  # blocking; runs in a worker thread
+        self.store_stream = store_stream
         self.policy = policy
         self.tls = tls
         self.auth = auth
         self.download = RateMeter()
         """What this node's downloads achieved (``rates.py``)."""
+        self._store_pool: ThreadPoolExecutor | None = None  # the blocking store reads (asyncio's own pool has 6
+        # threads on 2 cores: too few for small chunks over a long path)
+
+    def close(self) -> None:
+        """Let the store-read threads go (a read still running ends on its own)."""
+        if self._store_pool is not None:
+            self._store_pool.shutdown(wait=False, cancel_futures=True)
+            self._store_pool = None
 
     def _dialable(self, peer: str | Peer, version: int) -> bool:
         """Whether ``peer`` may be asked at all: a peer this node cannot verify, or a revoked one, is not."""
@@ -93,8 +108,19 @@ class Fetcher:
         return buffer
 
     async def _from_store(self, buffer: VersionBuffer) -> None:
-        """What is still missing, ``window`` chunks at a time; a failure here fails the version."""
+        """What is still missing, ``FetchPolicy.store_requests`` chunks at a time (``window``, or enough to cover
+        the store's bandwidth-delay product with small chunks); a failure here fails the version."""
+        if self._store_pool is None:
+            self._store_pool = ThreadPoolExecutor(MAX_STORE_REQUESTS, thread_name_prefix="echo2-store")
+        if self.store_stream is not None:
+            try:
+                await self._store_runs(buffer)
+            except (OSError, ValueError, SourceFailed) as exc:  # what is still missing: one request a chunk
+                log.warning("v%d: streaming from the store failed (%s); reading chunk by chunk", buffer.version, exc)
         queue = [i for i, d in enumerate(buffer.data) if d is None][::-1]
+        if not queue:
+            return
+        loop = asyncio.get_running_loop()
 
         async def worker() -> None:
             while queue:
@@ -102,12 +128,55 @@ class Fetcher:
                 self.download.start()
                 data = b""
                 try:
-                    data = await asyncio.to_thread(self.store_read, chunk, buffer.manifest)
+                    data = await loop.run_in_executor(self._store_pool, self.store_read, chunk, buffer.manifest)
                 finally:
                     self.download.stop(len(data))
                 buffer.put(chunk.index, data, "store")
 
-        await asyncio.gather(*(worker() for _ in range(self.policy.window)))
+        n = min(len(queue), self.policy.store_requests(max(c.size for c in buffer.chunks)))
+        await asyncio.gather(*(worker() for _ in range(n)))
+
+    async def _store_runs(self, buffer: VersionBuffer) -> None:
+        """What is missing, one streamed ranged read per run of consecutive chunks of a file, each chunk put
+        (verified) as it comes: in order, so a root serves its children from the first chunk on, where parallel
+        requests sharing the store's uplink finish chunk 0 only about a window's transfer time later."""
+        assert self.store_stream is not None and self._store_pool is not None
+        loop = asyncio.get_running_loop()
+        missing = [i for i, d in enumerate(buffer.data) if d is None]
+        for first, last in _runs(missing):
+            chunks = buffer.chunks[first : last + 1]
+            for run in _by_file(chunks):
+                queue: asyncio.Queue = asyncio.Queue()
+                stop = threading.Event()
+
+                def read(run: list[Chunk] = run, queue: asyncio.Queue = queue, stop: threading.Event = stop) -> None:
+                    try:  # each chunk handed to the loop as it is read; then None, or the error
+                        for data in self.store_stream(run, buffer.manifest):
+                            if stop.is_set():  # the loop gave up on this run (a bad chunk, a cancel)
+                                return
+                            loop.call_soon_threadsafe(queue.put_nowait, data)
+                        loop.call_soon_threadsafe(queue.put_nowait, None)
+                    except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
+                        loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+                reader = loop.run_in_executor(self._store_pool, read)
+                self.download.start()
+                got = 0
+                try:
+                    for chunk in run:
+                        item = await queue.get()
+                        if isinstance(item, BaseException):
+                            raise item
+                        if item is None:
+                            raise SourceFailed(f"the store's stream ended before chunk {chunk.index}")
+                        got += len(item)
+                        buffer.put(chunk.index, item, "store")
+                except BaseException:
+                    stop.set()
+                    raise
+                finally:
+                    self.download.stop(got)
+                await reader
 
     async def _stream(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, first: int,
                       last: int, need_mbit: float | None) -> None:
@@ -173,12 +242,21 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
     return out
 
 
+def _by_file(chunks: list[Chunk]) -> list[list[Chunk]]:
+    """Consecutive chunks split where the file changes."""
+    out: list[list[Chunk]] = []
+    for chunk in chunks:
+        if out and out[-1][-1].file == chunk.file:
+            out[-1].append(chunk)
+        else:
+            out.append([chunk])
+    return out
+
+
 async def _read_at_most(resp: ClientResponse, limit: int) -> bytes:
-    """The body up to ``limit`` bytes: never more, whatever the peer sends or announces."""
-    data = bytearray()
-    while len(data) < limit:
-        block = await resp.content.read(limit - len(data))
-        if not block:  # end of the body
-            break
-        data += block
-    return bytes(data)
+    """The body up to ``limit`` bytes: never more, whatever the peer sends or announces (the blocks joined once:
+    one copy of the chunk, not two)."""
+    try:
+        return await resp.content.readexactly(limit)
+    except asyncio.IncompleteReadError as exc:  # end of the body first
+        return exc.partial

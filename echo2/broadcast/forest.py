@@ -32,6 +32,21 @@ The rule, per site (one forest per provider and region, ``topology``'s sites):
   what the slots make it: on the issue's mix (uplinks 25/100/200/1000 Mbit/s cycled over 16 peers) the four
   1000 Mbit/s peers carry four children each at 250 Mbit/s, two levels deep.
 
+Latency (``latency_fanout``): where the learner knows the round trip between its peers and the version's
+size (``topology.plan``'s ``rtt_s``, ``version_bytes``, ``chunk_bytes``; none of them is measured by the relay
+yet, so only a caller that declares them, the benchmark, gets this), the fan-out is at least the one a model
+of the pipeline finds fastest. With ``N`` peers of uplink ``B``, a version of ``S`` bytes in chunks of ``c``,
+and a one-way delay ``d``: a forest of fan-out ``f`` (every parent ``f`` children, so every link carries
+``B / f``) has ``D_f`` levels (the least ``D`` with ``1 + f + ... + f^(D-1) >= N``), and moves the version in
+about ``T(f) = f S / B + D_f (d + f c / B)``: the last peer's link rate for the whole version, plus, per level,
+one chunk at that rate and the delay (each level sends a chunk on only once it has it all, verified). A chain
+(``f = 1``) pays the delay ``N`` times, a fan-out of 2 about ``log2 N`` times but halves every link: fan-out 2
+wins only where ``N (d + c/B) - D_2 (d + 2c/B)`` exceeds ``S / B``: small versions (a sparse delta) or long
+round trips over many peers. At 64 MB over 200 Mbit/s links to 8 peers with 1 MB chunks and an 80 ms round trip
+the chain's 3.34 s beats fan-out 2's 5.86 s; at 4 MB, 0.25 MB chunks and 200 ms, fan-out 2 (0.82 s) beats the
+chain (1.05 s). ``B`` is the median planning rate (the rates are uniform where this matters most); ties go to
+the smaller fan-out. The plan stays deterministic: the learner writes every parent into the signed manifest.
+
 Untrusted claims. Rates are what actors say they measured; a liar can claim 100 Gbit/s. What bounds it: a
 claim above ``RATE_SPREAD`` x the median counts as that; no parent gets more than ``MAX_CHILDREN`` children
 (or ``fanout``), so a liar at a root holds at most that many; those children report it (``failed_parents``,
@@ -57,6 +72,37 @@ RATE_SPREAD = 16.0
 """A claimed rate counts at most this many times the median known rate of the plan."""
 MAX_CHILDREN = 8
 """No parent gets more children than this (or ``fanout`` where that is more), whatever its rate."""
+
+
+MAX_LATENCY_FANOUT = 4
+"""The most children the latency model gives a peer (``latency_fanout``)."""
+
+
+def levels(n: int, fanout: int) -> int:
+    """Levels of a forest of one root and ``fanout`` children per parent holding ``n`` peers."""
+    if fanout <= 1:
+        return n
+    depth, held, width = 0, 0, 1
+    while held < n:
+        held, width, depth = held + width, width * fanout, depth + 1
+    return depth
+
+
+def pipeline_s(n: int, fanout: int, *, version_bytes: int, chunk_bytes: int, rate_mbit: float,
+               one_way_s: float) -> float:
+    """The model's time for a version through a forest of ``fanout`` (module docstring: ``T(f)``)."""
+    link = rate_mbit * 1e6 / 8 / fanout  # bytes/s each link carries
+    return version_bytes / link + levels(n, fanout) * (one_way_s + chunk_bytes / link)
+
+
+def latency_fanout(n: int, *, version_bytes: int, chunk_bytes: int, rate_mbit: float, rtt_s: float,
+                   most: int = MAX_LATENCY_FANOUT) -> int:
+    """The fan-out in 1..``most`` with the least ``pipeline_s`` (ties: the smaller)."""
+    if n <= 1 or rate_mbit <= 0 or version_bytes <= 0:
+        return 1
+    times = {f: pipeline_s(n, f, version_bytes=version_bytes, chunk_bytes=min(chunk_bytes, version_bytes),
+                           rate_mbit=rate_mbit, one_way_s=max(0.0, rtt_s) / 2) for f in range(1, most + 1)}
+    return min(times, key=lambda f: (times[f], f))
 
 
 def half_octave(rate: float) -> float:
@@ -126,13 +172,22 @@ def layout_site(ids: list[str], rate: dict[str, float], demoted: Collection[str]
 
 def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: int, site: dict[str, str] | None,
                  site_roots: dict[str, int] | None, rates: dict[str, float | None], demoted: Collection[str],
-                 max_rate: float) -> dict:
+                 max_rate: float, latency: tuple[int, int, float] | None = None) -> dict:
     """The relay section with explicit parents (``shape: parents``); ``ids`` in the version's hash order,
     ``site`` peer -> site name (None: one forest), ``site_roots`` roots per site. Each peer entry carries
     ``parent`` (None for a root) and, where its rate is known, ``up_mbit``: the rate it was planned by as
     reported (``topology.planning_rate``: its uplink, no more than its downlink), neither capped by the
-    median nor rounded, which its children hold it to, shared among them (``receiver.py``)."""
+    median nor rounded, which its children hold it to, shared among them (``receiver.py``). ``latency``:
+    (version bytes, chunk bytes, round trip in s) where known: the fan-out is at least ``latency_fanout``'s for
+    the largest site, at the median planning rate (module docstring)."""
     rate, demoted = planning_rates(ids, rates, {i for i in demoted if i in live}, site, max_rate)
+    known = [r for i in ids if _claim(rates, i, max_rate) is not None and (r := rate[i]) > 0]
+    if latency is not None and known:
+        largest = max(sum(1 for i in ids if (site or {}).get(i, "") == s) for s in {(site or {}).get(i, "")
+                                                                                     for i in ids})
+        version_bytes, chunk_bytes, rtt_s = latency
+        fanout = max(fanout, latency_fanout(largest, version_bytes=version_bytes, chunk_bytes=chunk_bytes,
+                                            rate_mbit=statistics.median_low(sorted(known)), rtt_s=rtt_s))
     groups = sorted(set(site.values())) if site is not None else [""]
     peers = []
     for name in groups:

@@ -15,6 +15,8 @@ from echo2.data.manifest import Chunk
 
 ANSWER_GRACE_S = 2.0
 """How much longer than the pipeline hold a child waits for a peer's answer (network and scheduling)."""
+MAX_STORE_REQUESTS = 32
+"""No more chunk requests than this in flight to the store (threads: the store's client is blocking)."""
 TAG_CHUNK = b"C"
 """In a run (``?run=k``): the chunk's bytes follow (its size is the manifest's)."""
 TAG_NOT_THERE = b"N"
@@ -59,9 +61,12 @@ class VersionBuffer:
     failed: BaseException | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the fetch stopped short (failed or cancelled): missing chunks will not come."""
+    missing: int = 0
+    """Chunks not in yet (kept as they are put: no scan of every chunk per chunk)."""
 
     def __post_init__(self) -> None:
         n = len(self.chunks)
+        self.missing = n
         self.data = [None] * n
         self.arrived_at = [None] * n
         self.sources = [None] * n
@@ -71,11 +76,13 @@ class VersionBuffer:
         chunk = self.chunks[index]
         if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != chunk.sha256:
             raise SourceFailed(f"chunk {index} of v{self.version} from {source} does not match the manifest")
+        if self.data[index] is None:
+            self.missing -= 1
         self.data[index] = data
         self.arrived_at[index] = time.time()
         self.sources[index] = source
         self.events[index].set()
-        if all(d is not None for d in self.data):
+        if self.missing == 0:
             self.done.set()
 
     def abandon(self, exc: BaseException) -> None:
@@ -104,9 +111,20 @@ class FetchPolicy:
     pipeline_wait_s: float = 30.0
     """How long a server holds a request for a chunk it is still receiving."""
     window: int = 4
-    """Chunk requests in flight to the store. From a peer, chunks come as one streamed run (module docstring)."""
+    """Chunk requests in flight to the store, at least (``store_requests``). From a peer, chunks come as one
+    streamed run (module docstring)."""
+    store_bytes_in_flight: int = 8 * 2**20
+    """Bytes of chunk requests kept in flight to the store, at least: small chunks get more requests, so that
+    what is in flight still covers the store's bandwidth-delay product (8 MB: 200 Mbit/s over 320 ms, 1 Gbit/s
+    over 64 ms). With ``window`` 4 of 1 MB chunks over an 80 ms round trip the store gave a root about 100
+    Mbit/s of 200 at 0.25 MB chunks (``docs/benchmarks.md``)."""
     chunk_slack_s: float = 2.0
     """Seconds a chunk's bytes may take beyond its size at the rate the parent is held to (scheduling)."""
+
+    def store_requests(self, chunk_size: int) -> int:
+        """Chunk requests in flight to the store for chunks of ``chunk_size`` bytes (``window``,
+        ``store_bytes_in_flight``), at most ``MAX_STORE_REQUESTS``."""
+        return max(self.window, min(MAX_STORE_REQUESTS, -(-self.store_bytes_in_flight // max(1, chunk_size))))
 
     def chunk_timeout(self, size: int, rate_mbit: float | None = None) -> float:
         """Seconds a chunk's bytes may take once they start, at ``rate_mbit`` (default: the floor)."""

@@ -66,7 +66,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from aiohttp import web
 
@@ -269,9 +269,11 @@ class RelayNode:
 
     def __init__(self, token: str, auth: RelayAuth, store_read: Callable[[Chunk, dict], bytes], *,
                  host: str = "127.0.0.1", port: int = 0, policy: FetchPolicy | None = None,
-                 server_cls: type[RelayServer] = RelayServer, tls: RelayTLS | None = None):
+                 server_cls: type[RelayServer] = RelayServer, tls: RelayTLS | None = None,
+                 store_stream: Callable[[list[Chunk], dict], Iterator[bytes]] | None = None):
         """``token``: this node's own (what it sends to its parents); ``auth``: what it accepts;
-        ``tls``: this node's certificate and the run's CA (mutual TLS both ways), None for plain HTTP."""
+        ``tls``: this node's certificate and the run's CA (mutual TLS both ways), None for plain HTTP;
+        ``store_stream``: a streamed ranged read of the store, where it has one (``Fetcher``)."""
         self.policy = policy or FetchPolicy()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="echo2-relay", daemon=True)
@@ -279,7 +281,7 @@ class RelayNode:
         self.server = server_cls(auth, host=host, port=port, tls=tls)
         self.server.pipeline_wait_s = self.policy.pipeline_wait_s
 
-        self.fetcher = Fetcher(token, store_read, self.policy, tls=tls, auth=auth)
+        self.fetcher = Fetcher(token, store_read, self.policy, tls=tls, auth=auth, store_stream=store_stream)
         self._call(self.server.start())
 
     def _call(self, coro, timeout: float | None = None):
@@ -330,5 +332,6 @@ class RelayNode:
         try:
             self._call(shutdown(), timeout=10)
         finally:
+            self.fetcher.close()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=5)

@@ -173,7 +173,7 @@ def sources(relay: dict, actor_id: str) -> list[str]:
 def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
          reports: dict[str, set[str]] | None = None, placement: dict[str, tuple[str, str]] | None = None,
          store_site: tuple[str, str] | None = None, rates: dict[str, float | None] | None = None,
-         demoted: Collection[str] | None = None) -> dict:
+         demoted: Collection[str] | None = None, latency: tuple[int, int, float] | None = None) -> dict:
     """The relay section of a manifest: ordered peers (id, url[, site][, parent]) and the shape of the forest.
 
     ``reports``: parent -> the children that reported it failed (``standing_reports``); a parent with
@@ -181,7 +181,9 @@ def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
     region) from the ledger; given, the plan is one forest per site (module docstring), with ``store_site``
     the store's (provider, region), None if unknown. ``rates``: actor -> its uplink in Mbit/s (None or absent:
     unknown); given, the forest is bandwidth-aware and carries each peer's ``parent`` (``_rated_forest``), with
-    ``demoted`` the peers planned at the leaves (None: every peer with a standing report below quorum)."""
+    ``demoted`` the peers planned at the leaves (None: every peer with a standing report below quorum), and
+    ``latency`` = (version bytes, chunk bytes, round trip in s), where the caller knows them: the fan-out is at
+    least what ``forest.latency_fanout`` models fastest."""
     out = {p for p, who in (reports or {}).items() if len(who) >= QUORUM}
     ids = [i for i in order(list(live), version) if i not in out]
     site = {i: site_name(*placement[i]) if i in placement else "" for i in ids} if placement else None
@@ -192,7 +194,7 @@ def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
         if demoted is None:
             demoted = {p for p, who in (reports or {}).items() if 0 < len(who) < QUORUM}
         return rated_forest(live, ids, fanout=fanout, roots=roots, site=site, site_roots=site_roots, rates=rates,
-                            demoted=demoted, max_rate=MAX_RATE_MBIT)
+                            demoted=demoted, max_rate=MAX_RATE_MBIT, latency=latency)
     if site is None:
         return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
     ids = [i for s in sites for i in ids if site[i] == s]  # grouped by site, hash order within

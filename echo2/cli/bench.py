@@ -108,10 +108,13 @@ def _bench_wan(*, size_mb: float, chunk_mb: float, shaped: bool, as_json: bool) 
     sc = result["scenarios"]
     for title, rows, wide, churn, store_only in [
             (f"A: {size_mb:g} MB, 200 Mbit/s links, RTT 80 ms", [sc["A"]], True, False, True),
+            (f"A: the same, {sc['A_small']['chunk_mb']:g} MB chunks (relay only)", [sc["A_small"]], False, False,
+             False),
             (f"B, C: {size_mb:g} MB, uplinks 25/100/200/1000 (store 200), RTT 40 ms, churn 0.25", [sc["B+C"]],
              True, True, False),
             ("D: today's rows, 256 MB, 200 Mbit/s links, no RTT", sc["D"], False, False, False)]:
-        table = Table(title=f"{title}, {chunk_mb:g} MB chunks, fan-out 1 ({rows[0]['network']})")
+        pieces = "" if "chunks" in title else f", {chunk_mb:g} MB chunks"
+        table = Table(title=f"{title}{pieces}, fan-out {rows[0]['fanout']} ({rows[0]['network']})")
         for col in _columns(tls=False, wide=wide, churn=churn, store_only=store_only):
             table.add_column(col, justify="right")
         for r in rows:
