@@ -53,6 +53,19 @@ from flows.observe import RunWatch
 
 log = logging.getLogger("echo2.flows")
 
+class _ReclaimedQuietly(logging.Filter):
+    """Prefect logs a flow's exception at ERROR with its traceback; a spot learner's notice exit is an expected end
+    (``LearnerReclaimed``): one warning line, the flow run FAILED all the same."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], LearnerReclaimed):
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("prefect.flow_runs").addFilter(_ReclaimedQuietly())
+
 FLOW_RUN_EVENT = "flow_run"
 """The ledger event a flow run writes into the run it trains (``flow_run_id``, ``attempt``)."""
 

@@ -9,6 +9,7 @@ notice comes from a local fake of GCP's metadata server (test_preemption.py's)."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -175,12 +176,15 @@ def test_a_step_that_cannot_end_within_the_notice_is_abandoned_and_its_files_use
     assert not _Fleet.made[0].stopped
 
 
-def test_a_notice_while_collecting_leaves_at_once(tmp_path, flow_env):
+def test_a_notice_while_collecting_leaves_at_once(tmp_path, flow_env, caplog):
     signal_in, run_store = flow_env
     cfg = _config(tmp_path, "spot-collect", "spot", sigterm_notice_s=2)
     signal_in(3, "collect")
     with pytest.raises(LearnerReclaimed):
         train_flow.train(config=cfg.model_dump(mode="json"))
+    # an expected end: Prefect's report of it is one warning line, not an ERROR with a traceback
+    said = [r for r in caplog.records if "LearnerReclaimed" in r.getMessage()]
+    assert said and not [r for r in said if r.exc_info or r.levelno > logging.WARNING]
     [left] = _events(run_store("spot-collect"), "learner_left")
     assert left["checkpoint_step"] == 2 and left["abandoned_step"] is False and left["notice_to_checkpoint_s"] <= 2
     assert not _Fleet.made[0].stopped
