@@ -129,3 +129,29 @@ def test_a_run_ends_when_its_version_is_received_again_meanwhile(store):
     finally:
         child.close()
         parent.close()
+
+
+def test_a_child_that_leaves_mid_run_ends_it_quietly(store, caplog):
+    """A child that reads the head of a run and resets its connection (killed): the parent's run ends at debug
+    level, not with aiohttp's 'Error handling request' traceback (reset, or aiohttp's 'Connection lost')."""
+    import logging
+    import socket
+    import struct
+
+    manifest, files = make_version(store, sizes=(128 * CHUNK,))
+    (parent,) = nodes(store, 1)
+    parent.seed(manifest, files)
+    caplog.set_level(logging.DEBUG)
+    try:
+        conn = socket.create_connection(("127.0.0.1", parent.server.port))
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.sendall(f"GET /v1/versions/1/chunks/0?run=128 HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {TOKEN}\r\n\r\n".encode())
+        _read_head(conn)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+        conn.close()
+        wait_until(lambda: any("child left a run" in r.getMessage() for r in caplog.records), 20,
+                   "the parent to notice the child left")
+    finally:
+        parent.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]

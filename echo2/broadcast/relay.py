@@ -213,7 +213,7 @@ class RelayServer:
                 await resp.write(TAG_CHUNK)
                 await resp.write(data)  # as soon as it is verified: the pipeline
             await resp.write_eof()
-        except ConnectionResetError:  # the child left mid-run (killed, or moved on): nothing to answer
+        except ConnectionError:  # the child left mid-run (killed, moved on: reset, or "Connection lost"): no answer
             log.debug("child left a run of v%d from chunk %d", version, index)
         finally:
             self.upload.close(key)
