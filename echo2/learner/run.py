@@ -9,6 +9,11 @@ What the dead learner made after c is moved to ``orphaned/<time>/`` (``data/run_
 continues from version c. Rollout files a step had chosen
 but not trained on when it died are used again; every committed rollout file ends in the ledger
 exactly once: used, dropped (stale, duplicate, or unused when the run finished) or quarantined.
+
+A spot learner's notice (``notice.py``, driven by the flow): ``update`` keeps ``clock`` (how long steps and
+checkpoints take, whether one is under way) for the decision to finish or abandon the step; ``leave_on_notice``
+writes ``learner_notice``, checkpoints the step reached and writes ``learner_left``. A resume revokes at once only
+the tokens of actors the ledger saw end: the live ones are the fleet's to adopt (``fleet/adoption.py``).
 """
 
 from __future__ import annotations
