@@ -88,7 +88,7 @@ def test_a_spot_learners_local_actors_outlive_its_killed_process_tree_and_are_ad
         launches = {e["actor_id"]: e for e in events(store, "launch")}
         assert sorted(launches) == sorted(ids)
         for e in launches.values():  # what adoption needs, recorded at launch
-            assert e["outlives_learner"] is True and e["boot_id"] and e["marker"][-1] == e["actor_id"]
+            assert e["outlives_learner"] is True and e["boot_id"] and e["host"] and e["marker"][-1] == e["actor_id"]
         pids = [launches[a]["pid"] for a in ids]
         for pid in pids:  # no parent-pid watch, own session
             argv = open(f"/proc/{pid}/cmdline").read().split("\0")
@@ -214,3 +214,35 @@ def test_an_adopted_actors_files_are_judged_by_the_manifest_they_name(tmp_path):
     assert set(dropped) == {stale_timeline, no_field, future}, dropped
     assert all(r.startswith("lost timeline") for r in dropped.values())
     assert not sel.quarantined and not collector.invalid_files  # the future file is no mark against the actor
+
+
+# -- the actor's view of the ledger after a resume -----------------------------------------------------------
+
+def test_an_adopted_actor_reads_the_ledger_anew_once_a_resume_rewrote_it(tmp_path):
+    """The resume moves the entries after its checkpoint aside and the new timeline writes the same step numbers
+    again: the actor's flow control must count what the new entries settled, or every actor would wait for the
+    learner while it waits for them (seen in the learner-reclaim scenario before this)."""
+    from types import SimpleNamespace
+
+    from echo2.data.ledger import ConsumedIndex, write_consumed
+    from echo2.data.run_folder import orphan_after
+    from echo2.rollout.actor import Actor
+
+    store = open_store(str(tmp_path / "runs" / "run"))
+    a = commit_rollouts(store, 0, 0, actor="a")
+    b = commit_rollouts(store, 1, 1, actor="a")
+    write_consumed(store, 1, {"learner_version": 0, "used": [{"key": a}], "dropped": [], "quarantined": []})
+    write_consumed(store, 2, {"learner_version": 1, "used": [], "dropped": [], "quarantined": []})
+    actor = SimpleNamespace(store=store, consumed=ConsumedIndex(store), _newest_entry=None)
+    actor._entry_mark = lambda step: Actor._entry_mark(actor, step)
+    Actor._refresh_consumed(actor)
+    assert actor.consumed.latest_step == 2 and b not in actor.consumed.settled
+    time.sleep(0.01)  # a later modification time for the rewritten entry (the resume comes seconds later in life)
+    orphan_after(store, 1)  # the resume from checkpoint 1: entry 2 moved aside (and v1's file with it)
+    c = commit_rollouts(store, 1, 2, actor="a")  # the adopted actor's file of the new timeline's v1
+    write_consumed(store, 2, {"learner_version": 1, "used": [{"key": c}], "dropped": [], "quarantined": []})
+    Actor._refresh_consumed(actor)
+    assert c in actor.consumed.settled, "the rewritten entry of step 2 was not read again"
+    assert actor.consumed.backlog("a", 0, 2, cap=4) == 1  # b alone waits (a stale index counted c too)
+    Actor._refresh_consumed(actor)  # nothing changed: the same index goes on
+    assert actor._newest_entry[0] == 2

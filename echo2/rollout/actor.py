@@ -52,7 +52,7 @@ from echo2.data.ledger import ConsumedIndex
 from echo2.data.relay_tokens import token_from_env
 from echo2.data.rollouts import Rollout, encode_rollouts, policy_digest
 from echo2.data.run_key import public_key_of
-from echo2.data.store import ObjectStore
+from echo2.data.store import NotFound, ObjectStore
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.machine import machine_broadcast
@@ -104,6 +104,8 @@ class Actor:
         self.rng = random.Random(self.seed)
         torch.manual_seed(self.seed)
         self.consumed = ConsumedIndex(store)
+        self._newest_entry: tuple[int, object] | None = None
+        """(the newest ledger step the index read, what marked its entry then): a resume's rewrite changes it."""
         self.learner_watch = LearnerWatch(store, self.config.fleet.learner_silence_s)
         # what an actor holds: the run's public key (verifies versions and peers' tokens) and its own
         # relay token (talks to peers); neither signs anything, and the learner's private key is never read here
@@ -222,7 +224,9 @@ class Actor:
         if ready.adapter is not None:
             self.engine.load_lora(ready.adapter.tensors, version=ready.version, rank=ready.adapter.rank,
                                   alpha=ready.adapter.alpha)
-        self.version = ready.version  # may move back: a resumed learner's LATEST (its checkpoint, then c + 1 ...)
+        if self.version is not None and ready.version <= self.version:  # a resumed learner's checkpoint, c + 1 ...
+            log.warning("policy v%d -> v%d of a resumed learner's timeline", self.version, ready.version)
+        self.version = ready.version
         self.policy_digest = policy_digest(ready.manifest)
         created = ready.manifest.get("created_at")
         self.dissemination_seconds = time.time() - created if isinstance(created, (int, float)) else None
@@ -258,13 +262,45 @@ class Actor:
         of files from the future cannot stop honest actors.
         """
         assert self.version is not None
-        self.consumed.refresh()
+        self._refresh_consumed()
         oldest_usable = self.consumed.latest_step - self.config.train.staleness
         if self.version < oldest_usable:
             return False
         newest = max(self.consumed.latest_step, self.version)
         waiting = self.consumed.backlog(self.actor_id, oldest_usable, newest, per_actor_cap(self.config))
         return waiting < backlog_bound(self.config)
+
+    def _refresh_consumed(self) -> None:
+        """``ConsumedIndex.refresh``, and a fresh index when a resume rewrote the ledger (issue 23: an adopted actor
+        outlives its learner). The index reads each entry once, by name; a resume moves the entries after its
+        checkpoint aside and the new timeline writes those step numbers again, so a cached entry would hold the
+        lost timeline's verdicts and count files the new one settled as still waiting (with a backlog bound of
+        one, every actor then waits for the learner, which waits for them). Any rewrite includes the newest entry
+        this index read (it is after the checkpoint, or nothing it read was rewritten): one look at that entry
+        per refresh (its modification time, or its bytes where the store keeps no times) tells."""
+        self.consumed.refresh()
+        step = self.consumed.latest_step
+        if self._newest_entry is not None and self._newest_entry[0] and self._entry_mark(
+                self._newest_entry[0]) != self._newest_entry[1]:
+            log.info("the ledger's entry of step %d was written again (a resumed learner's timeline): reading the "
+                     "ledger anew", self._newest_entry[0])
+            self.consumed = ConsumedIndex(self.store)
+            self.consumed.refresh()
+            step = self.consumed.latest_step
+        self._newest_entry = (step, self._entry_mark(step) if step else None)
+
+    def _entry_mark(self, step: int) -> object:
+        """What identifies the ledger entry of ``step`` as written: its modification time (or bytes); None: gone."""
+        key = layout.consumed_key(step)
+        try:
+            return self.store.modified(key)
+        except NotImplementedError:
+            try:
+                return self.store.get(key)
+            except NotFound:
+                return None
+        except NotFound:
+            return None
 
     def _sample(self, prompts: list[list[int]], max_new_tokens: int) -> list:
         """The task's sampler: one continuation of each prompt from the engine, at the run's temperature."""

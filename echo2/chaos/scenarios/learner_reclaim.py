@@ -9,13 +9,15 @@
 
 Checks (``broken`` when one fails): steps lost per reclaim (the newest step in the ledger when it died minus the
 step it resumed from) <= 1 with a notice and <= ``train.checkpoint_every`` without; no actor launched after the
-first start, and every actor adopted at each resume; LATEST (watched all along) never moves back except to the
-step a resume names; the audit shows every rollout file exactly once; the cost report bills a spot learner in
-sessions with one gap per reclaim. Measured (in ``detail`` and the row): notice -> committed checkpoint seconds
-(the ``learner_left`` event's ``notice_to_checkpoint_s``), and kill -> the first new step after the relaunch (the
-new ledger entry's time). Every wait is on an event in the store (a file appearing), bounded; never a fixed sleep
-but the notice's ``NOTICE_S``. Actors outlive learners by design here, so the scenario stops whatever of the run
-is left (every launched pid) when it ends.
+first start, and every actor adopted at each resume and never revoked while it runs; LATEST (watched all along)
+never moves back except to the step a resume names; the audit shows every rollout file exactly once; the cost report
+bills a spot learner in sessions with one gap per reclaim.
+
+Measured (in ``detail`` and the row): notice -> committed checkpoint seconds (the ``learner_left`` event's
+``notice_to_checkpoint_s``), and kill -> the first new step after the relaunch (the new ledger entry's time). Every
+wait is on an event in the store (a file appearing), bounded; never a fixed sleep but the notice's ``NOTICE_S``.
+Actors outlive learners by design here, so the scenario stops whatever of the run is left (every launched pid) when
+it ends.
 """
 
 from __future__ import annotations
@@ -220,8 +222,28 @@ def _judge(events: list[dict], reclaims: list[dict], latest: list[tuple[float, i
     wrong = [(a, b) for a, b in back if b not in allowed]
     if wrong:
         broken.append(f"LATEST moved back outside the resume rule: {wrong}")
+    broken += _revoked_adopted(events, run_dir)
     broken += _cost_checks(run_dir, len(reclaims), sum(r["notice"] for r in reclaims))
     return broken
+
+
+def _revoked_adopted(events: list[dict], run_dir: Path) -> list[str]:
+    """Adopted actors whose relay tokens a version published after their adoption revoked (none may be, unless
+    the ledger saw them end first)."""
+    adopted = {e["actor_id"]: e["ts"] for e in events if e.get("kind") == "adopt"}
+    ended = {e["actor_id"]: e["ts"] for e in events if e.get("kind") in ("terminated", "exited", "crashed",
+                                                                           "reclaimed", "expelled")}
+    wrong = set()
+    for path in (run_dir / "policy").glob("v*/manifest.json"):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        published = manifest.get("created_at") or 0
+        for actor in manifest.get("revoked") or []:
+            if actor in adopted and adopted[actor] <= published < ended.get(actor, float("inf")):
+                wrong.add(actor)
+    return [f"adopted actors revoked by a later version: {sorted(wrong)}"] if wrong else []
 
 
 def _cost_checks(run_dir: Path, reclaims: int, notices: int) -> list[str]:

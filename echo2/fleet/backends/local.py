@@ -43,6 +43,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -234,7 +235,8 @@ class LocalBackend(FleetBackend):
             self.procs[spec.actor_id] = proc
             self.logs[spec.actor_id] = log_path
         log.info("launched %s (pid %d), log %s", spec.actor_id, proc.pid, log_path)
-        return {"pid": proc.pid, "log": str(log_path), "boot_id": boot_id(), "outlives_learner": outlive,
+        return {"pid": proc.pid, "log": str(log_path), "host": socket.gethostname(), "boot_id": boot_id(),
+                "outlives_learner": outlive,
                 "marker": ["--run", spec.run_url, "--actor-id", spec.actor_id]}
 
     def adopt(self, actor_id: str, launched: dict, launch: LaunchContext | None, offer: ActorOffer) -> str:
