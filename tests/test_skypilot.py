@@ -805,6 +805,28 @@ def test_a_resumed_learner_adopts_the_clusters_still_up_and_downs_only_the_one_i
     fleet.stop()
 
 
+def test_an_actor_skypilot_cannot_be_asked_about_at_the_resume_is_stopped_not_left_unmanaged(
+        tmp_path, offline_optimizer):
+    """A status request that keeps failing at the resume: the actor is not adopted, and not left running with no
+    learner managing it (its learner is back, so it would never fall silent): adopt_failed, downed, replaced."""
+    api = FakeLaunchApi()
+    fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP,), actors=1)
+    fleet.start()
+    wait_for(lambda: len(api.table) == 1, "the cluster up")
+    old = fleet.slots[0].actor_id
+    resumed_backend = backend_with(api)
+    api.fail("clusters", 3, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    resumed = FleetManager(resumed_backend, SkyPilotFleetConfig(actors=1), store, launch_spec=fleet.launch_spec,
+                           offers=[L4_GCP])
+    resumed.start()
+    assert [e["actor_id"] for e in events(store, "adopt_failed")] == [old] and not events(store, "adopt")
+    assert "failed 3 times" in events(store, "adopt_failed")[0]["reason"]
+    wait_for(lambda: cluster_name(RUN, old) in api.downs, "the old cluster downed")
+    assert old in resumed.revoked and len(resumed.slots) == 1 and resumed.slots[0].actor_id != old
+    resumed.stop()
+    fleet.stop()
+
+
 # --- teardown inside Prefect's grace (issue 18, item 12) -----------------------------------------------
 
 def test_stop_with_launches_in_flight_sends_their_downs_at_once_and_again_when_each_launch_returns(

@@ -30,7 +30,7 @@ import re
 
 from echo2.data.ledger import write_event
 from echo2.data.store import ObjectStore
-from echo2.fleet.backends.base import ActorOffer, FleetApiError, FleetBackend, LaunchContext
+from echo2.fleet.backends.base import ActorOffer, FleetBackend, LaunchContext
 
 log = logging.getLogger("echo2.fleet")
 
@@ -75,8 +75,10 @@ def offer_of(event: dict, offers: list[ActorOffer]) -> ActorOffer:
 def take_over(backend: FleetBackend, store: ObjectStore, events: list[dict], launch: LaunchContext | None,
               offers: list[ActorOffer], *, enabled: bool = True) -> tuple[list[tuple[dict, ActorOffer]], list[str]]:
     """Adopt every candidate the backend reaches (an ``adopt`` event each); the launch events and offers of those
-    adopted, and the ids of those left to stop (an ``adopt_failed`` event each, unless adoption is off).
-    A provider error that passes (``FleetApiError``) propagates: nothing is concluded from it."""
+    adopted, and the ids of those left to stop (an ``adopt_failed`` event each, unless adoption is off). A provider
+    that keeps failing (``FleetApiError``, after the backend's retries) counts as unreachable: the actor is stopped
+    and replaced rather than left running unmanaged (nobody would stop it: its learner is back, so it never falls
+    silent)."""
     step = max((e["step"] for e in events if e.get("kind") == "resume" and isinstance(e.get("step"), int)),
                default=None)
     adopted, left = [], []
@@ -88,9 +90,7 @@ def take_over(backend: FleetBackend, store: ObjectStore, events: list[dict], lau
         offer = offer_of(event, offers)
         try:
             how = backend.adopt(actor_id, event, launch, offer)
-        except FleetApiError:
-            raise
-        except Exception as exc:  # AdoptError, or anything the backend could not tell: not adopted
+        except Exception as exc:  # AdoptError, a provider that kept failing (FleetApiError), anything: not adopted
             write_event(store, "adopt_failed", actor_id, reason=str(exc)[:500], backend=backend.name)
             left.append(actor_id)
             continue
