@@ -141,7 +141,7 @@ def learner_reclaim(workdir: Path, quick: bool = False, notices: tuple[bool, ...
         for i, notice in enumerate(notices):
             # strike on a step the previous learner reached beyond its start (after a relaunch: its first new one)
             floor = max(_steps(run_dir), default=0)
-            target = floor + (2 if i == 0 else 1)
+            target = floor + (2 if i == 0 else 1) * (1 if quick else 2)
             target += 0 if notice else target % 2  # no notice: an even step in flight, LATEST past the checkpoint
             _wait(lambda: max(_steps(run_dir), default=0) >= target, f"step {target}", proc)
             r = {"notice": notice}
