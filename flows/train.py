@@ -219,6 +219,7 @@ def _train(cfg: Config, resume: bool, notice: SpotNotice | None) -> dict:
             write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
                         attempt=this_flow_run.run_count, step=run.step)
         fleet = start_fleet(run, made)
+        run.revoke(fleet.revoked)  # actors the resume could not adopt: revoked before the first publish
         if cfg.eval.before:
             watch.eval("before", evaluate(run, "before"))
         watch.started(run.step)
