@@ -116,8 +116,8 @@ class FetchPolicy:
     store_bytes_in_flight: int = 8 * 2**20
     """Bytes of chunk requests kept in flight to the store, at least: small chunks get more requests, so that
     what is in flight still covers the store's bandwidth-delay product (8 MB: 200 Mbit/s over 320 ms, 1 Gbit/s
-    over 64 ms). With ``window`` 4 of 1 MB chunks over an 80 ms round trip the store gave a root about 100
-    Mbit/s of 200 at 0.25 MB chunks (``docs/benchmarks.md``)."""
+    over 64 ms); the window's 4 requests of small chunks over a long round trip leave the store's uplink idle
+    between answers (measured: ``docs/broadcast.md``, "Keeping long links busy")."""
     chunk_slack_s: float = 2.0
     """Seconds a chunk's bytes may take beyond its size at the rate the parent is held to (scheduling)."""
 
