@@ -38,6 +38,7 @@ class _Fleet:
 
     def __init__(self, *args, **kwargs):
         self.stopped = False
+        self.revoked: set[str] = set()  # actors a resume could not adopt (FleetManager.revoked)
         _Fleet.made.append(self)
 
     def start(self):
