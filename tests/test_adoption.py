@@ -216,6 +216,36 @@ def test_an_adopted_actors_files_are_judged_by_the_manifest_they_name(tmp_path):
     assert not sel.quarantined and not collector.invalid_files  # the future file is no mark against the actor
 
 
+def test_a_file_beyond_the_lost_timelines_newest_version_is_from_the_future(tmp_path):
+    """An actor of the lost timeline held versions up to the dead learner's LATEST at most: a file it claims from a
+    newer one is junk (quarantined, counted against it), not a free drop as "lost timeline" (which would let an
+    actor holding one pre-resume credential flood the learner with files that cost it nothing)."""
+    from echo2.learner.collector import RolloutCollector
+    from echo2.learner.run import lost_timelines
+
+    store = open_store(str(tmp_path / "runs" / "run"))
+    write_event(store, "launch", "adopted0")
+    write_event(store, "resume", "learner", step=0, lost_latest=3)
+
+    def commit(version, seq):
+        data = encode_rollouts(make_rollouts(salt=f"{version}-{seq}"), run_id="run", actor_id="adopted0",
+                               policy_version=version, task="arithmetic", policy_digest=None)
+        return commit_rollouts(store, version, seq, actor="adopted0", data=data)
+
+    held = commit(3, 0)  # the dead learner published v3: the actor may well have generated with it
+    beyond = commit(9, 1)  # nobody ever published v9
+    fresh = {commit_rollouts(store, 0, seq, actor="b", salt=f"b{seq}") for seq in (2, 3)}  # the step's groups
+    limits = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
+                           reward_range=(0.0, 1.0))
+    collector = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=4, limits=limits,
+                                 lost_timelines=lost_timelines(read_events(store)))
+    sel = collector.collect(step=1, learner_version=0, timeout_s=30)
+    assert {u["key"] for u in sel.used} == fresh
+    assert [d["key"] for d in sel.dropped] == [held] and sel.dropped[0]["reason"].startswith("lost timeline")
+    assert [q["key"] for q in sel.quarantined] == [beyond] and "from the future" in sel.quarantined[0]["reason"]
+    assert collector.invalid_files.get("adopted0") == 1
+
+
 # -- the actor's view of the ledger after a resume -----------------------------------------------------------
 
 def test_an_adopted_actor_reads_the_ledger_anew_once_a_resume_rewrote_it(tmp_path):

@@ -97,6 +97,6 @@ def test_lost_timelines_are_read_from_every_resume_of_the_ledger():
     events = [{"ts": 1, "kind": "launch", "actor_id": "a"},
               {"ts": 2, "kind": "resume", "actor_id": "learner", "step": 4},
               {"ts": 3, "kind": "launch", "actor_id": "b"},
-              {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9}]
-    assert lost_timelines(events) == [(4, {"a"}), (9, {"a", "b"})]
+              {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9, "lost_latest": 11}]
+    assert lost_timelines(events) == [(4, {"a"}, None), (9, {"a", "b"}, 11)]
 

@@ -140,15 +140,17 @@ class RolloutCollector:
                  settled: set[str] | None = None, used_hashes: set[str] | None = None, auditor=None,
                  banned: dict[str, str] | None = None, max_invalid_files: int = 3,
                  max_ungradable_files: int = 5, max_ungradable_fraction: float = 0.25,
-                 lost_timelines: list[tuple[int, set[str]]] | None = None):
+                 lost_timelines: list[tuple[int, set[str], int | None]] | None = None):
         self.store = store
         self.lost_timelines = list(lost_timelines or ())
-        """(step resumed from, actors launched before that resume), one per resume: a file such an actor
+        """(step resumed from, actors launched before that resume, the newest version the lost timeline published or
+        None), one per resume: a file such an actor
         commits in a folder after that step is of the timeline the resume lost (its weights were not the
         new timeline's of the same number), dropped with that reason, never used; unless it names this
         timeline's signed manifest of its version (``rollouts.POLICY_DIGEST_KEY``: an adopted actor that moved to
         the new timeline). A file of such an actor from a version the learner has not reached is dropped the
-        same way (not quarantined as from the future: the actor was on the dead learner's newer versions)."""
+        same way (not quarantined as from the future: the actor was on the dead learner's newer versions), up to
+        the newest version the lost timeline published: one beyond it is from the future (quarantined, counted)."""
         self._digests: dict[int, str] = {}
         self.run_id = run_id
         self.staleness = staleness
@@ -205,10 +207,16 @@ class RolloutCollector:
         quarantine(self.store, key, reason)
         sel.quarantined.append({"key": key, "reason": reason})
 
-    def _lost_after(self, version: int, actor_id: str) -> int | None:
+    def _lost_after(self, version: int, actor_id: str, *, published: bool = False) -> int | None:
         """The step of the first resume after which a file of ``actor_id`` in ``version`` may be of a lost timeline
-        (the actor was launched before that resume and ``version`` is past its checkpoint), else None."""
-        return next((s for s, actors in self.lost_timelines if version > s and actor_id in actors), None)
+        (the actor was launched before that resume and ``version`` is past its checkpoint), else None; with
+        ``published``, only where that timeline published ``version`` (a lost timeline has no versions beyond its
+        newest: an actor cannot have generated with one)."""
+        for step, actors, *rest in self.lost_timelines:
+            newest = rest[0] if rest else None
+            if version > step and actor_id in actors and not (published and newest is not None and version > newest):
+                return step
+        return None
 
     def _timeline_digest(self, version: int) -> str | None:
         """``rollouts.policy_digest`` of this timeline's manifest of ``version`` (None: none published). One
@@ -301,7 +309,7 @@ class RolloutCollector:
                 # no policy of a version from the future exists: judged at once by its key, unread (and never
                 # left pending to be listed at every poll while honest files keep arriving)
                 taken.add(key)
-                lost = self._lost_after(version, layout.parse_rollout_key(key)[1])
+                lost = self._lost_after(version, layout.parse_rollout_key(key)[1], published=True)
                 if lost is not None:  # an adopted actor still on the dead learner's newer versions: not junk
                     sel.dropped.append({"key": key, "policy_version": version, "reason": (
                         f"lost timeline: generated with v{version} of the timeline lost at the resume from "

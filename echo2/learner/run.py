@@ -57,14 +57,17 @@ from echo2.tasks import make_task
 log = logging.getLogger("echo2.learner")
 
 
-def lost_timelines(events: list[dict]) -> list[tuple[int, set[str]]]:
-    """Per ``resume`` event of the ledger: the step it resumed from and the actors launched before it, whose
-    files in later version folders belong to the timeline it lost (``RolloutCollector.lost_timelines``)."""
+def lost_timelines(events: list[dict]) -> list[tuple[int, set[str], int | None]]:
+    """Per ``resume`` event of the ledger: the step it resumed from, the actors launched before it, whose
+    files in later version folders belong to the timeline it lost (``RolloutCollector.lost_timelines``), and the
+    newest version that lost timeline published (``lost_latest``; None in a ledger from before it was recorded)."""
     events = sorted(events, key=lambda e: e.get("ts", 0))
     out = []
     for i, e in enumerate(events):
         if e.get("kind") == "resume" and isinstance(e.get("step"), int):
-            out.append((e["step"], {str(x["actor_id"]) for x in events[:i] if x.get("kind") == "launch"}))
+            newest = e.get("lost_latest")
+            out.append((e["step"], {str(x["actor_id"]) for x in events[:i] if x.get("kind") == "launch"},
+                        newest if isinstance(newest, int) and not isinstance(newest, bool) else None))
     return out
 
 
@@ -133,6 +136,15 @@ class LearnerRun:
             self._audit_as_published(*self.learner.policy_version_tensors())
 
     # -- start -----------------------------------------------------------------------------
+    def _published_latest(self, step: int) -> int:
+        """The newest version the dead learner pointed LATEST at (at least ``step``): its actors may hold versions up
+        to it, never beyond, so a file of theirs from a newer version is from the future, not of the lost timeline."""
+        try:
+            version = json.loads(self.store.get(layout.LATEST))["version"]
+        except (NotFound, ValueError, KeyError, TypeError):
+            return step
+        return max(step, version) if isinstance(version, int) and not isinstance(version, bool) else step
+
     def _resume(self) -> dict:
         """Restore the newest checkpoint this run's key signed (newer folders that fail verification are
         logged and skipped: ``checkpoint.py``), move the lost timeline aside, re-point LATEST; returns its state."""
@@ -155,12 +167,15 @@ class LearnerRun:
         events = read_events(self.store)
         self.revoked = (revoked_on_resume(events) if self.config.fleet.adopt_on_resume
                         else {str(e["actor_id"]) for e in events if e.get("kind") == "launch"})
+        lost_latest = self._published_latest(step)
         moved = orphan_after(self.store, step)
+        lost_latest = max([lost_latest, *(v for v in (layout.version_of_folder_key(k, layout.POLICY) for k in moved)
+                                          if v is not None)])
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
             self.publish()  # never committed (killed while publishing it): publish it now
-        write_event(self.store, "resume", "learner", step=step, orphaned=len(moved),
+        write_event(self.store, "resume", "learner", step=step, orphaned=len(moved), lost_latest=lost_latest,
                     orphaned_rollouts=[k for k in moved if k.startswith(layout.ROLLOUTS)],
                     market=self.config.train.market, host=socket.gethostname())
         log.info("run %s resumed from step %d (%d objects of the lost timeline moved to orphaned/)",
