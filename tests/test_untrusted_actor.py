@@ -188,6 +188,30 @@ def test_a_revoked_actor_is_refused_by_peers_from_the_version_that_revokes_it(ru
         a.close()
 
 
+def test_a_resumed_learners_lower_numbered_version_revokes_at_once(run):
+    """After a resume the new timeline publishes numbers below the newest an adopted actor saw: its revocations (an
+    actor the resume could not adopt) must hold from its first version, not once it passes the dead learner's."""
+    from echo2.data.run_folder import orphan_after
+
+    store, key = run
+    tokens = {a: _token(key, a) for a in ("a0", "a1")}
+    a = _receiver(store, "a0", tokens["a0"])
+    try:
+        for version in (1, 2):  # the dead learner's versions, nobody revoked
+            publish_version(store, version, {"w": torch.full((8,), float(version))}, extra_files={}, shard_mb=1,
+                            key=key)
+            _poll_until(a, version)
+        assert _chunk_status(a.node.url, tokens["a1"], 2) == 200
+        orphan_after(store, 0)  # the resume from step 0 moves v1 and v2 aside; the new v1 revokes a1
+        publish_version(store, 1, {"w": torch.full((8,), -1.0)}, extra_files={}, shard_mb=1, key=key,
+                        meta={"revoked": ["a1"]})
+        store.put_pointer(layout.LATEST, json.dumps({"version": 1}).encode())
+        _poll_until(a, 1)
+        assert _chunk_status(a.node.url, tokens["a1"], 1) == 401 and _chunk_status(a.node.url, tokens["a0"], 1) == 200
+    finally:
+        a.close()
+
+
 def test_the_fleet_revokes_every_actor_that_ended_or_was_retired(tmp_path):
     from test_fleet import FakeCloud, manager
 

@@ -6,7 +6,8 @@ signature fails under the run's public key (``run.json``), or that names anythin
 files of its own folder, is rejected: never fetched, never loaded, never relayed (a relay node
 only serves versions this receiver started). The receiver holds no key that signs: the public
 key verifies manifests and peers' relay tokens; the actor's own token only authenticates its
-requests. The newest signed manifest's ``revoked`` list says whose tokens this relay refuses.
+requests. The newest signed manifest's ``revoked`` list says whose tokens this relay refuses (a lower-numbered
+one, a resumed learner's new timeline, adds its list to the one in force: it never takes a revocation back).
 With ``tls`` (``relay_tls.py``) the relay speaks mutual TLS with the actor's certificate, and the
 revoked list also covers certificates and the parents this node will fetch from.
 
@@ -351,6 +352,8 @@ class PolicyReceiver:
         if self._revocations_of is None or version >= self._revocations_of:  # the newest signed list wins
             self.auth.revoke(revoked)
             self._revocations_of = version
+        else:  # a lower number: a resumed learner's new timeline; revocations in a run only ever add up
+            self.auth.revoke(self.auth.revoked | set(revoked))
         return manifest
 
     def _begin(self, version: int) -> None:
