@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from echo2.learner.report import held_out_points
+from echo2.plots import figure_png
 
 DEFAULT_STALENESS = (0, 1, 2, 4, 8)
 QUICK_STALENESS = (0, 2)
@@ -185,8 +186,6 @@ def run_staleness_bench(sweep: Sweep, *, quick: bool = False, keep: Path | None 
 
 def staleness_png(rows: list[dict]) -> bytes:
     """Reward per step (left) and held-out metric per step (right), one colour per S (every seed drawn)."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,11 +206,7 @@ def staleness_png(rows: list[dict]) -> bytes:
     ax2.set_ylabel(f"held-out {rows[0]['metric'] if rows else ''}")
     ax1.legend()
     ax2.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def table_rows(rows: list[dict]) -> list[list[str]]:

@@ -44,7 +44,6 @@ say "simulated prices" in its title: the dollars are what the hours would have c
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from typing import Any
@@ -55,6 +54,7 @@ from echo2.data.ledger import consumed_keys, read_events
 from echo2.data.store import NotFound, ObjectStore
 from echo2.fleet import egress, learner_bill
 from echo2.fleet.providers import transfer_usd_per_gb
+from echo2.plots import figure_png
 
 STARTS = ("launch", "requested")
 STATUS = ("running", "ready")
@@ -463,11 +463,7 @@ def cost_png(report: dict) -> bytes:
                 ax.axvline(x, color=color, linestyle="--", linewidth=1, label=label)
     if report["failures"] or report.get("learner", {}).get("gaps"):
         ax2.legend(loc="best")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def write_cost_reports(store: ObjectStore, *, summary: dict | None = None, now: float | None = None) -> dict:

@@ -9,7 +9,6 @@ summary can never disagree with it. The cost report (cost.json, cost.md, cost.pn
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from echo2.data import layout
 from echo2.data.ledger import consumed_keys
 from echo2.fleet.costs import write_cost_reports
 from echo2.learner.evaluate import flat_metrics
+from echo2.plots import figure_png
 
 
 @dataclass(frozen=True)
@@ -117,11 +117,7 @@ def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metri
     ax3.set_xlabel("step")
     ax3.set_ylabel("policy lag t - v")
     ax3.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _score(result: dict | None) -> float | None:
