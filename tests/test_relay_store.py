@@ -32,6 +32,15 @@ def _reader(store):
     return read
 
 
+def _fetch_from_the_store(manifest, store_read, store_stream):
+    """A root's fetch of ``manifest`` with no peers: from the store's stream, chunk reads where it fails."""
+    node = RelayNode(TOKEN, auth(), store_read, store_stream=store_stream)
+    try:
+        return node.start_fetch(manifest, []).result(30)
+    finally:
+        node.close()
+
+
 def test_small_chunks_get_more_store_requests_in_flight_never_fewer_than_the_window():
     policy = FetchPolicy(window=4, store_bytes_in_flight=8 * 2**20)
     assert policy.store_requests(2**20) == 8  # 8 MB in flight
@@ -76,11 +85,7 @@ def test_a_streaming_store_is_read_in_order_once_per_file_and_every_chunk_verifi
         reads.append(chunk.index)
         return read(chunk, m)
 
-    node = RelayNode(TOKEN, auth(), store_read, store_stream=store_stream)
-    try:
-        buffer = node.start_fetch(manifest, []).result(30)
-    finally:
-        node.close()
+    buffer = _fetch_from_the_store(manifest, store_read, store_stream)
     assert reads == []
     assert [len(s) for s in streams] == [5, 4, 1]  # 300 000, 200 000 and 5 bytes in 64 KB chunks, per file
     assert sum(streams, []) == list(range(len(buffer.chunks)))
@@ -101,11 +106,7 @@ def test_a_bad_chunk_in_the_store_stream_is_never_put_and_the_rest_is_read_chunk
         arrived.append(chunk.index)
         return read(chunk, m)
 
-    node = RelayNode(TOKEN, auth(), store_read, store_stream=store_stream)
-    try:
-        buffer = node.start_fetch(manifest, []).result(30)
-    finally:
-        node.close()
+    buffer = _fetch_from_the_store(manifest, store_read, store_stream)
     assert 2 in arrived and 0 not in arrived and 1 not in arrived  # before the bad one: from the stream
     assert buffer.files() == files  # every chunk verified; the corrupted one came again, whole
 
