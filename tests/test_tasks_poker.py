@@ -2,6 +2,7 @@
 replay, and duplicate evaluation."""
 
 import random
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -10,7 +11,7 @@ from transformers import AutoTokenizer
 from echo2.config import load_config
 from echo2.tasks import ForgedEpisode, UnknownProblem, make_task
 from echo2.tasks.poker import _Episode
-from echo2.tasks.poker_game import Action, Hand, Legal, deal, parse_action
+from echo2.tasks.poker_game import STRENGTH_SAMPLES, Action, Hand, Legal, deal, hand_strength, parse_action
 
 FACING = Legal(to_call=2, can_fold=True, min_raise=8, max_raise=40)
 FREE = Legal(to_call=0, can_fold=False, min_raise=2, max_raise=38, verb="bet")
@@ -277,3 +278,49 @@ def test_a_checkpoint_opponent_at_a_near_tie_sets_the_file_aside_not_its_actor(t
     assert not banned and "ungradable" in reason and "near tie" in reason, reason
     banned, reason = verdicts[0.0]
     assert set(banned) == {"a1"} and "near tie" not in reason, reason
+
+
+class StrengthReader(ScriptedSampler):
+    """Goes all in when the last strength line it was told reads at least ``above`` percent, else calls."""
+
+    def __init__(self, tokenizer, above=60):
+        super().__init__(tokenizer)
+        self.above = above
+
+    def __call__(self, prompts, max_new_tokens):
+        out = []
+        for prompt in prompts:
+            told = re.findall(r"Strength (\d+)%", self.tok.decode(prompt))
+            reply = " all in" if told and int(told[-1]) >= self.above else " call"
+            ids = self.tok(reply, add_special_tokens=False)["input_ids"][:max_new_tokens] + [self.tok.eos_token_id]
+            out.append(Reply(ids, [-0.25] * len(ids), "stop"))
+        return out
+
+
+def test_the_strength_line_is_the_seeded_estimate_replayed_by_the_learner(tok):
+    task = _task(max_decisions=4, show_strength="true")
+    problems = task.sample_train(random.Random(7), 4)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=2, replies=(" call", " check")), tok, problems, 2, 20)
+    for problem, group in zip(problems, groups):
+        first = problem.messages[-1]["content"]
+        hole = deal(problem.meta["key"]).holes[problem.meta["seat"]]
+        assert f"Strength {round(100 * hand_strength(hole, '', STRENGTH_SAMPLES))}%." in first
+        issued = task.problem(problem.id)
+        scores = task.score_episodes(tok, [issued] * len(group), [e.completion_token_ids for e in group],
+                                     [e.completion_mask for e in group], 20)
+        assert scores == pytest.approx([e.reward for e in group])
+    later = [tok.decode([t for t, m in zip(e.completion_token_ids, e.completion_mask) if m == 0])
+             for g in groups for e in g if 0 in e.completion_mask]
+    assert later and all(re.search(r"Strength \d+%", text) for text in later), later
+    assert any(re.search(r"Board: \S\S \S\S \S\S.*Strength \d+%", text) for text in later), later  # after a flop
+    assert "Strength" not in _task().sample_train(random.Random(7), 1)[0].messages[-1]["content"]  # off by default
+
+
+def test_betting_the_strong_hands_beats_the_call_station(tok):
+    """What the hint is for: a player that goes all in on the hands it is told are strong wins against a
+    call-station over duplicate deals, where calling everything nets exactly 0."""
+    task = _task(show_strength="true", eval_deals=40, eval_opponents="[call_station]", max_decisions=2,
+                 max_action_tokens=12)
+    result = task.evaluate(StrengthReader(tok), None, tok, k=1, max_new_tokens=64)
+    cs = result["opponents"]["call_station"]
+    assert cs["illegal_action_rate"] == 0.0 and cs["bb_per_100"] > 0, cs

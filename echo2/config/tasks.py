@@ -162,6 +162,11 @@ class PokerTaskConfig(_Section):
     are the action. Measured on SmolLM2-135M-Instruct at temperature 0.7, first decisions: "My action:"
     is followed by a legal action 22 times in 48 (greedy: 2 of 4 deals), "Action:" 12 in 48 (greedy: none),
     "My action is to" 38 in 48 (greedy: all)."""
+    show_strength: bool = False
+    """Write the policy's hand strength beside its cards in every observation (``Strength 64%``: its chance
+    against one random hand, the board completed at random; 200 Monte Carlo samples seeded by the cards, so
+    the learner's replay writes the same text). A feature a small model can read where it cannot yet rank
+    cards: SmolLM2-135M learns to bet its strong hands with it (docs/tasks.md)."""
     seed: int = 0
     """Seed of the deals: training deal n and evaluation deal i are drawn from it."""
     eval_deals: int = Field(16, ge=1)

@@ -18,11 +18,12 @@ free, else fold) and the caller counts it. ``call`` with nothing to call checks.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass, field
 
-from pokerkit import Automation, Deck, NoLimitTexasHoldem
+from pokerkit import Automation, Card, Deck, NoLimitTexasHoldem, StandardHighHand
 
 _AUTOMATIONS = (Automation.ANTE_POSTING, Automation.BET_COLLECTION, Automation.BLIND_OR_STRADDLE_POSTING,
                 Automation.HOLE_CARDS_SHOWING_OR_MUCKING, Automation.HAND_KILLING, Automation.CHIPS_PUSHING,
@@ -32,6 +33,8 @@ _ACTION = re.compile(r"\s*(?:(fold)|(check)|(call)|(all[\s-]?in)|(?:raise|bet)(?
 _STREET_OF_BOARD = {0: "Flop", 3: "Turn", 4: "River"}
 """The street dealt next, by the number of board cards already out."""
 BIG_BLIND_SEAT, SMALL_BLIND_SEAT = 0, 1
+STRENGTH_SAMPLES = 200
+"""Monte Carlo samples behind the observation's strength line (``show_strength``): +-3.5 points at 95%."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,23 @@ def parse_action(reply: str, legal: Legal) -> tuple[Action | None, str]:
     return Action("raise", value), "ok"
 
 
+@functools.lru_cache(maxsize=65536)
+def hand_strength(hole: str, board: str, samples: int) -> float:
+    """P(win) + P(tie)/2 of ``hole`` against one uniformly random hand, the board completed at random; seeded by
+    the cards, so every machine computes the same figure."""
+    hole_cards, board_cards = list(Card.parse(hole)), list(Card.parse(board))
+    rest = [c for c in Deck.STANDARD if c not in hole_cards and c not in board_cards]
+    rng = random.Random(f"strength:{hole}:{board}:{samples}")
+    score = 0.0
+    for _ in range(samples):
+        drawn = rng.sample(rest, 2 + 5 - len(board_cards))
+        full_board = board_cards + drawn[2:]
+        mine = StandardHighHand.from_game(hole_cards, full_board)
+        theirs = StandardHighHand.from_game(drawn[:2], full_board)
+        score += 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+    return score / samples
+
+
 @dataclass
 class Hand:
     """A hand in play. ``log[seat]`` collects what happened since that seat last decided, told to it."""
@@ -112,6 +132,8 @@ class Hand:
     starting_stack: int
     small_blind: int
     big_blind: int
+    show_strength: bool = False
+    """Tell the player to act its hand strength (``hand_strength``, in percent) beside its cards."""
     state: object = field(init=False)
     log: tuple[list[str], list[str]] = field(init=False)
 
@@ -183,8 +205,12 @@ class Hand:
         lines = list(self.log[seat])
         self.log[seat].clear()
         legal = self.legal()
+        strength = ""
+        if self.show_strength:
+            value = hand_strength(self.deal.holes[seat], "".join(map(repr, board)), STRENGTH_SAMPLES)
+            strength = f"Strength {round(100 * value)}%. "
         lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
-                     f"Pot {s.total_pot_amount}, to call {legal.to_call}. "
+                     f"{strength}Pot {s.total_pot_amount}, to call {legal.to_call}. "
                      f"Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
         lines.append(f"Legal: {legal.describe()}.")
         return "\n".join(lines)

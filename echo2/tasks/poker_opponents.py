@@ -20,11 +20,8 @@ so the learner replays an episode's opponent exactly (``poker.py``).
 
 from __future__ import annotations
 
-import functools
 import random
 from typing import Any
-
-from pokerkit import Card, Deck, StandardHighHand
 
 from echo2.config import (
     CallStationOpponentConfig,
@@ -33,7 +30,7 @@ from echo2.config import (
     OpponentConfig,
     RandomOpponentConfig,
 )
-from echo2.tasks.poker_game import Action, Hand, parse_action
+from echo2.tasks.poker_game import Action, Hand, hand_strength, parse_action
 
 
 class Opponent:
@@ -69,22 +66,6 @@ class CallStation(Opponent):
     def act(self, hand: Hand, seat: int, key: str) -> Action:
         hand.log[seat].clear()
         return Action("check_call")
-
-
-@functools.lru_cache(maxsize=65536)
-def hand_strength(hole: str, board: str, samples: int) -> float:
-    """P(win) + P(tie)/2 of ``hole`` against one uniformly random hand, the board completed at random."""
-    hole_cards, board_cards = list(Card.parse(hole)), list(Card.parse(board))
-    rest = [c for c in Deck.STANDARD if c not in hole_cards and c not in board_cards]
-    rng = random.Random(f"strength:{hole}:{board}:{samples}")
-    score = 0.0
-    for _ in range(samples):
-        drawn = rng.sample(rest, 2 + 5 - len(board_cards))
-        full_board = board_cards + drawn[2:]
-        mine = StandardHighHand.from_game(hole_cards, full_board)
-        theirs = StandardHighHand.from_game(drawn[:2], full_board)
-        score += 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
-    return score / samples
 
 
 class EquityPlayer(Opponent):
