@@ -1,5 +1,8 @@
 """The actor's side of dissemination: follow ``policy/LATEST``, receive each new version through
-the relay (parent peer first, store as fallback) in the background, hand over verified files.
+the relay (parent peer first, store as fallback) in the background, hand over verified files. From
+the store, where it can stream (``ObjectStore.can_stream``: local files and S3), each run of chunks of a
+file is one streamed ranged read (``ObjectStore.stream_range``), a chunk at a time, in order (``Fetcher``);
+elsewhere, or for what a broken stream left, one ``get_range`` per chunk.
 
 A version is handed over only when every chunk matched the signed manifest; a manifest whose
 signature fails under the run's public key (``run.json``), or that names anything but plain
@@ -62,6 +65,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import Future
+from typing import Iterator
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -99,8 +103,11 @@ class PolicyReceiver:
                              floor_mbit=config.floor_mbit, pipeline_wait_s=config.pipeline_wait_s,
                              window=config.window)
         self.auth = RelayAuth(public_key, run_id)
+        # only an ObjectStore that says it streams: a stand-in that wraps one (overriding get_range, delegating
+        # the rest) would otherwise have its chunk reads go around its get_range
+        streams = isinstance(store, ObjectStore) and store.can_stream
         self.node = RelayNode(relay_token, self.auth, self._store_read, host=config.host, port=config.port,
-                              policy=policy, tls=tls)
+                              policy=policy, tls=tls, store_stream=self._store_stream if streams else None)
         self._revocations_of: int | None = None  # the version whose revoked list is in force
         self.current: int | None = None
         self.last_fetch_seconds: float | None = None
@@ -145,6 +152,14 @@ class PolicyReceiver:
         with self._read_lock:
             self._read_store += len(data)
         return data
+
+    def _store_stream(self, chunks: list[Chunk], manifest: dict) -> Iterator[bytes]:
+        """Consecutive chunks of one file as one streamed ranged read, each chunk's bytes counted as it is read."""
+        key = f"{layout.policy_dir(int(manifest['version']))}/{chunks[0].file}"
+        for data in self.store.stream_range(key, chunks[0].offset, [chunk.size for chunk in chunks]):
+            with self._read_lock:
+                self._read_store += len(data)
+            yield data
 
     @property
     def read_bytes(self) -> dict:

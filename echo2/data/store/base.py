@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import json
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Iterator
 
 
 class StoreError(Exception):
@@ -40,6 +40,10 @@ class NotFound(StoreError, KeyError):
     """The key does not exist."""
 
 
+class ShortRead(StoreError):
+    """An object ended before the byte range read from it (``stream_range``)."""
+
+
 TRANSIENT_ERRNOS = frozenset({errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO), errno.ECONNRESET,
                               errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE, errno.EAGAIN})
 """OSError numbers that mean "not now" rather than an answer: s3fs maps S3's 503 SlowDown /
@@ -48,6 +52,7 @@ ServiceUnavailable to EBUSY and its 500 InternalError to EREMOTEIO (s3fs/errors.
 _TRANSIENT_TYPES = frozenset({
     "EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
     "HTTPClientError", "ResponseParserError", "IncompleteRead", "ResponseStreamingError",  # botocore / http.client
+    "IncompleteReadError",  # botocore: a body that ended before its Content-Length (the connection dropped)
     "ServerDisconnectedError", "ClientConnectorError", "ClientOSError", "ClientPayloadError",  # aiohttp
 })
 """Exception classes (or their bases, by name: no client library is imported for them) of a request
@@ -128,6 +133,19 @@ class ObjectStore(ABC):
     @abstractmethod
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of an object (one ranged GET on S3)."""
+
+    @property
+    def can_stream(self) -> bool:
+        """Whether ``stream_range`` reads a range here as one streamed request; where not, it raises
+        ``NotImplementedError`` and a caller reads the pieces with ``get_range``."""
+        return False
+
+    def stream_range(self, key: str, start: int, sizes: list[int]) -> Iterator[bytes]:
+        """Bytes [start, start + sum(sizes)) of an object as consecutive pieces of ``sizes``, in order, each
+        yielded as soon as it is read, from one request (one ranged GET on S3) whose body is read a piece at a
+        time, never the whole range at once. ``NotFound`` if absent; ``ShortRead`` (naming the key and the
+        sizes) where the object ends first, after the pieces it holds whole: never a short piece."""
+        raise NotImplementedError(f"{type(self).__name__} cannot stream a byte range")
 
     @abstractmethod
     def size(self, key: str) -> int:

@@ -11,6 +11,14 @@ Retries have one owner: this module's tenacity loop (``retry_s``, the run's ``st
 and botocore are told not to retry (s3fs's ``retries`` and botocore's ``retries.max_attempts``), where
 each otherwise retried on its own, inside every one of our attempts: a dead store then took many times
 ``retry_s`` to surface. What counts as transient is ``base.is_transient``.
+
+Streamed range reads (``stream_range``): local and memory files are opened, positioned and read a piece at a
+time; on S3 one ranged GetObject (s3fs's ``_call_s3``, on s3fs's event loop through fsspec's ``sync``) whose
+body is read a piece at a time, so the range is never held whole: aiohttp stops reading the socket while its
+small buffer is full, and the store's read timeout (botocore's ``read_timeout``) bounds each wait for bytes.
+Other backends do not stream (``can_stream`` is False). Only the request and the piece being read are retried:
+a transient error mid-piece drops the request and asks for the rest of the range again from that piece's
+start, so a piece already yielded is never read or yielded again.
 """
 
 from __future__ import annotations
@@ -21,12 +29,13 @@ import os
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import fsspec
+from fsspec.asyn import sync
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from echo2.data.store.base import AlreadyExists, NotFound, ObjectStore, StoreError, is_transient
+from echo2.data.store.base import AlreadyExists, NotFound, ObjectStore, ShortRead, StoreError, is_transient
 
 _TMP_MARK = ".tmp-"
 _memory_lock = threading.Lock()
@@ -287,6 +296,87 @@ class FsspecStore(ObjectStore):
         except FileNotFoundError:
             raise NotFound(key) from None
 
+    @property
+    def can_stream(self) -> bool:
+        """Local and memory files, and S3 (module docstring)."""
+        return self.protocol in _STREAMING
+
+    def stream_range(self, key: str, start: int, sizes: list[int]) -> Iterator[bytes]:
+        """``ObjectStore.stream_range``: one request for the range (another only where a transient error broke
+        it: the rest of the range, from the piece it broke in); an all-empty range asks nothing, not even
+        whether ``key`` exists. Pieces are read lazily, as the iterator is advanced; closing it drops the
+        request."""
+        if start < 0 or any(size < 0 for size in sizes):
+            raise ValueError(f"stream_range({key!r}, {start}, {sizes}): negative offset or size")
+        if self.protocol not in _STREAMING:
+            return super().stream_range(key, start, sizes)
+        opener = self._open_s3_range if self.protocol in ("s3", "s3a") else self._open_file_range
+        return self._stream(key, start, list(sizes), opener)
+
+    def _stream(self, key: str, start: int, sizes: list[int],
+                opener: Callable[[str, int, int], "_Source"]) -> Iterator[bytes]:
+        end = start + sum(sizes)
+        source: _Source | None = None
+        offset = start
+        try:
+            for i, size in enumerate(sizes):
+                piece = b""
+                for attempt in Retrying(**_policy(self.retry_s)):
+                    with attempt:  # no yield in here: tenacity would take the generator's own exit for an error
+                        if size and source is None:
+                            source = opener(key, offset, end)
+                        try:
+                            piece = _read_exactly(source.read, size) if size else b""
+                        except BaseException:
+                            source.close()  # a broken request: the next attempt asks again from this piece
+                            source = None
+                            raise
+                if len(piece) != size:
+                    shown = sizes if len(sizes) <= 8 else f"[{sizes[0]}, ..., {sizes[-1]}] ({len(sizes)} pieces)"
+                    raise ShortRead(f"{key} ended inside piece {i} of bytes [{start}, {end}) in pieces of {shown}: "
+                                    f"{len(piece)} of its {size} bytes at offset {offset}")
+                yield piece
+                offset += size
+        finally:
+            if source is not None:
+                source.close()
+
+    def _open_file_range(self, key: str, offset: int, end: int) -> "_Source":
+        try:
+            f = self.fs.open(self._path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFound(key) from None
+        f.seek(offset)
+        return _Source(f.read, f.close)
+
+    def _open_s3_range(self, key: str, offset: int, end: int) -> "_Source":
+        fs = self.fs
+        bucket, name, version_id = fs.split_path(self._path(key))
+        request = {"Bucket": bucket, "Key": name, "Range": f"bytes={offset}-{end - 1}"}
+        if version_id:
+            request["VersionId"] = version_id
+        try:
+            answer = sync(fs.loop, fs._call_s3, "get_object", **request)
+        except FileNotFoundError:
+            raise NotFound(key) from None
+        except OSError as exc:  # 416: the object ends before the range starts, so nothing is there (as at a file's end)
+            if getattr(exc.__cause__, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
+                return _Source(lambda n: b"", lambda: None)
+            raise
+        body = answer["Body"]
+
+        def close() -> None:  # on s3fs's loop, whose connections these are; a loop already closed took them along
+            if not fs.loop.is_closed():
+                fs.loop.call_soon_threadsafe(body.close)
+
+        source = _Source(lambda n: sync(fs.loop, body.read, n), close)
+        # an answer from the wrong offset (a server that ignored the range) would put bytes in the wrong pieces
+        got = answer.get("ContentRange")
+        if (got is None and offset != 0) or (got is not None and not got.startswith(f"bytes {offset}-")):
+            source.close()
+            raise StoreError(f"{key}: asked for bytes [{offset}, {end}), the store answered range {got!r}")
+        return source
+
     @_retry
     def size(self, key: str) -> int:
         path = self._path(key)
@@ -363,3 +453,27 @@ class FsspecStore(ObjectStore):
             fs.exists(self._path("__echo2_probe__"))
         except Exception as exc:
             raise StoreError(f"store {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
+
+
+_STREAMING = frozenset({"file", "memory", "s3", "s3a"})
+"""Backends whose ``stream_range`` streams (module docstring)."""
+
+
+class _Source:
+    """An open range: ``read(n)`` returns at most ``n`` bytes (``b""`` at its end); ``close()`` drops it, from any
+    thread (a generator closed by the garbage collector runs its ``finally`` wherever that happens)."""
+
+    def __init__(self, read: Callable[[int], bytes], close: Callable[[], Any]):
+        self.read, self.close = read, close
+
+
+def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
+    """``size`` bytes from ``read``, fewer only where it ends first (a socket or a body hands out what it has)."""
+    parts, got = [], 0
+    while got < size:
+        part = read(size - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
