@@ -291,6 +291,8 @@ class FsspecStore(ObjectStore):
 
     @_retry
     def get_range(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:  # S3 reads "bytes=o-(o-1)" as no range at all and answers with the whole object
+            return b""
         try:
             return self.fs.cat_file(self._path(key), start=start, end=end)
         except FileNotFoundError:
