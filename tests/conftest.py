@@ -72,3 +72,18 @@ def s3_store(s3_server, moto_credentials):
     from echo2.data.store import open_store
 
     return open_store(f"s3://{bucket}/root", {"endpoint_url": s3_server})
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """Ledger events and entries get the timestamps the test chooses (``ledger.time.time()``), from ``helpers.T0``:
+    set ``clock[0]``."""
+    import types
+
+    from helpers import T0
+
+    from echo2.data import ledger
+
+    now = [T0]
+    monkeypatch.setattr(ledger, "time", types.SimpleNamespace(time=lambda: now[0]))
+    return now

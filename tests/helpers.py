@@ -5,6 +5,20 @@ import time
 from echo2.data import layout
 from echo2.data.rollouts import Rollout, encode_rollouts
 
+T0 = 1_800_000_000.0
+"""The ``clock`` fixture's first time (conftest.py): a fixed moment for hand-built ledgers."""
+
+
+def new_run(path, config: dict | None = None, summary: dict | None = None):
+    """A local store at ``path`` holding a run.json (created at T0) and, given, a summary."""
+    from echo2.data.store import open_store
+
+    store = open_store(str(path))
+    store.put_json(layout.RUN_JSON, {"run_id": path.name, "created_at": T0, "config": config or {}})
+    if summary is not None:
+        store.put_json(layout.SUMMARY, summary)
+    return store
+
 
 def make_rollouts(n_groups=2, group_size=2, *, vocab=100, reward=lambda g, s: float(s == 0), logprob=-0.5, salt=""):
     """``salt`` makes the content differ (files with the same content are used once)."""

@@ -9,35 +9,16 @@ import os
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
-from helpers import commit_rollouts
+from helpers import T0, commit_rollouts, new_run
 
 from echo2.data import layout, ledger
 from echo2.data.audit import audit_run
-from echo2.data.store import open_store
 from echo2.fleet.costs import cost_report, fleet_usd, write_cost_reports
 
 REPO = Path(__file__).resolve().parents[1]
-T0 = 1_800_000_000.0
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """Events get the timestamps the test chooses (write_event reads ledger.time.time())."""
-    now = [T0]
-    monkeypatch.setattr(ledger, "time", types.SimpleNamespace(time=lambda: now[0]))
-    return now
-
-
-def new_run(path: Path, config: dict | None = None, summary: dict | None = None):
-    store = open_store(str(path))
-    store.put_json(layout.RUN_JSON, {"run_id": path.name, "created_at": T0, "config": config or {}})
-    if summary is not None:
-        store.put_json(layout.SUMMARY, summary)
-    return store
 
 
 def event(store, clock, at_hours, kind, actor, **fields):

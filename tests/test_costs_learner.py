@@ -4,34 +4,16 @@ costs.py), on hand-built ledgers in a local store: the figures below are worked 
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
+from helpers import T0, new_run
 
-from echo2.data import layout, ledger
-from echo2.data.store import open_store
+from echo2.data import ledger
 from echo2.fleet.costs import cost_markdown, cost_report, write_cost_reports
 
 REPO = Path(__file__).resolve().parents[1]
-T0 = 1_800_000_000.0
 H = 3600.0
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    """Events and ledger entries get the timestamps the test chooses (ledger.time.time())."""
-    now = [T0]
-    monkeypatch.setattr(ledger, "time", types.SimpleNamespace(time=lambda: now[0]))
-    return now
-
-
-def new_run(path: Path, config: dict, summary: dict | None = None):
-    store = open_store(str(path))
-    store.put_json(layout.RUN_JSON, {"run_id": path.name, "created_at": T0, "config": config})
-    if summary is not None:
-        store.put_json(layout.SUMMARY, summary)
-    return store
 
 
 def at(clock, hours: float) -> None:
