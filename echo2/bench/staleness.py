@@ -46,8 +46,13 @@ from typing import Callable
 
 from echo2.learner.report import held_out_points
 from echo2.plots import figure_png
+from echo2.tasks.base import wilson_95
 
 DEFAULT_STALENESS = (0, 1, 2, 4, 8)
+DEFAULT_ACTORS = 2
+"""Actors of every run: on the 2-core development machine two actors fill a step's batch about twice as fast as
+the learner eats it (measured 2026-12-03: at S=4 the lag climbed 0, 1, 2, 3, 4 over the first five steps), so
+the backlog fills and the lag reaches S; the quickstart's one actor leaves less of the bound used."""
 QUICK_STALENESS = (0, 2)
 QUICK_SETTINGS = ["rollout.group_size=4", "rollout.groups_per_batch=2", "train.groups_per_step=2",
                   "rollout.max_new_tokens=6", "eval.max_new_tokens=6", "task.eval_size=10", "train.lr=1e-3",
@@ -66,7 +71,7 @@ class Sweep:
     steps: int | None = None
     """train.max_steps of every run (None: the config's)."""
     actors: int | None = None
-    """fleet.actors of every run (None: the config's)."""
+    """fleet.actors of every run (None: the config's; the CLI passes DEFAULT_ACTORS unless --quick)."""
     overrides: list[str] = field(default_factory=list)
 
 
@@ -78,10 +83,7 @@ def interval_95(values: list[float], n_problems: int | None = None) -> tuple[flo
         half = T_95.get(len(values) - 1, 1.96) * sd / math.sqrt(len(values))
         return mean - half, mean + half
     if len(values) == 1 and n_problems and 0.0 <= values[0] <= 1.0:
-        p, n, z = values[0], n_problems, 1.96
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half)
+        return wilson_95(round(values[0] * n_problems), n_problems)
     return None
 
 

@@ -181,11 +181,13 @@ class Task(ABC):
                  max_new_tokens: int) -> dict[str, Any]:
         """Metrics on the held-out set: ``pass_at_1`` from one greedy reply per problem and, with a
         ``sampled`` sampler and k > 1, ``pass_at_k`` from k sampled replies (the unbiased estimator of
-        Chen et al. 2021 with n = k: solved by at least one of the k). ``accuracy`` = ``pass_at_1``."""
+        Chen et al. 2021 with n = k: solved by at least one of the k). ``accuracy`` = ``pass_at_1``;
+        ``pass_at_1_ci95``: its Wilson score interval over the held-out problems."""
         problems = self.eval_set()
         greedy_groups = self.rollout_groups(greedy, tokenizer, problems, 1, max_new_tokens)
         solved = [_correct(g[0]) for g in greedy_groups]
-        out: dict[str, Any] = {"n": len(problems), "pass_at_1": sum(solved) / len(problems)}
+        out: dict[str, Any] = {"n": len(problems), "pass_at_1": sum(solved) / len(problems),
+                               "pass_at_1_ci95": list(wilson_95(sum(solved), len(problems)))}
         out["accuracy"] = out["pass_at_1"]
         if sampled is not None and k > 1:
             groups = self.rollout_groups(sampled, tokenizer, problems, k, max_new_tokens)
@@ -201,6 +203,16 @@ class Task(ABC):
 def _correct(episode: Episode) -> bool:
     detail = episode.reward_detail
     return bool(detail["correct"]) if "correct" in detail else episode.reward >= 1.0 - 1e-9
+
+
+def wilson_95(successes: int, n: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share ``successes`` / ``n`` (sound near 0 and 1, unlike the normal one)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p, z = successes / n, 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
