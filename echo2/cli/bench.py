@@ -307,7 +307,8 @@ def bench_staleness(
     seeds: Optional[List[int]] = typer.Option(None, "--seed", help="Seeds, each S trained once per seed (default 0); "
                                               "two or more give the interval over seeds."),
     steps: Optional[int] = typer.Option(None, "--steps", help="train.max_steps of every run (default: the config's)."),
-    actors: Optional[int] = typer.Option(None, "--actors", help="fleet.actors of every run (default: the config's)."),
+    actors: Optional[int] = typer.Option(None, "--actors", help="fleet.actors of every run (default 2: enough for "
+                                         "the lag to reach S here, bench/staleness.py; --quick: the config's)."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="More key=value settings for every run."),
     quick: bool = typer.Option(False, "--quick", help="Smoke form: a tiny random model, two steps at S = 0 and 2."),
     plot: Path = typer.Option(Path("reports/staleness.png"), "--plot", help="Where the curves are drawn."),
@@ -321,8 +322,10 @@ def bench_staleness(
     values = tuple(staleness or (bench.QUICK_STALENESS if quick else bench.DEFAULT_STALENESS))
     if any(s < 0 for s in values):
         fail(f"--staleness values must be >= 0, not {sorted(values)}")
+    if actors is None and not quick:
+        actors = bench.DEFAULT_ACTORS
     sweep = bench.Sweep(config=config, staleness=values, seeds=tuple(seeds or (0,)), steps=steps, actors=actors,
-                  overrides=list(set_ or []))
+                        overrides=list(set_ or []))
     try:
         rows = bench.run_staleness_bench(sweep, quick=quick, keep=keep,
                                          progress=lambda line: typer.echo(line, err=True))
