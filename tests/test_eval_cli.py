@@ -45,7 +45,7 @@ def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_mode
     assert out["task"] == "arithmetic" and out["n"] == 6 and out["k"] == 3
     assert 0.0 <= out["pass_at_1"] <= 1.0 and 0.0 <= out["pass_at_k"] <= 1.0
     assert out["score"] == out["pass_at_1"]
-    low, high = out["pass_at_1_ci95"]  # Wilson over the held-out problems
+    low, high = out["pass_at_1_ci95_low"], out["pass_at_1_ci95_high"]  # Wilson over the held-out problems
     assert 0.0 <= low <= out["pass_at_1"] <= high <= 1.0 and high - low > 0.1
 
 

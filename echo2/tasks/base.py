@@ -182,12 +182,14 @@ class Task(ABC):
         """Metrics on the held-out set: ``pass_at_1`` from one greedy reply per problem and, with a
         ``sampled`` sampler and k > 1, ``pass_at_k`` from k sampled replies (the unbiased estimator of
         Chen et al. 2021 with n = k: solved by at least one of the k). ``accuracy`` = ``pass_at_1``;
-        ``pass_at_1_ci95``: its Wilson score interval over the held-out problems."""
+        ``pass_at_1_ci95_low`` / ``_high``: its Wilson score interval over the held-out problems (numbers, so the
+        run's summary and its before -> after lines carry them, as poker's ``ci95_low`` / ``ci95_high``)."""
         problems = self.eval_set()
         greedy_groups = self.rollout_groups(greedy, tokenizer, problems, 1, max_new_tokens)
         solved = [_correct(g[0]) for g in greedy_groups]
+        low, high = wilson_95(sum(solved), len(problems))
         out: dict[str, Any] = {"n": len(problems), "pass_at_1": sum(solved) / len(problems),
-                               "pass_at_1_ci95": list(wilson_95(sum(solved), len(problems)))}
+                               "pass_at_1_ci95_low": low, "pass_at_1_ci95_high": high}
         out["accuracy"] = out["pass_at_1"]
         if sampled is not None and k > 1:
             groups = self.rollout_groups(sampled, tokenizer, problems, k, max_new_tokens)
