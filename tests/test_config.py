@@ -14,6 +14,12 @@ def test_quickstart_loads_with_documented_defaults():
     assert cfg.fleet.actors == 1
 
 
+@pytest.mark.parametrize("path", sorted(QUICKSTART.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    """A config in configs/ is what a user copies first: each must load as it is."""
+    assert isinstance(load_config(path), Config)
+
+
 def test_every_field_has_a_docstring():
     """Every section, including each member of a union (tasks, opponents, price sources) and of a list."""
     import typing

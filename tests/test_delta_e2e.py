@@ -78,7 +78,10 @@ def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path
     assert len(deltas) == 6 and all(0 < m["publish_bytes"] < m["publish_full_bytes"] for m in deltas)
     # a step whose groups all carry no signal changes nothing: an empty delta, still published and checked
     assert all(0 <= m["publish_changed_fraction"] < 1 and m["publish_apply_seconds"] > 0 for m in deltas)
-    assert sum(m["publish_changed_fraction"] > 0 for m in deltas) >= 3, [m["groups_with_signal"] for m in history]
+    # which steps carry a signal is up to sampling (one had 2 of 6): every one that did must change weights
+    with_signal = [m for m in deltas if m["groups_with_signal"] > 0]
+    assert with_signal and all(m["publish_changed_fraction"] > 0 for m in with_signal), \
+        [(m["groups_with_signal"], m["publish_changed_fraction"]) for m in deltas]
     summary = store.get_json(layout.SUMMARY)  # keyframes at steps 3 and 6, deltas of ~15% between them
     assert 0 < summary["published_sent_bytes"] < 0.6 * summary["published_full_bytes"], summary
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
