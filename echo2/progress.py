@@ -117,12 +117,14 @@ def _isatty(stream) -> bool:
 def make_reporter(stream: TextIO | None = None, bar_stream: TextIO | None = None) -> Reporter:
     """The live rich bar (drawn on ``bar_stream``, stderr) when both ``stream`` (stdout) and
     ``bar_stream`` are terminals; otherwise plain lines on ``stream``."""
-    stream = sys.stdout if stream is None else stream
+    out = sys.stdout if stream is None else stream
     bar_stream = sys.stderr if bar_stream is None else bar_stream
-    if _isatty(stream) and _isatty(bar_stream):
+    if _isatty(out) and _isatty(bar_stream):
         from rich.console import Console
 
         return RichReporter(Console(file=bar_stream))
+    # no stream given: PlainReporter finds sys.stdout at each line, since the reporter (a global) can outlive
+    # the stdout it was made under: `echo2 run` called in-process (typer's CliRunner) closes its own on return
     return PlainReporter(stream)
 
 

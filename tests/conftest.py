@@ -37,6 +37,24 @@ def pytest_configure(config):
     os.environ.setdefault("PREFECT_HOME", str(home))
 
 
+@pytest.fixture(autouse=True)
+def _logging_left_as_found():
+    """Take out the root handlers a test installed (``echo2 run`` in-process under typer's CliRunner sets one up on
+    the runner's stderr, closed when the invoke returns) and put the levels back: a later test on the same
+    worker logging into a closed stream fails with "I/O operation on closed file". pytest's own capture
+    handlers come and go per phase; they are left to pytest."""
+    import logging
+
+    root, ours = logging.getLogger(), logging.getLogger("echo2")
+    before, levels = set(root.handlers), (root.level, ours.level)
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(levels[0])
+    ours.setLevel(levels[1])
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
