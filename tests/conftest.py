@@ -105,3 +105,17 @@ def clock(monkeypatch):
     now = [T0]
     monkeypatch.setattr(ledger, "time", types.SimpleNamespace(time=lambda: now[0]))
     return now
+
+
+@pytest.fixture(params=["file", "memory", "s3"])
+def each_store(request, tmp_path):
+    """The same test on every ObjectStore backend: local files, memory:// and S3 (moto's server on loopback)."""
+    import uuid
+
+    from echo2.data.store import open_store
+
+    if request.param == "file":
+        return open_store(str(tmp_path / "store"))
+    if request.param == "memory":
+        return open_store(f"memory://echo2-test-{uuid.uuid4().hex}")
+    return request.getfixturevalue("s3_store")

@@ -7,15 +7,9 @@ import pytest
 from echo2.data.store import AlreadyExists, NotFound, is_transient, open_store
 
 
-@pytest.fixture(params=["file", "memory", "s3"])
-def store(request, tmp_path):
-    if request.param == "file":
-        return open_store(str(tmp_path / "store"))
-    if request.param == "memory":
-        import uuid
-
-        return open_store(f"memory://echo2-test-{uuid.uuid4().hex}")
-    return request.getfixturevalue("s3_store")
+@pytest.fixture
+def store(each_store):  # every backend (conftest.py)
+    return each_store
 
 
 def test_put_get_list_delete(store):

@@ -24,13 +24,9 @@ from echo2.data.store.fsspec_store import FsspecStore
 DATA = os.urandom(300_001)
 
 
-@pytest.fixture(params=["file", "memory", "s3"])
-def store(request, tmp_path):
-    if request.param == "file":
-        return open_store(str(tmp_path / "store"))
-    if request.param == "memory":
-        return open_store(f"memory://echo2-stream-{tmp_path.name}")
-    return request.getfixturevalue("s3_store")
+@pytest.fixture
+def store(each_store):  # every backend (conftest.py)
+    return each_store
 
 
 def test_the_pieces_are_the_bytes_get_range_reads(store):
