@@ -11,7 +11,16 @@ from transformers import AutoTokenizer
 from echo2.config import load_config
 from echo2.tasks import ForgedEpisode, UnknownProblem, make_task
 from echo2.tasks.poker import _Episode
-from echo2.tasks.poker_game import STRENGTH_SAMPLES, Action, Hand, Legal, deal, hand_strength, parse_action
+from echo2.tasks.poker_game import (
+    STRENGTH_SAMPLES,
+    Action,
+    Hand,
+    Legal,
+    all_in_equity,
+    deal,
+    hand_strength,
+    parse_action,
+)
 
 FACING = Legal(to_call=2, can_fold=True, min_raise=8, max_raise=40)
 FREE = Legal(to_call=0, can_fold=False, min_raise=2, max_raise=38, verb="bet")
@@ -324,3 +333,83 @@ def test_betting_the_strong_hands_beats_the_call_station(tok):
     result = task.evaluate(StrengthReader(tok), None, tok, k=1, max_new_tokens=64)
     cs = result["opponents"]["call_station"]
     assert cs["illegal_action_rate"] == 0.0 and cs["bb_per_100"] > 0, cs
+
+
+def test_push_fold_leaves_the_policy_one_raise_all_in_and_the_opponents_every_size():
+    h = Hand(deal("push"), 40, 1, 2, push_fold=True)  # seat 1, the small blind, acts first
+    legal = h.legal(push_fold=True)
+    assert (legal.min_raise, legal.max_raise) == (40, 40) and legal.describe() == "fold, call, raise 40"
+    assert "Legal: fold, call, raise 40." in h.observation(1)
+    assert parse_action(" raise 40", legal) == (Action("raise", 40), "ok")
+    assert parse_action(" raise", legal) == (Action("raise", 40), "ok")  # no amount: the only size
+    assert parse_action(" all in", legal) == (Action("raise", 40), "ok")
+    assert parse_action(" raise 4", legal) == (None, "illegal")  # no-limit's minimum is not offered
+    assert h.legal().min_raise == 4  # what an opponent in this seat may do: every size
+    h.play(Action("check_call"))  # the small blind limps; the big blind (an opponent here) may raise any size
+    assert (h.legal().min_raise, h.legal().max_raise) == (4, 40)
+
+
+def test_push_fold_hands_are_replayed_by_the_learner(tok):
+    task = _task(push_fold="true", show_strength="true", max_decisions=3,
+                 opponents="[{kind: random}, {kind: call_station}]")
+    problems = task.sample_train(random.Random(5), 4)
+    sampler = ScriptedSampler(tok, seed=4, replies=(" raise 40", " raise 8", " call", " check", " fold", " raise"))
+    groups = task.rollout_groups(sampler, tok, problems, 3, 24)
+    policy_text = [tok.decode([t for t, m in zip(e.completion_token_ids, e.completion_mask) if m == 0])
+                   for g in groups for e in g]
+    assert all("raise 4-" not in text and "bet 2-" not in text for text in policy_text), policy_text
+    actions = [a for g in groups for e in g for a in e.reward_detail["actions"]]
+    assert "raise 40" in actions and "illegal" in actions, actions  # " raise 8" is not offered
+    for problem, group in zip(problems, groups):
+        scores = task.score_episodes(tok, [task.problem(problem.id)] * len(group),
+                                     [e.completion_token_ids for e in group], [e.completion_mask for e in group], 24)
+        assert scores == pytest.approx([e.reward for e in group])
+
+
+def test_pushing_the_strong_hands_beats_the_random_player_over_150_duplicate_deals(tok):
+    """What poker-smollm2.yaml's policy has to find, and that its 150 duplicate deals show it: all in at a told
+    strength of 55% or more, else call, under push-or-fold, wins against the random player with the interval above
+    0 (the call-station: ``test_betting_the_strong_hands_beats_the_call_station``)."""
+    task = _task(push_fold="true", show_strength="true", eval_deals=150, max_decisions=2, max_action_tokens=12,
+                 opponents="[{kind: random}]")
+    o = task.evaluate(StrengthReader(tok, above=55), None, tok, k=1, max_new_tokens=64)["opponents"]["random"]
+    assert o["illegal_action_rate"] == 0.0 and o["ci95_low"] > 0, o
+
+
+def test_an_all_in_pays_its_expectation_over_the_undealt_cards():
+    assert all_in_equity("AsAh", "KsKh", "2c7d9hJc") == pytest.approx(42 / 44)  # only the two kings left beat aces
+    pre = all_in_equity("8cKd", "3dJc", "")
+    assert pre + all_in_equity("3dJc", "8cKd", "") == pytest.approx(1.0) and 0.5 < pre < 0.75
+    h = Hand(deal("all-in"), 40, 1, 2)  # seat 1 (small blind) holds 3dJc, seat 0 8cKd; the board gives seat 0 the pot
+    h.play(Action("raise", 40))
+    h.play(Action("check_call"))
+    assert h.over and h.all_in == ("", 40) and (h.payoff(0), h.payoff(1)) == (40, -40)
+    assert h.expected_payoff(0) == pytest.approx((2 * pre - 1) * 40) == -h.expected_payoff(1)
+    calm = Hand(deal("all-in"), 40, 1, 2)
+    calm.play(Action("fold"))
+    assert calm.all_in is None and calm.expected_payoff(1) == calm.payoff(1) == -1
+
+
+def test_all_in_ev_rewards_are_what_the_learner_replays_and_evaluation_counts_chips(tok):
+    task = _task(push_fold="true", all_in_ev="true", max_decisions=2, max_action_tokens=12,
+                 opponents="[{kind: call_station}]")
+    problems = task.sample_train(random.Random(11), 3)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=1, replies=(" raise 40", " call")), tok, problems, 4, 24)
+    shoved = [e for g in groups for e in g if "all_in_ev_bb" in e.reward_detail]
+    assert shoved, "no hand went all in"
+    for e in shoved:
+        d = e.reward_detail
+        assert e.reward == pytest.approx(d["all_in_ev_bb"] - d["illegal"]) and d["bb"] in (-20, 0, 20)
+    for problem, group in zip(problems, groups):
+        scores = task.score_episodes(tok, [task.problem(problem.id)] * len(group),
+                                     [e.completion_token_ids for e in group], [e.completion_mask for e in group], 24)
+        assert scores == pytest.approx([e.reward for e in group])
+
+
+def test_the_strength_line_says_strong_or_weak_at_the_configured_percent():
+    d = deal("push")
+    percent = round(100 * hand_strength(d.holes[1], "", STRENGTH_SAMPLES))
+    for above, word in ((percent, "strong"), (percent + 1, "weak")):
+        hand = Hand(d, 40, 1, 2, show_strength=True, strong_above=above)
+        assert f"Strength {percent}%, {word}. " in hand.observation(1)
+    assert f"Strength {percent}%. " in Hand(d, 40, 1, 2, show_strength=True).observation(1)  # no word by default

@@ -168,6 +168,22 @@ class PokerTaskConfig(_Section):
     the learner's replay writes the same text): a feature a small model can read where it cannot yet rank
     cards. A player that bets the hands it is told are strong beats the call-station (tested); SmolLM2-135M
     did not learn that in 30 steps here (docs/tasks.md, "Measured runs")."""
+    strong_above: int | None = Field(None, ge=0, le=100)
+    """With ``show_strength``: the strength line also says ``strong`` at this percent or more, else ``weak``
+    (``Strength 64%, strong``): one word a small model can key its action on, where the number is two digit
+    tokens it has to compare."""
+    push_fold: bool = False
+    """The policy's only bet or raise is all in (the short-stack push-or-fold abstraction): its Legal line
+    reads ``raise 40`` (its whole stack) where no-limit reads ``raise 4-40``; the opponents keep every size. A
+    small model that must spell its stack as a number hardly ever samples it (SmolLM2-135M: "all in" at
+    about 0.001 even when listed, "raise" at 0.07-0.15 followed by the smallest amount), so without this it
+    never tries the bet that wins."""
+    all_in_ev: bool = False
+    """Train on all-in adjusted rewards: a hand whose chips went all in with cards still to come is rewarded
+    with its expectation over the undealt cards (all 44 runouts after the turn, 500 seeded ones before it)
+    instead of the runout dealt. No decision follows an all in, so the expected reward of every policy is
+    unchanged, while the board's luck, most of an all-in's variance, leaves the gradient. Evaluation counts
+    the chips dealt either way (``bb_per_100``)."""
     seed: int = 0
     """Seed of the deals: training deal n and evaluation deal i are drawn from it."""
     eval_deals: int = Field(16, ge=1)

@@ -19,8 +19,10 @@ exactly what the actor's engine saw. Replies are read by ``poker_game.parse_acti
 illegal reply plays the default action (check when free, else fold) and costs
 ``illegal_penalty`` big blinds; decisions past ``max_decisions`` or the token budget play the default
 unpenalized. Reward = chips won / big blind - penalties, in [-stack/bb - penalty x max_decisions,
-stack/bb]. The chat joints (how a turn ends and the next begins) are read off the model's own chat
-template, so any chat model works.
+stack/bb]; with ``all_in_ev`` a hand that went all in with cards to come counts its chips' expectation
+over the undealt cards (``poker_game.all_in_equity``) instead of the runout dealt. With ``push_fold`` the
+policy's only raise is all in (the opponents keep every size). The chat joints (how a turn ends and
+the next begins) are read off the model's own chat template, so any chat model works.
 
 Verification (``score_episodes``, run by the learner on every row): the deal, seat and opponent are
 re-derived from the prompt id; the hand is replayed from the completion's policy tokens alone (the
@@ -295,7 +297,8 @@ class _Episode:
         self.key, self.seat = meta["key"], meta["seat"]
         self.opponent = task.opponents[meta["opponent"]]
         self.opponent_name = task.opponent_names[meta["opponent"]]
-        self.hand = Hand(deal(self.key), c.starting_stack, c.small_blind, c.big_blind, c.show_strength)
+        self.hand = Hand(deal(self.key), c.starting_stack, c.small_blind, c.big_blind, c.show_strength, c.push_fold,
+                         c.strong_above)
         self.decisions = self.replies = self.illegal = self.forced = 0
         self.actions: list[str] = []
         self.near_tie = False
@@ -328,7 +331,7 @@ class _Episode:
         return None
 
     def play_reply(self, text: str) -> None:
-        legal = self.hand.legal()
+        legal = self.hand.legal(self.config.push_fold)
         action, verdict = parse_action(text, legal)
         self.decisions += 1
         self.replies += 1
@@ -342,11 +345,13 @@ class _Episode:
         self._opponents_play()
 
     def reward(self) -> float:
-        return self.hand.payoff(self.seat) / self.bb - self.config.illegal_penalty * self.illegal
+        chips = self.hand.expected_payoff(self.seat) if self.config.all_in_ev else self.hand.payoff(self.seat)
+        return chips / self.bb - self.config.illegal_penalty * self.illegal
 
     def detail(self) -> dict[str, Any]:
         chips = self.hand.payoff(self.seat)
-        return {"chips": chips, "bb": chips / self.bb, "illegal": self.illegal, "replies": self.replies,
+        ev = {"all_in_ev_bb": self.hand.expected_payoff(self.seat) / self.bb} if self.hand.all_in else {}
+        return {"chips": chips, "bb": chips / self.bb, **ev, "illegal": self.illegal, "replies": self.replies,
                 "forced": self.forced, "opponent": self.opponent_name,
                 "seat": "big blind" if self.seat == BIG_BLIND_SEAT else "small blind", "actions": self.actions}
 
