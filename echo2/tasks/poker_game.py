@@ -213,11 +213,9 @@ class Hand:
         s = self.state
         can_raise = s.can_complete_bet_or_raise_to()
         to_call = s.checking_or_calling_amount or 0
+        least = s.min_completion_betting_or_raising_to_amount if can_raise else None
         most = s.max_completion_betting_or_raising_to_amount if can_raise else None
-        return Legal(to_call=to_call, can_fold=s.can_fold(),
-                     min_raise=most if push_fold else s.min_completion_betting_or_raising_to_amount if can_raise
-                     else None,
-                     max_raise=most,
+        return Legal(to_call=to_call, can_fold=s.can_fold(), min_raise=most if push_fold else least, max_raise=most,
                      verb="bet" if s.street_index and not any(s.bets) else "raise")
 
     def play(self, action: Action) -> None:
