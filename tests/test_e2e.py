@@ -214,8 +214,9 @@ def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code)
     with open(out_path, "w") as out, open(err_path, "w") as err:
         # started with SIGINT ignored, as a job a shell script puts in the background inherits it (CI,
         # `make test &`): Ctrl-C / kill -INT must stop the run all the same
+        # PYTHONFAULTHANDLER: a learner that does not exit is sent SIGABRT below and prints every thread's stack
         learner = subprocess.Popen([sys.executable, "-m", "echo2.cli", *args], cwd=REPO, stdout=out, stderr=err,
-                                   start_new_session=True,
+                                   start_new_session=True, env=dict(os.environ, PYTHONFAULTHANDLER="1"),
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     run = tmp_path / "runs" / "intr"
     try:
@@ -223,7 +224,13 @@ def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code)
         pids = actor_pids(run)
         assert pids and all(pid_alive(p) for p in pids)
         learner.send_signal(stop)
-        learner.wait(timeout=90)
+        try:
+            learner.wait(timeout=90)
+        except subprocess.TimeoutExpired:  # what holds it: its threads' stacks (seen once, under load, 2026-12-03)
+            learner.send_signal(signal.SIGABRT)
+            learner.wait(timeout=30)
+            stacks = err_path.read_text()[-20000:]
+            pytest.fail(f"the learner had not exited 90 s after the signal; its stderr:\n{stacks}")
         # nothing the learner started outlives it for long (actors, Prefect's ephemeral server)
         wait_until(lambda: not session_pids(learner.pid), 30, "the learner's processes to exit")
     finally:
