@@ -415,3 +415,11 @@ def test_the_strength_line_says_strong_or_weak_at_the_configured_percent():
         hand = Hand(d, 40, 1, 2, show_strength=True, strong_above=above)
         assert f"Strength {percent}%, {word}. " in hand.observation(1)
     assert f"Strength {percent}%. " in Hand(d, 40, 1, 2, show_strength=True).observation(1)  # no word by default
+
+
+def test_without_all_in_ev_an_all_in_hand_is_rewarded_and_told_in_chips_dealt(tok):
+    task = _task(push_fold="true", max_decisions=2, max_action_tokens=12, opponents="[{kind: call_station}]")
+    problems = task.sample_train(random.Random(11), 3)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=1, replies=(" raise 40",)), tok, problems, 2, 24)
+    for e in (e for g in groups for e in g):
+        assert "all_in_ev_bb" not in e.reward_detail and e.reward == e.reward_detail["bb"] in (-20, 0, 20)

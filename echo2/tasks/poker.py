@@ -350,7 +350,8 @@ class _Episode:
 
     def detail(self) -> dict[str, Any]:
         chips = self.hand.payoff(self.seat)
-        ev = {"all_in_ev_bb": self.hand.expected_payoff(self.seat) / self.bb} if self.hand.all_in else {}
+        ev = ({"all_in_ev_bb": self.hand.expected_payoff(self.seat) / self.bb}
+              if self.config.all_in_ev and self.hand.all_in else {})  # costs a runout enumeration: only when used
         return {"chips": chips, "bb": chips / self.bb, **ev, "illegal": self.illegal, "replies": self.replies,
                 "forced": self.forced, "opponent": self.opponent_name,
                 "seat": "big blind" if self.seat == BIG_BLIND_SEAT else "small blind", "actions": self.actions}
