@@ -119,11 +119,14 @@ def hand_strength(hole: str, board: str, samples: int) -> float:
     score = 0.0
     for _ in range(samples):
         drawn = rng.sample(rest, 2 + 5 - len(board_cards))
-        full_board = board_cards + drawn[2:]
-        mine = StandardHighHand.from_game(hole_cards, full_board)
-        theirs = StandardHighHand.from_game(drawn[:2], full_board)
-        score += 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+        score += _showdown(hole_cards, drawn[:2], board_cards + drawn[2:])
     return score / samples
+
+
+def _showdown(mine: list, theirs: list, board: list) -> float:
+    """1 when ``mine`` beats ``theirs`` on the five-card ``board``, 0.5 on a tie, else 0."""
+    a, b = StandardHighHand.from_game(mine, board), StandardHighHand.from_game(theirs, board)
+    return 1.0 if a > b else 0.5 if a == b else 0.0
 
 
 ALL_IN_SAMPLES = 500
@@ -148,12 +151,7 @@ def _equity(hole: str, other: str, board: str) -> float:
     else:
         rng = random.Random(f"all-in:{hole}:{other}:{board}")
         runouts = [rng.sample(rest, need) for _ in range(ALL_IN_SAMPLES)]
-    score = 0.0
-    for drawn in runouts:
-        full = known + drawn
-        a, b = StandardHighHand.from_game(mine, full), StandardHighHand.from_game(theirs, full)
-        score += 1.0 if a > b else 0.5 if a == b else 0.0
-    return score / len(runouts)
+    return sum(_showdown(mine, theirs, known + drawn) for drawn in runouts) / len(runouts)
 
 
 @dataclass
