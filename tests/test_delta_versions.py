@@ -194,3 +194,23 @@ def test_publish_delta_leaves_a_lora_run_as_it_was(store):
     manifest, _ = pub.publish(1, {"base_model.model.x.lora_A.weight": torch.zeros(4, 16)},
                               {"weights": "lora", "base_version": 0})
     assert manifest["weights"] == "lora" and published_versions(store) == [0, 1]
+
+
+def test_a_small_version_is_cut_into_min_chunks_and_still_rebuilds(store):
+    """A relay forwards a chunk once it holds it whole, so a version in few large chunks spends its time filling
+    the chain: a sparse delta of a few MB in 8 MB chunks was one chunk, and every hop waited for all of it. Each
+    version is now cut into ``min_chunks`` chunks (here 16), none under ``min_chunk_mb``, none over ``chunk_mb``."""
+    smallest = 256
+    broadcast = BroadcastConfig(mode="store", chunk_mb=8, min_chunks=16, min_chunk_mb=smallest / 2**20)
+    train = TrainConfig(publish_delta=True, keyframe_every=4, keep_versions=100, staleness=2)
+    pub = Publisher(store, train=train, broadcast=broadcast, key=KEY, extra_files=MODEL_FILES)
+    vs = versions(2)
+    (full, _), (delta, stats) = publish_all(pub, vs)
+    assert (full["weights"], delta["weights"]) == ("full", "delta")
+    full_bytes = sum(t.numel() * t.element_size() for t in vs[0].values())
+    assert full["chunk_size"] == -(-full_bytes // 16) < 8 * 2**20
+    assert delta["chunk_size"] == max(smallest, -(-stats["publish_delta_bytes"] // 16))
+    for i in (0, 1):
+        assert same(read_version(store, i)[0], vs[i]), i
+    assert broadcast.chunk_bytes(10**10) == 8 * 2**20  # a large version: chunk_mb
+    assert BroadcastConfig(chunk_mb=0.01).chunk_bytes(10**6) == int(0.01 * 2**20)  # a chunk_mb under the floor wins

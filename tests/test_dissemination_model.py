@@ -25,6 +25,7 @@ from echo2.fleet.sizing.dissemination import (
 
 MIB = 2**20
 CHUNK_8MB_AT_HALF_GBIT = 8 * MIB * 8 / 0.5e9  # 0.134218 s: one 8 MiB chunk over a 0.5 Gbit/s link
+CHUNK_OF_1GB_AT_HALF_GBIT = 3_906_250 * 8 / 0.5e9  # 0.0625 s: 1 GB in broadcast.min_chunks = 256 chunks
 
 
 def test_version_bytes_by_hand():
@@ -93,18 +94,25 @@ def test_default_changed_fraction_has_its_measured_source():
 
 def test_dissemination_by_hand():
     # 1 GB, 16 actors, one root, fan-out 2: levels of 1, 2, 4, 8 (+1) nodes -> 4 levels below the root; each child
-    # gets 1 Gbit/s / 2: 8e9 / 0.5e9 = 16 s, and 4 hops each add one 8 MiB chunk at 0.5 Gbit/s
+    # gets 1 Gbit/s / 2: 8e9 / 0.5e9 = 16 s, and 4 hops each add one chunk at 0.5 Gbit/s: 1 GB in 256 chunks
+    # (broadcast.min_chunks: 8 MiB chunks would give 120), 3.9 MB each
     d = dissemination_seconds(1e9, store_gbit=10, peer_gbit=1, actors=16, fanout=2, roots=1)
-    assert d == pytest.approx(16 + 4 * CHUNK_8MB_AT_HALF_GBIT)
+    assert d == pytest.approx(16 + 4 * CHUNK_OF_1GB_AT_HALF_GBIT)
+    # 8 GB: 256 chunks would be 31 MB, over chunk_mb: 8 MiB chunks
+    big = dissemination_seconds(8e9, store_gbit=10, peer_gbit=1, actors=16, fanout=2, roots=1)
+    assert big == pytest.approx(128 + 4 * CHUNK_8MB_AT_HALF_GBIT)
+    # 16 MB (a sparse delta): 256 chunks would be 62.5 KB, under min_chunk_mb: 0.25 MiB chunks
+    small = dissemination_seconds(16e6, store_gbit=10, peer_gbit=1, actors=16, fanout=2, roots=1)
+    assert small == pytest.approx(16e6 * 8 / 0.5e9 + 4 * MIB / 4 * 8 / 0.5e9)
     # two regions of 8 actors, one root each: the store's 10 Gbit/s is shared by 2 readers, each still capped at
     # its own 1 Gbit/s; 8 nodes under one root -> 3 levels
     d2 = dissemination_seconds(1e9, store_gbit=10, peer_gbit=1, actors=16, fanout=2, roots=1, regions=2)
-    assert d2 == pytest.approx(16 + 3 * CHUNK_8MB_AT_HALF_GBIT)
+    assert d2 == pytest.approx(16 + 3 * CHUNK_OF_1GB_AT_HALF_GBIT)
     # every actor reading the store (roots = actors): 16 readers share 10 Gbit/s: 8e9 / 0.625e9 = 12.8 s
     assert dissemination_seconds(1e9, store_gbit=10, peer_gbit=1, actors=16, roots=16) == pytest.approx(12.8)
     # a slow store: the roots' link is the slowest on the path and sets the pace
     slow = dissemination_seconds(1e9, store_gbit=0.25, peer_gbit=1, actors=16, fanout=2)
-    assert slow == pytest.approx(8e9 / 0.25e9 + 4 * CHUNK_8MB_AT_HALF_GBIT)
+    assert slow == pytest.approx(8e9 / 0.25e9 + 4 * CHUNK_OF_1GB_AT_HALF_GBIT)
     assert dissemination_seconds(0, store_gbit=1, peer_gbit=1, actors=4) == 0.0
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from echo2.config._base import _Section
+from echo2.data.manifest import chunk_size_for
 
 
 class BroadcastConfig(_Section):
@@ -14,7 +15,14 @@ class BroadcastConfig(_Section):
     """``relay``: actors pass chunks along a relay tree, roots read the store; ``store``: every actor reads the
     store."""
     chunk_mb: float = Field(8.0, gt=0)
-    """Chunk size: the unit of verification (sha256 in the manifest), transfer and pipelining."""
+    """The largest chunk: the unit of verification (sha256 in the manifest), transfer and pipelining."""
+    min_chunks: int = Field(256, ge=1)
+    """A version is cut into at least this many chunks, down to ``min_chunk_mb`` each: a relay forwards a chunk
+    once it has it whole, so each hop of a chain adds a chunk's transfer, and a small version (a sparse delta)
+    in ``chunk_mb`` chunks would spend most of its time filling the chain (``chunk_bytes``)."""
+    min_chunk_mb: float = Field(0.25, gt=0)
+    """The smallest chunk ``min_chunks`` may cut to (``chunk_mb`` where that is smaller): each chunk costs a
+    hash in the signed manifest and a tag on the wire."""
     fanout: int = Field(1, ge=1)
     """Children per relay node (1 = a chain: every node uploads each chunk once)."""
     roots: int = Field(1, ge=1)
@@ -53,3 +61,8 @@ class BroadcastConfig(_Section):
     def _yaml_booleans(cls, value):
         """YAML reads a bare ``on`` / ``off`` as a boolean: take it as the word the user wrote."""
         return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    def chunk_bytes(self, version_bytes: int) -> int:
+        """The chunk size of a version of ``version_bytes`` (``manifest.chunk_size_for``)."""
+        return chunk_size_for(version_bytes, largest=int(self.chunk_mb * 2**20),
+                              smallest=max(1, int(self.min_chunk_mb * 2**20)), at_least=self.min_chunks)

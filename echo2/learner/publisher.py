@@ -126,13 +126,12 @@ class Publisher:
         started = time.perf_counter()
         full_bytes = _nbytes(tensors)
         stats: dict = {"publish_full_bytes": full_bytes}
-        chunk_size = int(self.broadcast.chunk_mb * 2**20)
         self.fleet()  # who the fleet launched, and where: the ledger's new events
         self._plans = {v: p for v, p in self._plans.items() if v >= version - REPORT_VERSIONS - 1}
         relay = _relay_plan(self.store, version, self.broadcast, revoked, self.fleet, self.store_site, self._plan_of)
         meta = {**meta, "revoked": sorted(revoked)}
         try:
-            manifest = self._commit(version, tensors, meta, full_bytes, stats, relay, chunk_size)
+            manifest = self._commit(version, tensors, meta, full_bytes, stats, relay)
         except BaseException:
             self.last = None  # what actors hold is unknown now: the next version is a keyframe
             raise
@@ -156,7 +155,7 @@ class Publisher:
         return self._plans[version]
 
     def _commit(self, version: int, tensors: dict[str, torch.Tensor], meta: dict, full_bytes: int, stats: dict,
-                relay: dict, chunk_size: int) -> dict:
+                relay: dict) -> dict:
         # a LoRA run publishes its base once, then adapters: nothing for a delta to encode against
         delta_run = self.train.publish_delta and self.train.lora_rank == 0 and meta.get("weights") == "full"
         delta, reason = None, None
@@ -166,7 +165,7 @@ class Publisher:
                 delta, reason = self._encode(tensors, full_bytes, stats)
         if delta is not None:
             manifest = publish_delta_version(
-                self.store, version, delta.files, chunk_size=chunk_size, key=self.key,
+                self.store, version, delta.files, chunk_size=self.broadcast.chunk_bytes(delta.nbytes), key=self.key,
                 meta={"relay": relay, **meta, "weights": "delta", "base_version": self.last[0],
                       "keyframe": self.keyframe, "tensors": delta.table})
             self.last = (version, self.last[1])  # rebuilt in place by the self-check: the new version
@@ -181,7 +180,8 @@ class Publisher:
             self.keyframe, self.chain_bytes = version, 0
             stats["publish_keyframe"] = 1
         manifest = publish_version(self.store, version, tensors, extra_files=self.extra_files,
-                                   shard_mb=self.train.shard_mb, chunk_size=chunk_size, key=self.key,
+                                   shard_mb=self.train.shard_mb, chunk_size=self.broadcast.chunk_bytes(full_bytes),
+                                   key=self.key,
                                    meta={"relay": relay, **meta, **extra})
         stats["publish_bytes"] = sum(e["size"] for e in manifest["files"] if e["kind"] == "shard")
         return manifest

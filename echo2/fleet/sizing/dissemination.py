@@ -30,8 +30,9 @@ Assumptions of the model:
   (the store-only time there grows with the readers); a root reads at ``min(store_gbit / readers, peer_gbit)``;
 * a relay node uploads each chunk to its ``fanout`` children over one uplink of ``peer_gbit``: each child gets
   ``peer_gbit / fanout``; downlinks are not the bottleneck;
-* chunks are pipelined (``broadcast.chunk_mb``): the version streams at the slowest rate on the path, and each
-  hop below the store adds one chunk's time at that hop's rate (the fill time of the pipeline);
+* chunks are pipelined (``broadcast.chunk_mb``, smaller for a small version: ``broadcast.min_chunks``): the
+  version streams at the slowest rate on the path, and each hop below the store adds one chunk's time at that
+  hop's rate (the fill time of the pipeline);
 * no latency, no TLS or CPU cost, no retries, no failed parents (the bench measured the relay within 1.07-1.26x of
   this ideal on 200 Mbit/s links, CPU-bound at 16 receivers);
 * every actor reading the store (``broadcast.mode: store``) is ``roots >= actors``: the store's uplink is then
@@ -46,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 
+from echo2.data.manifest import chunk_size_for
 from echo2.errors import Echo2InputError
 
 VALUE_BITS = 3.7
@@ -64,6 +66,10 @@ DEFAULT_KEYFRAME_EVERY = 16
 """``train.keyframe_every``'s default."""
 DEFAULT_CHUNK_MB = 8.0
 """``broadcast.chunk_mb``'s default."""
+DEFAULT_MIN_CHUNKS = 256
+"""``broadcast.min_chunks``'s default."""
+DEFAULT_MIN_CHUNK_MB = 0.25
+"""``broadcast.min_chunk_mb``'s default."""
 
 
 def _entropy_bits(p: float) -> float:
@@ -111,7 +117,8 @@ def _depth(n: int, roots: int, fanout: int) -> int:
 
 def dissemination_seconds(version_bytes: float, *, store_gbit: float, peer_gbit: float, actors: int,
                           fanout: int = 2, roots: int = 1, regions: int = 1,
-                          chunk_mb: float = DEFAULT_CHUNK_MB) -> float:
+                          chunk_mb: float = DEFAULT_CHUNK_MB, min_chunks: int = DEFAULT_MIN_CHUNKS,
+                          min_chunk_mb: float = DEFAULT_MIN_CHUNK_MB) -> float:
     """Seconds until the last of ``actors`` holds a version of ``version_bytes`` (the module docstring's model)."""
     for name, value in (("version bytes", version_bytes), ("store_gbit", store_gbit), ("peer_gbit", peer_gbit),
                         ("chunk_mb", chunk_mb)):
@@ -128,7 +135,9 @@ def dissemination_seconds(version_bytes: float, *, store_gbit: float, peer_gbit:
     per_region = math.ceil(actors / regions)
     region_roots = min(roots, per_region)
     readers = region_roots * regions
-    bits, chunk_bits = version_bytes * 8, min(version_bytes, chunk_mb * 2**20) * 8
+    chunk = chunk_size_for(math.ceil(version_bytes), largest=max(1, int(chunk_mb * 2**20)),
+                           smallest=max(1, int(min_chunk_mb * 2**20)), at_least=max(1, min_chunks))
+    bits, chunk_bits = version_bytes * 8, min(version_bytes, chunk) * 8
     root_rate = min(store_gbit / readers, peer_gbit) * 1e9
     depth = _depth(per_region, region_roots, fanout)
     if depth == 0:
