@@ -177,3 +177,14 @@ def test_changed_fraction_from_a_run_without_deltas(tmp_path):
         changed_fraction_from_run(run)
     with pytest.raises(Echo2InputError, match="not a run folder"):
         changed_fraction_from_run(str(tmp_path / "nowhere"))
+
+
+def test_the_models_chunk_defaults_are_the_configs():
+    """The planner's model cuts a version as the publisher does: the same defaults, the same rule."""
+    from echo2.config import BroadcastConfig
+    from echo2.fleet.sizing import dissemination
+
+    config = BroadcastConfig()
+    assert (dissemination.DEFAULT_CHUNK_MB, dissemination.DEFAULT_MIN_CHUNKS, dissemination.DEFAULT_MIN_CHUNK_MB) == (
+        config.chunk_mb, config.min_chunks, config.min_chunk_mb)
+    assert config.chunk_bytes(64 * MIB) == MIB // 4 and config.chunk_bytes(10**10) == 8 * MIB
