@@ -271,6 +271,29 @@ def test_what_interrupts_a_checkpoint_inside_dcp_comes_out_as_itself(tiny_model,
     assert checkpoint_steps(store) == [1]
 
 
+def test_a_signal_under_a_clean_up_error_inside_dcp_still_comes_out_as_itself(tiny_model, tmp_path, monkeypatch):
+    """A SIGTERM that lands inside ``torch.save``'s zip writer leaves the file half written, and the writer's
+    ``__exit__`` raises over it ("unexpected pos 219 vs 0"), the signal only that error's context: the learner
+    exited 1 (a crashed task) instead of 143 (test_e2e's sigterm case, 2026-12-03)."""
+    from echo2.learner.sharded import _StoreFiles
+
+    store, key = open_store(str(tmp_path / "store")), Ed25519PrivateKey.generate()
+    learner = _learner(tiny_model)
+    learner.train_step(tables(1))
+    signal = _Signal("SIGTERM")
+
+    def interrupted(self, key_, data):
+        try:
+            raise signal
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 219 vs 0")
+
+    monkeypatch.setattr(_StoreFiles, "_put", interrupted)
+    with pytest.raises(_Signal) as caught:
+        _save(store, learner, key)
+    assert caught.value is signal
+
+
 def test_one_process_on_s3_and_lora(tiny_model, s3_store, tmp_path):
     """A one-process checkpoint on S3 (moto) resumes the weights and AdamW state exactly; a LoRA run keeps
     its adapter (the frozen base is not in the checkpoint) and exports the adapter merged into its base."""

@@ -292,9 +292,22 @@ def _raised_inside(exc: CheckpointException) -> BaseException:
     """What a rank raised inside DCP. DCP wraps every failure in ``CheckpointException``, a BaseException, even
     a signal's: unwrapped, a SIGTERM (Prefect's TerminationSignal) or Ctrl-C landing in a checkpoint stays an
     interruption (the flow then checkpoints and stops), and a store error stays the error its callers handle.
-    A signal's exception first, else the lowest rank's error."""
+    A signal's exception first, also where a clean-up raised over it (``torch.save`` interrupted inside its zip
+    writer raises "unexpected pos" from the writer's ``__exit__``, the signal only its context), else the
+    lowest rank's error."""
     errors = [error for _, (error, _) in sorted(exc.failures.items())]
-    return next((e for e in errors if not isinstance(e, Exception)), errors[0] if errors else exc)
+    return next((s for e in errors if (s := _signal_in(e)) is not None), errors[0] if errors else exc)
+
+
+def _signal_in(error: BaseException) -> BaseException | None:
+    """The first exception that is not an ``Exception`` (a signal's) in ``error`` and its causes and contexts."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if not isinstance(error, Exception):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _unwrap(exc: CheckpointException) -> BaseException:
