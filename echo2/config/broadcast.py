@@ -64,5 +64,5 @@ class BroadcastConfig(_Section):
 
     def chunk_bytes(self, version_bytes: int) -> int:
         """The chunk size of a version of ``version_bytes`` (``manifest.chunk_size_for``)."""
-        return chunk_size_for(version_bytes, largest=int(self.chunk_mb * 2**20),
-                              smallest=max(1, int(self.min_chunk_mb * 2**20)), at_least=self.min_chunks)
+        return chunk_size_for(version_bytes, largest_mb=self.chunk_mb, smallest_mb=self.min_chunk_mb,
+                              at_least=self.min_chunks)

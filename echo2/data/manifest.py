@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -39,16 +40,17 @@ class ManifestRejected(Exception):
     file list that names something other than plain files of its own folder."""
 
 
-def chunk_size_for(version_bytes: int, *, largest: int, smallest: int, at_least: int) -> int:
-    """The chunk size a version of ``version_bytes`` is cut into: ``largest``, or less where that would give
-    fewer than ``at_least`` chunks, but never below ``smallest`` (nor above ``largest``, which wins where it is
-    the smaller). Why a version needs many chunks: a relay passes a chunk on only once it has it whole and
-    verified, so every hop of a chain adds one chunk's transfer to the version's time; in ``at_least`` chunks a
-    chain of N hops adds at most N / ``at_least`` of the version's own transfer (``docs/broadcast.md``, "Chunk
-    size")."""
-    if largest < 1 or smallest < 1 or at_least < 1:
-        raise ValueError(f"chunk sizes and counts must be >= 1, got {largest}, {smallest}, {at_least}")
-    return max(min(smallest, largest), min(largest, -(-max(0, version_bytes) // at_least)))
+def chunk_size_for(version_bytes: float, *, largest_mb: float, smallest_mb: float, at_least: int) -> int:
+    """The chunk size in bytes a version of ``version_bytes`` is cut into: ``largest_mb``, or less where that would
+    give fewer than ``at_least`` chunks, but never below ``smallest_mb`` (nor above ``largest_mb``, which wins where
+    it is the smaller); at least 1 byte. Why a version needs many chunks: a relay passes a chunk on only once it
+    has it whole and verified, so every hop of a chain adds one chunk's transfer to the version's time; in
+    ``at_least`` chunks a chain of N hops adds at most N / ``at_least`` of the version's own transfer
+    (``docs/broadcast.md``, "Chunk size")."""
+    if at_least < 1:
+        raise ValueError(f"a version is cut into at least 1 chunk, not {at_least}")
+    largest, smallest = max(1, int(largest_mb * 2**20)), max(1, int(smallest_mb * 2**20))
+    return max(min(smallest, largest), min(largest, -(-max(0, math.ceil(version_bytes)) // at_least)))
 
 
 def chunk_hashes(data: bytes, chunk_size: int) -> list[str]:

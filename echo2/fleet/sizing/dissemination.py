@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 
+from echo2.config import BroadcastConfig
 from echo2.data.manifest import chunk_size_for
 from echo2.errors import Echo2InputError
 
@@ -64,11 +65,11 @@ DEFAULT_CHANGED_FRACTION_SOURCE = (
     "`--from-run` reads a run's own figure")
 DEFAULT_KEYFRAME_EVERY = 16
 """``train.keyframe_every``'s default."""
-DEFAULT_CHUNK_MB = 8.0
+DEFAULT_CHUNK_MB: float = BroadcastConfig.model_fields["chunk_mb"].default
 """``broadcast.chunk_mb``'s default."""
-DEFAULT_MIN_CHUNKS = 256
+DEFAULT_MIN_CHUNKS: int = BroadcastConfig.model_fields["min_chunks"].default
 """``broadcast.min_chunks``'s default."""
-DEFAULT_MIN_CHUNK_MB = 0.25
+DEFAULT_MIN_CHUNK_MB: float = BroadcastConfig.model_fields["min_chunk_mb"].default
 """``broadcast.min_chunk_mb``'s default."""
 
 
@@ -135,8 +136,7 @@ def dissemination_seconds(version_bytes: float, *, store_gbit: float, peer_gbit:
     per_region = math.ceil(actors / regions)
     region_roots = min(roots, per_region)
     readers = region_roots * regions
-    chunk = chunk_size_for(math.ceil(version_bytes), largest=max(1, int(chunk_mb * 2**20)),
-                           smallest=max(1, int(min_chunk_mb * 2**20)), at_least=max(1, min_chunks))
+    chunk = chunk_size_for(version_bytes, largest_mb=chunk_mb, smallest_mb=min_chunk_mb, at_least=max(1, min_chunks))
     bits, chunk_bits = version_bytes * 8, min(version_bytes, chunk) * 8
     root_rate = min(store_gbit / readers, peer_gbit) * 1e9
     depth = _depth(per_region, region_roots, fanout)
