@@ -323,6 +323,7 @@ def test_a_local_actor_gets_only_the_environment_it_needs(tmp_path, monkeypatch,
     assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
     assert env["HF_HUB_OFFLINE"] == "1" and env["OMP_NUM_THREADS"] == "1" and env["ECHO2_TEST_TAG"] == "env-test"
     assert json_.loads(env["ECHO2_STORE_OPTIONS"]) == {"endpoint_url": "http://127.0.0.1:9"}
+    assert env["ECHO2_SITE"] == "local/local"  # where the ledger places it: a joiner's leaf is found there
     assert env[RELAY_TOKEN_ENV] and env[RELAY_TLS_ENV]  # its own secrets, through its environment
 
 

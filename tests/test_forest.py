@@ -366,3 +366,47 @@ def test_the_plan_fans_out_by_the_latency_model_deterministically_and_keeps_the_
     chain = topology.plan(live, 7, fanout=1, roots=1, rates=rates, latency=(64 * MB, MB, 0.08))
     assert chain == topology.plan(live, 7, fanout=1, roots=1, rates=rates)  # the model keeps today's chain here
     assert max(depth(chain).values()) == 7
+
+
+# -- an actor the plan does not name (it joined after the plan was signed) ----------------------------------
+
+def _rated(sites: dict[str, str] | None = None) -> dict:
+    rates = {"f0": 1000.0, "f1": 1000.0, "m0": 200.0, "m1": 200.0, "m2": 200.0, "s0": 25.0, "s1": 25.0}
+    live = {a: f"http://{a}:1" for a in rates}
+    placement = {a: tuple(s.split("/")) for a, s in sites.items()} if sites else None
+    return topology.plan(live, 3, fanout=1, roots=1, rates=rates, placement=placement)
+
+
+def test_a_joiner_fetches_from_one_of_the_fastest_leaves_then_its_ancestors():
+    relay = _rated()
+    leaves = {p["id"] for p in relay["peers"]} - {p["parent"] for p in relay["peers"]}
+    picked = {}
+    for k in range(40):
+        sources = topology.guest_sources(relay, f"new-{k}")
+        guest = sources[0][1]
+        assert guest in leaves and guest.startswith("m")  # a 200 Mbit/s leaf, never a 25 Mbit/s one
+        assert sources[1:] == topology.source_peers(relay, guest)  # then its ancestors, then the store
+        picked[guest] = picked.get(guest, 0) + 1
+    assert len(picked) > 1  # joiners spread over the fastest leaves
+    assert topology.guest_sources(relay, "new-0") == topology.guest_sources(relay, "new-0")  # deterministic
+
+
+def test_a_joiner_gets_no_guest_where_the_plan_names_it_has_no_parents_or_is_in_another_site():
+    relay = _rated()
+    assert topology.guest_sources(relay, "m0") == []  # in the plan: its own place (a root: the store)
+    assert topology.guest_sources({k: v for k, v in relay.items() if k != "shape"}, "new") == []
+    assert topology.guest_sources({**relay, "shape": "spiral"}, "new") == []
+    sited = _rated({"f0": "aws/us-east-1", "m0": "aws/us-east-1", "s0": "aws/us-east-1", "f1": "gcp/eu-west1",
+                    "m1": "gcp/eu-west1", "m2": "gcp/eu-west1", "s1": "gcp/eu-west1"})
+    assert topology.guest_sources(sited, "new") == []  # its site unknown: the store, not another cloud's peer
+    here = topology.guest_sources(sited, "new", "aws/us-east-1")
+    assert here and all(topology.site_of(sited, peer) == "aws/us-east-1" for _, peer in here)
+    assert topology.guest_sources(sited, "new", "azure/westus") == []  # no peer in its site
+
+
+def test_a_peer_demoted_to_the_leaves_is_no_guest_whatever_it_claims():
+    rates = {"a": 200.0, "b": 200.0, "c": 200.0, "liar": 100_000.0}
+    live = {a: f"http://{a}:1" for a in rates}
+    relay = topology.plan(live, 1, fanout=2, roots=1, rates=rates, demoted={"liar"})
+    assert relay["peers"][-1]["id"] == "liar"  # at the leaves, behind its equals
+    assert all(topology.guest_sources(relay, f"new-{k}")[0][1] != "liar" for k in range(40))

@@ -160,6 +160,23 @@ def test_without_machine_settings_the_run_config_stands(monkeypatch):
         machine_broadcast(config)
 
 
+def test_the_machines_site_comes_from_echo2_site_or_skypilot(monkeypatch):
+    """Where a joiner looks for a leaf to fetch from (``topology.guest_sources``): its own site, spelled as plans
+    spell it; nothing (the store) where the machine does not say, or says something malformed."""
+    from echo2.rollout.machine import machine_site
+
+    monkeypatch.delenv("ECHO2_SITE", raising=False)
+    monkeypatch.delenv(preemption.CLUSTER_INFO_ENV, raising=False)
+    assert machine_site() is None
+    monkeypatch.setenv(preemption.CLUSTER_INFO_ENV, json.dumps({"cloud": "AWS", "region": "us-east-1"}))
+    assert machine_site() == "aws/us-east-1"
+    monkeypatch.setenv("ECHO2_SITE", "Local/local")  # the fleet's word comes first
+    assert machine_site() == "local/local"
+    for bad in ("aws", "aws/", "/us-east-1", "aws/us east", "a/b/c"):
+        monkeypatch.setenv("ECHO2_SITE", bad)
+        assert machine_site() is None, bad
+
+
 @pytest.mark.parametrize("source", ["aws", "gcp"])
 def test_probe_reads_the_notice(metadata, source):
     probe = preemption.MetadataProbe(source, metadata.url)

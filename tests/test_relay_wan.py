@@ -400,3 +400,27 @@ def test_rates_are_measured_under_mutual_tls_too(tmp_path, monkeypatch):
     finally:
         for closer in (child.close, wan.close, parent.close):
             closer()
+
+
+def test_an_actor_the_plan_does_not_name_fetches_the_version_from_a_leaf_not_the_store(store):
+    """Churn (issue 22, item 5): a replacement that registered after the learner signed the version's plan
+    fetches that version from a leaf of the forest (an idle uplink) instead of the store, whose uplink the
+    roots share with it. Before: every chunk from the store."""
+    manifest, files = make_version(store, sizes=(20 * 64 * 1024,))
+    root, leaf = seeded(store, manifest, files), seeded(store, manifest, files)
+    relay = {"fanout": 1, "roots": 1, "shape": "parents", "peers": [
+        {"id": "root", "url": root.url, "parent": None}, {"id": "leaf", "url": leaf.url, "parent": "root"}]}
+    signed = sign({**{k: v for k, v in manifest.items() if k != "signature"}, "relay": relay}, KEY)
+    store.put_json(layout.manifest_key(layout.policy_dir(1)), signed)
+    store.put_pointer(layout.LATEST, json.dumps({"version": 1}).encode())
+    joiner = PolicyReceiver(store, "joiner", PUBLIC, TOKEN, BroadcastConfig(mode="relay", peer_timeout_s=3600),
+                            staleness=2, run_id=RUN_ID)
+    try:
+        buffer = poll_until(joiner, 1, timeout=60)
+        assert buffer.files() == files
+        assert set(buffer.sources) == {str(Peer(leaf.url, "leaf"))}  # before: {"store"}
+        assert joiner.read_bytes["store"] == 0
+    finally:
+        joiner.close()
+        root.close()
+        leaf.close()

@@ -90,12 +90,17 @@ IDENTITY_CHECK_S = 10.0
 
 class PolicyReceiver:
     def __init__(self, store: ObjectStore, actor_id: str, public_key: Ed25519PublicKey, relay_token: str,
-                 config: BroadcastConfig, *, staleness: int, run_id: str, tls: RelayTLS | None = None):
+                 config: BroadcastConfig, *, staleness: int, run_id: str, tls: RelayTLS | None = None,
+                 site: str | None = None):
         """``public_key``: the run's, from ``run.json`` (verifies manifests and peers' tokens);
         ``relay_token``: this actor's own, which its requests to peers carry (it cannot sign anything);
-        ``tls``: this actor's certificate and the run's CA, where the relay speaks TLS (``relay_tls``)."""
+        ``tls``: this actor's certificate and the run's CA, where the relay speaks TLS (``relay_tls``);
+        ``site``: this machine's ``provider/region`` where known (``rollout/machine.machine_site``): a version
+        whose plan does not name this actor yet is then fetched from a leaf of that site
+        (``topology.guest_sources``)."""
         self.store = store
         self.actor_id = actor_id
+        self.site = site
         self.public_key = public_key
         self.config = config
         self.staleness = staleness
@@ -382,7 +387,10 @@ class PolicyReceiver:
         except NotFound:
             return  # garbage-collected between LATEST and now: a newer one is coming
         relay = manifest.get("relay", {})
-        sources = topology.source_peers(relay, self.actor_id) if self.config.mode == "relay" else []
+        sources = []
+        if self.config.mode == "relay":  # its place in the plan, or, not in it yet, a leaf with an idle uplink
+            sources = (topology.source_peers(relay, self.actor_id)
+                       or topology.guest_sources(relay, self.actor_id, self.site))
         peers = [Peer(url, peer, _share_mbit(relay, peer)) for url, peer in sources]
         avoid = self._avoided(version)
         if avoided := [p for p in peers if p.actor_id in avoid]:

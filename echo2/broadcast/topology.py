@@ -11,7 +11,9 @@ Rates: the learner plans with the up- and download rates peers measured and put 
 plan (``shape: parents``), which actors read as it is. With no rate known that forest is the one above,
 node for node. A plan without ``shape`` (every manifest before rates) is read with ``parent_index``.
 An actor that registers joins the plan of the next version published, at the median rate until it
-reports its own; until then (and whenever it is in no plan) it reads the store.
+reports its own; until then (a version whose plan does not name it) it fetches from a fast leaf of its site's
+forest, whose uplink is idle, and its ancestors (``guest_sources``), and reads the store where its site is not
+known or has no peer.
 
 Sites: where the fleet placed each actor (provider and region, from the ledger's launch, requested,
 running and ready events: ``LaunchedActors.placement``, written by the learner's fleet, never by an actor),
@@ -158,6 +160,46 @@ def _named_parents(relay: dict, peers: list[dict], actor_id: str) -> list[tuple[
         out.append((by_id[parent]["url"], parent))
         parent = by_id[parent].get("parent")
     return out
+
+
+def guest_sources(relay: dict, actor_id: str, site: str | None = None) -> list[tuple[str, str]]:
+    """Where an actor that the version's plan does not name fetches that version from: a leaf of its site's
+    forest, then the leaf's ancestors (then, as always, the store); empty = the store alone.
+
+    Such an actor registered after the learner signed the plan (a replacement for a reclaimed one, joining
+    mid-version); it is in the plan of the next version. Before, it read this version from the store, where it
+    shares the store's uplink with the roots that the whole forest hangs from, so every joiner slowed every
+    peer (measured: ``docs/broadcast.md``, "Churn"), and across clouds it pays the store's egress. A leaf's
+    uplink is idle: the plan gives it no children. The leaf is one of the fastest the plan has: the plan lists
+    each site's peers fastest first (``forest.py``), so the candidates are the leaves whose reported rate is in
+    the half-octave of the first leaf's (all of them where no rate is known); a peer demoted to the leaves
+    comes after every peer of its site and is not among them, whatever it claims. Among the candidates
+    sha256(actor:peer) decides, so joiners spread over them. ``site``: the actor's own site
+    (``provider/region``); a plan with sites is used only where it is known, so a joiner never pulls a version
+    across a cloud or region boundary from a peer where its own site has one. A plan without explicit parents
+    (``shape: parents``), or one naming the actor, gives nothing here."""
+    if relay.get("shape") != "parents":
+        return []
+    peers = [p for p in relay.get("peers", []) if isinstance(p, dict) and isinstance(p.get("id"), str)]
+    if any(p["id"] == actor_id for p in peers):
+        return []
+    if "site_roots" in relay:
+        if site is None:
+            return []
+        peers = [p for p in peers if p.get("site", "") == site]
+    parents = {p.get("parent") for p in peers}
+    leaves = [p for p in peers if p["id"] not in parents and valid_url(p.get("url"))]
+    if not leaves:
+        return []
+
+    def tier(peer: dict) -> float | None:
+        up = rate(peer.get("up_mbit"))
+        return None if up is None else math.floor(2 * math.log2(up))
+
+    fastest = tier(leaves[0])
+    guest = min((p for p in leaves if tier(p) == fastest),
+                key=lambda p: hashlib.sha256(f"{actor_id}:{p['id']}".encode()).hexdigest())
+    return [(guest["url"], guest["id"]), *source_peers(relay, guest["id"])]
 
 
 def site_of(relay: dict, actor_id: str) -> str:

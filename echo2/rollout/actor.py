@@ -55,7 +55,7 @@ from echo2.data.run_key import public_key_of
 from echo2.data.store import NotFound, ObjectStore
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.learner_watch import LearnerWatch
-from echo2.rollout.machine import machine_broadcast
+from echo2.rollout.machine import machine_broadcast, machine_site
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.tasks import make_task
 
@@ -115,7 +115,7 @@ class Actor:
         # across hosts the relay speaks mutual TLS with this actor's certificate ($ECHO2_RELAY_TLS) and run.json's CA
         receiver = PolicyReceiver(store, actor_id, public_key_of(run), token_from_env(),
                                   broadcast, staleness=self.config.train.staleness, run_id=self.run_id,
-                                  tls=relay_tls(broadcast, run, actor_id))
+                                  tls=relay_tls(broadcast, run, actor_id), site=machine_site())
         # hands over each new version ready to load: full, a rebuilt delta, a merged or native LoRA adapter
         self.source = WeightSource(receiver, lora=self.config.train.lora_rank > 0)
         self.engine: Engine | None = None

@@ -7,6 +7,9 @@ backend says so per machine through the environment:
 
     ECHO2_RELAY_HOST       address the relay binds (e.g. 0.0.0.0)
     ECHO2_RELAY_PORT       port the relay binds (the one the backend opened)
+    ECHO2_SITE             the machine's ``provider/region`` (the local backend sets it; on a SkyPilot VM it
+                           comes from SkyPilot's $SKYPILOT_CLUSTER_INFO): a version whose relay plan does not
+                           name the actor yet is fetched from a leaf of that site (``topology.guest_sources``)
     ECHO2_ADVERTISE_HOST   what goes in peers/<actor>.json: a host or address; ``metadata`` = the public
                            IPv4 from the instance metadata of $ECHO2_PREEMPTION_SOURCE's cloud (AWS IMDSv2,
                            GCP); ``interface`` = the address of the interface that routes to the internet
@@ -17,16 +20,42 @@ backend says so per machine through the environment:
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
+import re
 import socket
 
 from echo2.config import BroadcastConfig
-from echo2.rollout.preemption import DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
+from echo2.rollout.preemption import CLUSTER_INFO_ENV, DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
 
 log = logging.getLogger("echo2.actor")
 
 HOST_ENV, PORT_ENV, ADVERTISE_ENV = "ECHO2_RELAY_HOST", "ECHO2_RELAY_PORT", "ECHO2_ADVERTISE_HOST"
+SITE_ENV = "ECHO2_SITE"
+_SITE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # as the ledger's placement is checked (topology)
+
+
+def machine_site() -> str | None:
+    """This machine's site as relay plans spell it (``provider/region``, the provider in lower case), from
+    $ECHO2_SITE, else SkyPilot's cluster info; None where neither says (or says something malformed).
+    Only this actor's own choice of a parent rests on it, so a wrong one costs that actor speed, not others."""
+    provider = region = None
+    if value := os.environ.get(SITE_ENV, "").strip():
+        provider, _, region = value.partition("/")
+    else:
+        try:
+            info = json.loads(os.environ.get(CLUSTER_INFO_ENV) or "{}")
+        except ValueError:
+            info = None
+        if isinstance(info, dict):
+            provider, region = info.get("cloud"), info.get("region")
+    if not all(isinstance(part, str) and _SITE_PART.match(part) for part in (provider, region)):
+        if provider or region:
+            log.warning("this machine's site is unreadable (%s=%r); versions not planned for it come from the store",
+                        SITE_ENV, os.environ.get(SITE_ENV))
+        return None
+    return f"{provider.lower()}/{region}"
 
 
 def interface_address() -> str:

@@ -208,7 +208,9 @@ class LocalBackend(FleetBackend):
         parent = [] if launch.outlive_learner else ["--parent-pid", str(os.getpid())]
         return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
                            command=[*command, "--run", launch.store_url, "--actor-id", actor_id, *parent],
-                           env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options)}, offer=offer,
+                           # its site as the ledger places it (the offer): topology.guest_sources
+                           env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options),
+                                "ECHO2_SITE": f"{offer.provider.lower()}/{offer.region}"}, offer=offer,
                            secrets=launch.relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
 
     def start(self) -> None:
