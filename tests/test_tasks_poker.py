@@ -417,6 +417,26 @@ def test_the_strength_line_says_strong_or_weak_at_the_configured_percent():
     assert f"Strength {percent}%. " in Hand(d, 40, 1, 2, show_strength=True).observation(1)  # no word by default
 
 
+def test_a_shuffled_legal_line_lists_the_same_actions_in_an_order_drawn_from_the_deal(tok):
+    lines = []
+    for k in range(12):
+        d = deal(f"shuffle-{k}")
+        hand = Hand(d, 40, 1, 2, push_fold=True, shuffle_legal=True)
+        line = hand.observation(1).splitlines()[-1]
+        assert line == Hand(d, 40, 1, 2, push_fold=True, shuffle_legal=True).observation(1).splitlines()[-1]  # seeded
+        assert sorted(line.removeprefix("Legal: ").rstrip(".").split(", ")) == ["call", "fold", "raise 40"]
+        lines.append(line)
+    assert len(set(lines)) > 1 and "Legal: fold, call, raise 40." in Hand(deal("shuffle-0"), 40, 1, 2,
+                                                                           push_fold=True).observation(1)
+    task = _task(push_fold="true", shuffle_legal="true", max_decisions=2)  # the learner replays the same text
+    problems = task.sample_train(random.Random(3), 3)
+    sampler = ScriptedSampler(tok, seed=2, replies=(" raise 40", " call", " fold"))
+    for problem, group in zip(problems, task.rollout_groups(sampler, tok, problems, 2, 24)):
+        scores = task.score_episodes(tok, [task.problem(problem.id)] * len(group),
+                                     [e.completion_token_ids for e in group], [e.completion_mask for e in group], 24)
+        assert scores == pytest.approx([e.reward for e in group])
+
+
 def test_without_all_in_ev_an_all_in_hand_is_rewarded_and_told_in_chips_dealt(tok):
     task = _task(push_fold="true", max_decisions=2, max_action_tokens=12, opponents="[{kind: call_station}]")
     problems = task.sample_train(random.Random(11), 3)

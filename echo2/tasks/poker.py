@@ -298,7 +298,7 @@ class _Episode:
         self.opponent = task.opponents[meta["opponent"]]
         self.opponent_name = task.opponent_names[meta["opponent"]]
         self.hand = Hand(deal(self.key), c.starting_stack, c.small_blind, c.big_blind, c.show_strength, c.push_fold,
-                         c.strong_above)
+                         c.strong_above, c.shuffle_legal)
         self.decisions = self.replies = self.illegal = self.forced = 0
         self.actions: list[str] = []
         self.near_tie = False

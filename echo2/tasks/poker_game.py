@@ -75,11 +75,14 @@ class Legal:
     verb: str = "raise"
     """"bet" when nobody has bet on this street after the flop, else "raise" (the parser takes both)."""
 
-    def describe(self) -> str:
+    def describe(self, shuffle: str | None = None) -> str:
+        """The options, fold first; ``shuffle``: in the order a ``random.Random(shuffle)`` draws."""
         options = (["fold", "call"] if self.to_call else ["check"])
         if self.min_raise is not None:
             options.append(f"{self.verb} {self.min_raise}" if self.min_raise == self.max_raise
                            else f"{self.verb} {self.min_raise}-{self.max_raise}")
+        if shuffle is not None:
+            random.Random(shuffle).shuffle(options)
         return ", ".join(options)
 
     def default(self) -> Action:
@@ -168,6 +171,8 @@ class Hand:
     """The player told observations (``observation``) may raise only all in: ``legal(push_fold=True)``."""
     strong_above: int | None = None
     """With ``show_strength``: the strength line also says ``strong`` at this percent or more, else ``weak``."""
+    shuffle_legal: bool = False
+    """The Legal line's options in an order drawn from the deal, the seat and the decision (seeded)."""
     state: object = field(init=False)
     log: tuple[list[str], list[str]] = field(init=False)
     all_in: tuple[str, int] | None = field(init=False, default=None)
@@ -254,7 +259,8 @@ class Hand:
         lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
                      f"{strength}Pot {s.total_pot_amount}, to call {legal.to_call}. "
                      f"Stacks {s.stacks[seat]}/{s.stacks[1 - seat]}.")
-        lines.append(f"Legal: {legal.describe()}.")
+        order = f"legal:{self.deal.holes}:{self.deal.board}:{seat}:{len(s.operations)}" if self.shuffle_legal else None
+        lines.append(f"Legal: {legal.describe(order)}.")
         return "\n".join(lines)
 
     def opening(self, seat: int) -> str:
