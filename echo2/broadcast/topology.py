@@ -169,15 +169,15 @@ def guest_sources(relay: dict, actor_id: str, site: str | None = None) -> list[t
     Such an actor registered after the learner signed the plan (a replacement for a reclaimed one, joining
     mid-version); it is in the plan of the next version. Before, it read this version from the store, where it
     shares the store's uplink with the roots that the whole forest hangs from, so every joiner slowed every
-    peer (measured: ``docs/broadcast.md``, "Churn"), and across clouds it pays the store's egress. A leaf's
-    uplink is idle: the plan gives it no children. The leaf is one of the fastest the plan has: the plan lists
+    peer (measured: ``docs/broadcast.md``, "Joining mid-version"), and across clouds it pays the store's egress.
+    A leaf's uplink is idle: the plan gives it no children. The leaf is one of the fastest the plan has: the plan lists
     each site's peers fastest first (``forest.py``), so the candidates are the leaves whose reported rate is in
     the half-octave of the first leaf's (all of them where no rate is known); a peer demoted to the leaves
     comes after every peer of its site and is not among them, whatever it claims. Among the candidates
     sha256(actor:peer) decides, so joiners spread over them. ``site``: the actor's own site
-    (``provider/region``); a plan with sites is used only where it is known, so a joiner never pulls a version
-    across a cloud or region boundary from a peer where its own site has one. A plan without explicit parents
-    (``shape: parents``), or one naming the actor, gives nothing here."""
+    (``provider/region``); in a plan with sites only that site's peers are candidates, and none where the site
+    is unknown, so a joiner never pulls a version across a cloud or region boundary from a peer. A plan without
+    explicit parents (``shape: parents``), or one naming the actor, gives nothing here."""
     if relay.get("shape") != "parents":
         return []
     peers = [p for p in relay.get("peers", []) if isinstance(p, dict) and isinstance(p.get("id"), str)]
@@ -192,7 +192,7 @@ def guest_sources(relay: dict, actor_id: str, site: str | None = None) -> list[t
     if not leaves:
         return []
 
-    def tier(peer: dict) -> float | None:
+    def tier(peer: dict) -> int | None:
         up = rate(peer.get("up_mbit"))
         return None if up is None else math.floor(2 * math.log2(up))
 

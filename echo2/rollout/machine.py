@@ -52,8 +52,8 @@ def machine_site() -> str | None:
             provider, region = info.get("cloud"), info.get("region")
     if not all(isinstance(part, str) and _SITE_PART.match(part) for part in (provider, region)):
         if provider or region:
-            log.warning("this machine's site is unreadable (%s=%r); versions not planned for it come from the store",
-                        SITE_ENV, os.environ.get(SITE_ENV))
+            log.warning("this machine's site is unreadable (provider %r, region %r from $%s or $%s); versions "
+                        "not planned for it come from the store", provider, region, SITE_ENV, CLUSTER_INFO_ENV)
         return None
     return f"{provider.lower()}/{region}"
 
