@@ -177,6 +177,7 @@ def test_local_actors_run_under_the_configured_interpreter(tmp_path, monkeypatch
                            run_key=run_key("r", create=True))
         spec = fleet.launch_spec("a0", None)  # an unpriced local actor
         assert spec.command[:4] == [expected, "-m", "echo2.cli", "actor"]
+        assert "ECHO2_SITE" not in spec.env  # no offer, no placement: its site is not known
 
 
 def test_a_clean_exit_is_replaced_but_never_counts_as_a_crash(tmp_path):

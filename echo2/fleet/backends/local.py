@@ -185,6 +185,12 @@ def _follows(argv: list[str], flag: str, value: str) -> bool:
     return any(a == flag and b == value for a, b in zip(argv, argv[1:]))
 
 
+def _site_env(offer: ActorOffer | None) -> dict[str, str]:
+    """$ECHO2_SITE: the actor's site as the ledger places it (the offer; an unpriced actor has none, so no site),
+    where a version not yet planned for it is fetched from a leaf (``topology.guest_sources``)."""
+    return {} if offer is None else {"ECHO2_SITE": f"{offer.provider.lower()}/{offer.region}"}
+
+
 class LocalBackend(FleetBackend):
     name = "local"
 
@@ -208,9 +214,8 @@ class LocalBackend(FleetBackend):
         parent = [] if launch.outlive_learner else ["--parent-pid", str(os.getpid())]
         return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
                            command=[*command, "--run", launch.store_url, "--actor-id", actor_id, *parent],
-                           # its site as the ledger places it (the offer): topology.guest_sources
-                           env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options),
-                                "ECHO2_SITE": f"{offer.provider.lower()}/{offer.region}"}, offer=offer,
+                           env={"ECHO2_STORE_OPTIONS": json.dumps(launch.store_options), **_site_env(offer)},
+                           offer=offer,
                            secrets=launch.relay_secrets(actor_id, time.time() + LOCAL_TOKEN_S))
 
     def start(self) -> None:
