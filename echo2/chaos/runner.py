@@ -46,9 +46,10 @@ def reap_suite(tag: str) -> int:
     return kill_by_environment(SUITE_TAG_ENV, tag)
 
 
-def kill_by_environment(name: str, value: str) -> int:
-    """SIGKILL every process (but this one) whose environment holds ``name=value``, in whatever session
-    (a process that started a session of its own is out of reach of a process-group kill). Returns how many."""
+def kill_by_environment(name: str, value: str, sig: int = signal.SIGKILL) -> int:
+    """SIGKILL (or ``sig``) every process (but this one) whose environment holds ``name=value``, in whatever
+    session (a process that started a session of its own is out of reach of a process-group kill). Returns how
+    many."""
     marker = f"{name}={value}".encode()
     killed = 0
     for proc in Path("/proc").iterdir():
@@ -56,7 +57,7 @@ def kill_by_environment(name: str, value: str) -> int:
             continue
         try:
             if marker in (proc / "environ").read_bytes().split(b"\0"):
-                os.kill(int(proc.name), signal.SIGKILL)
+                os.kill(int(proc.name), sig)
                 killed += 1
         except OSError:  # gone meanwhile, or not ours to read
             continue
