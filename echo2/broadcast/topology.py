@@ -68,7 +68,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-from echo2.broadcast.forest import rated_forest
+from echo2.broadcast.forest import half_octave, rated_forest
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore, StoreError
 
@@ -91,6 +91,11 @@ READ_THREADS = 8
 """Peer records read at once while publishing (two small requests each: a HEAD, a ranged GET)."""
 
 _SITE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+
+
+def site_part(value: object) -> bool:
+    """Whether ``value`` may be a site's provider or region (a name, no slash or space)."""
+    return isinstance(value, str) and _SITE_PART.match(value) is not None
 _URL_RE = re.compile(r"https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
 
 
@@ -192,9 +197,9 @@ def guest_sources(relay: dict, actor_id: str, site: str | None = None) -> list[t
     if not leaves:
         return []
 
-    def tier(peer: dict) -> int | None:
+    def tier(peer: dict) -> float | None:
         up = rate(peer.get("up_mbit"))
-        return None if up is None else math.floor(2 * math.log2(up))
+        return None if up is None else half_octave(up)
 
     fastest = tier(leaves[0])
     guest = min((p for p in leaves if tier(p) == fastest),
@@ -424,7 +429,7 @@ class LaunchedActors:
                 self.ids.add(actor)
             provider, region = event.get("provider"), event.get("region")
             if (event.get("kind") in self.PLACED_BY and isinstance(provider, str) and isinstance(region, str)
-                    and _SITE_PART.match(provider) and _SITE_PART.match(region)):
+                    and site_part(provider) and site_part(region)):
                 self.placement[actor] = (provider.lower(), region)
         return self.ids
 

@@ -23,9 +23,9 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import socket
 
+from echo2.broadcast.topology import site_name, site_part
 from echo2.config import BroadcastConfig
 from echo2.rollout.preemption import CLUSTER_INFO_ENV, DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
 
@@ -33,7 +33,6 @@ log = logging.getLogger("echo2.actor")
 
 HOST_ENV, PORT_ENV, ADVERTISE_ENV = "ECHO2_RELAY_HOST", "ECHO2_RELAY_PORT", "ECHO2_ADVERTISE_HOST"
 SITE_ENV = "ECHO2_SITE"
-_SITE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # as the ledger's placement is checked (topology)
 
 
 def machine_site() -> str | None:
@@ -50,12 +49,12 @@ def machine_site() -> str | None:
             info = None
         if isinstance(info, dict):
             provider, region = info.get("cloud"), info.get("region")
-    if not all(isinstance(part, str) and _SITE_PART.match(part) for part in (provider, region)):
+    if not (site_part(provider) and site_part(region)):  # as the ledger's placement is checked
         if provider or region:
             log.warning("this machine's site is unreadable (provider %r, region %r from $%s or $%s); versions "
                         "not planned for it come from the store", provider, region, SITE_ENV, CLUSTER_INFO_ENV)
         return None
-    return f"{provider.lower()}/{region}"
+    return site_name(provider, region)
 
 
 def interface_address() -> str:

@@ -61,6 +61,7 @@ from echo2.fleet.backends.base import (
     LaunchContext,
 )
 from echo2.fleet.backends.offers import local_offers
+from echo2.fleet.egress import site_name
 
 log = logging.getLogger("echo2.fleet")
 
@@ -188,7 +189,7 @@ def _follows(argv: list[str], flag: str, value: str) -> bool:
 def _site_env(offer: ActorOffer | None) -> dict[str, str]:
     """$ECHO2_SITE: the actor's site as the ledger places it (the offer; an unpriced actor has none, so no site),
     where a version not yet planned for it is fetched from a leaf (``topology.guest_sources``)."""
-    return {} if offer is None else {"ECHO2_SITE": f"{offer.provider.lower()}/{offer.region}"}
+    return {} if offer is None else {"ECHO2_SITE": site_name(offer.provider, offer.region)}
 
 
 class LocalBackend(FleetBackend):
