@@ -216,6 +216,7 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
     half = ["--say-half"] if churn > 0 else []
     receivers = [start(h, half) for h in hosts]
     ids = [f"bench-{k:02d}" for k in range(len(receivers))]
+    joiner_ids = [f"bench-{len(receivers) + j:02d}" for j in range(len(joiner_hosts))]
     node_of = dict(zip(ids, receivers))
     if not relay:
         parents, plan_order = {i: [] for i in ids}, ids
@@ -223,12 +224,11 @@ def _transfer(hosts: list[Host], workdir: Path, manifest_path: Path, token_file:
         parents = rotating_chain(ids)
         plan_order = sorted(ids, key=lambda i: len(parents[i]))
     else:
-        parents, plan_order = planned(ids, rates or [link_mbit] * len(ids), fanout, latency=latency)
+        # joiners: what each finds for itself in the signed plan
+        parents, plan_order = planned(ids, rates or [link_mbit] * len(ids), fanout, latency=latency,
+                                      joiners=joiner_ids)
     doomed = victims(plan_order, churn)
     joiners = [start(h) for h in list(joiner_hosts)[: len(doomed)]]
-    joiner_ids = [f"bench-{len(receivers) + j:02d}" for j in range(len(joiners))]
-    if joiners and relay and layout == "planned":  # what a joiner finds for itself in the signed plan
-        parents |= planned(ids, rates or [link_mbit] * len(ids), fanout, latency=latency, joiners=joiner_ids)[0]
     killed_at: dict[str, float] = {}
 
     def kill_at_half(actor: str, joiner: Node | None, joiner_id: str | None) -> None:
