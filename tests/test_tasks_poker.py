@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from transformers import AutoTokenizer
 
-from echo2.config import load_config
+from echo2.config import ConfigError, load_config
 from echo2.tasks import ForgedEpisode, UnknownProblem, make_task, poker_game
 from echo2.tasks.poker import _Episode
 from echo2.tasks.poker_game import (
@@ -443,3 +443,21 @@ def test_without_all_in_ev_an_all_in_hand_is_rewarded_and_told_in_chips_dealt(to
     groups = task.rollout_groups(ScriptedSampler(tok, seed=1, replies=(" raise 40",)), tok, problems, 2, 24)
     for e in (e for g in groups for e in g):
         assert "all_in_ev_bb" not in e.reward_detail and e.reward == e.reward_detail["bb"] in (-20, 0, 20)
+
+
+def test_a_strength_margin_trains_on_clear_cases_only_and_the_learner_refuses_the_rest(tok):
+    task = _task(show_strength="true", strong_above=50, train_strength_margin=10, push_fold="true")
+    problems = task.sample_train(random.Random(5), 12)
+    told = [int(re.search(r"Strength (\d+)%", p.messages[-1]["content"]).group(1)) for p in problems]
+    assert all(t <= 40 or t >= 60 for t in told), told
+    assert [t >= 60 for t in told[1:]] == [t < 60 for t in told[:-1]]  # strong and weak in turn: batches balance
+    firsts = {task.sample_train(random.Random(seed), 1)[0].meta["strength"] >= 60 for seed in range(8)}
+    assert firsts == {True, False}  # a batch of one deal is either side
+    assert [task.problem(p.id).messages for p in problems] == [p.messages for p in problems]
+    plain = _task(show_strength="true", strong_above=50, push_fold="true")
+    close = next(p for n in range(200) if (p := plain._train_problem(n)).messages and 40 < p.meta["strength"] < 60)
+    with pytest.raises(UnknownProblem, match="within train_strength_margin 10 of strong_above 50"):
+        task.problem(close.id)  # an actor cannot train the learner on a deal the curriculum never issues
+    assert any(40 < (p.meta["strength"] or 0) < 60 for p in task.eval_set())  # evaluation plays every deal
+    with pytest.raises(ConfigError, match="train_strength_margin .* needs show_strength: true and strong_above"):
+        _task(show_strength="true", train_strength_margin=10)

@@ -106,6 +106,7 @@ class PokerTask(Task):
         meta = {"key": key, "seat": seat, "opponent": opponent}
         episode = _Episode(self, meta)
         first = episode.first_text
+        meta["strength"] = episode.first_strength
         messages = () if first is None else ({"role": "system", "content": SYSTEM}, {"role": "user", "content": first})
         return Problem(id=prompt_id, messages=messages, answer=None, meta=meta,
                        may_differ=f"the {episode.opponent_name} opponent decided at a near tie before the policy's "
@@ -116,12 +117,25 @@ class PokerTask(Task):
             range(len(self.opponents)), weights=self._weights)[0]
         return self._make(f"h{n}", self._key("train", n), n % 2, opponent)
 
+    def _too_close(self, problem: Problem) -> bool:
+        """Whether ``train_strength_margin`` keeps this deal out of training (told too near ``strong_above``)."""
+        margin, strength = self.config.train_strength_margin, problem.meta["strength"]
+        return margin is not None and strength is not None and abs(strength - self.config.strong_above) < margin
+
     def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
-        out = []
+        """``n`` deals in which the policy acts; with ``train_strength_margin``, clear cases only, strong and weak
+        in turn (a batch of a few groups drawn at random is often all of one side, and then its update moves
+        every hand one way: the measured cause of runs that came to bet, or not bet, whatever the cards)."""
+        out: list[Problem] = []
+        strong_first = rng.random() < 0.5  # a batch of one deal is either side, at even odds
         while len(out) < n:
             problem = self._train_problem(rng.randrange(10**9))
-            if problem.messages:  # the policy acts in this deal
-                out.append(problem)
+            if not problem.messages or self._too_close(problem):  # the policy never acts, or a case too close
+                continue
+            if self.config.train_strength_margin is not None and (
+                    (problem.meta["strength"] >= self.config.strong_above) != ((len(out) % 2 == 0) == strong_first)):
+                continue  # strong and weak in turn
+            out.append(problem)
         return out
 
     def problem(self, prompt_id: str) -> Problem:
@@ -133,6 +147,10 @@ class PokerTask(Task):
             if problem.may_differ:  # here the hand ended before the policy's turn; on the actor's machine maybe not
                 raise Ungradable(f"prompt_id {prompt_id!r}: the policy never acts here, but {problem.may_differ}")
             raise UnknownProblem(f"prompt_id {prompt_id!r} is a deal in which the policy never acts")
+        if self._too_close(problem):
+            raise UnknownProblem(f"prompt_id {prompt_id!r} is a deal told {problem.meta['strength']}%, within "
+                                 f"train_strength_margin {self.config.train_strength_margin} of strong_above "
+                                 f"{self.config.strong_above}: never issued for training")
         return problem
 
     def eval_set(self) -> list[Problem]:
@@ -306,6 +324,8 @@ class _Episode:
         self._opponents_play()
         self.first_text = (None if self.hand.over
                            else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}")
+        self.first_strength = self.hand.told_strength
+        """The strength told at the policy's first decision (None: not told, or the policy never acts)."""
         self._started = False
 
     def _opponents_play(self) -> None:

@@ -175,6 +175,8 @@ class Hand:
     """The Legal line's options in an order drawn from the deal, the seat and the decision (seeded)."""
     state: object = field(init=False)
     log: tuple[list[str], list[str]] = field(init=False)
+    told_strength: int | None = field(init=False, default=None)
+    """The strength (percent) the last observation told, with ``show_strength``."""
     all_in: tuple[str, int] | None = field(init=False, default=None)
     """Where the chips went all in with cards still to come: (the board then, the chips each side had at stake)."""
 
@@ -253,7 +255,7 @@ class Hand:
         strength = ""
         if self.show_strength:
             value = hand_strength(self.deal.holes[seat], "".join(map(repr, board)), STRENGTH_SAMPLES)
-            percent = round(100 * value)
+            percent = self.told_strength = round(100 * value)
             word = "" if self.strong_above is None else ", strong" if percent >= self.strong_above else ", weak"
             strength = f"Strength {percent}%{word}. "
         lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
