@@ -125,7 +125,7 @@ class PokerTask(Task):
     def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
         """``n`` deals in which the policy acts; with ``train_strength_margin``, clear cases only, strong and weak
         in turn (a batch of a few groups drawn at random is often all of one side, and then its update moves
-        every hand one way: the measured cause of runs that came to bet, or not bet, whatever the cards)."""
+        every hand one way)."""
         out: list[Problem] = []
         strong_first = rng.random() < 0.5  # a batch of one deal is either side, at even odds
         while len(out) < n:
