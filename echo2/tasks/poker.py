@@ -61,7 +61,7 @@ from echo2.tasks.base import (
     Ungradable,
     UnknownProblem,
 )
-from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, deal, parse_action
+from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, deal, is_strong, parse_action
 from echo2.tasks.poker_opponents import make_opponent, opponent_names
 
 SYSTEM = "Heads-up No-Limit Hold'em. Answer with one legal action: fold, check, call, or raise N."
@@ -106,7 +106,7 @@ class PokerTask(Task):
         meta = {"key": key, "seat": seat, "opponent": opponent}
         episode = _Episode(self, meta)
         first = episode.first_text
-        meta["strength"] = episode.first_strength
+        meta["strength"] = episode.hand.told_strength  # at the policy's first decision (None: never told)
         messages = () if first is None else ({"role": "system", "content": SYSTEM}, {"role": "user", "content": first})
         return Problem(id=prompt_id, messages=messages, answer=None, meta=meta,
                        may_differ=f"the {episode.opponent_name} opponent decided at a near tie before the policy's "
@@ -132,9 +132,10 @@ class PokerTask(Task):
             problem = self._train_problem(rng.randrange(10**9))
             if not problem.messages or self._too_close(problem):  # the policy never acts, or a case too close
                 continue
-            if self.config.train_strength_margin is not None and (
-                    (problem.meta["strength"] >= self.config.strong_above) != ((len(out) % 2 == 0) == strong_first)):
-                continue  # strong and weak in turn
+            wanted_strong = (len(out) % 2 == 0) == strong_first  # strong and weak in turn
+            if (self.config.train_strength_margin is not None
+                    and is_strong(problem.meta["strength"], self.config.strong_above) != wanted_strong):
+                continue
             out.append(problem)
         return out
 
@@ -324,8 +325,6 @@ class _Episode:
         self._opponents_play()
         self.first_text = (None if self.hand.over
                            else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}")
-        self.first_strength = self.hand.told_strength
-        """The strength told at the policy's first decision (None: not told, or the policy never acts)."""
         self._started = False
 
     def _opponents_play(self) -> None:

@@ -112,6 +112,11 @@ def parse_action(reply: str, legal: Legal) -> tuple[Action | None, str]:
     return Action("raise", value), "ok"
 
 
+def is_strong(percent: int, strong_above: int) -> bool:
+    """Whether a told strength (percent) is ``strong`` under ``strong_above`` (that percent or more)."""
+    return percent >= strong_above
+
+
 @functools.lru_cache(maxsize=65536)
 def hand_strength(hole: str, board: str, samples: int) -> float:
     """P(win) + P(tie)/2 of ``hole`` against one uniformly random hand, the board completed at random; seeded by
@@ -256,7 +261,8 @@ class Hand:
         if self.show_strength:
             value = hand_strength(self.deal.holes[seat], "".join(map(repr, board)), STRENGTH_SAMPLES)
             percent = self.told_strength = round(100 * value)
-            word = "" if self.strong_above is None else ", strong" if percent >= self.strong_above else ", weak"
+            word = ("" if self.strong_above is None
+                    else ", strong" if is_strong(percent, self.strong_above) else ", weak")
             strength = f"Strength {percent}%{word}. "
         lines.append(f"Cards: {spaced(self.deal.holes[seat])}. Board: {' '.join(map(repr, board)) if board else '-'}. "
                      f"{strength}Pot {s.total_pot_amount}, to call {legal.to_call}. "
