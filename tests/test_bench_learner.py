@@ -139,7 +139,8 @@ def test_the_gpu_path_needs_only_torch_and_transformers():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["hidden"] == []
     assert set(out["echo2"]) <= {"echo2", "echo2.bench", "echo2.bench.learner", "echo2.bench.learner_steps",
-                                 "echo2.bench.learner_models", "echo2.learner", "echo2.learner.packing",
+                                 "echo2.bench.learner_models", "echo2.bench.learner_report", "echo2.learner",
+                                 "echo2.learner.packing",
                                  "echo2.learner.logprobs", "echo2.learner.loss"}
     assert all(abs(loss) < 1e3 for loss in out["losses"])  # both steps ran in bf16 with checkpointed layers
     # no GPU here: the path stops at its one clear line, after importing all it imports

@@ -269,7 +269,8 @@ def bench_learner(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per case."),
 ) -> None:
     """echo2's training step (packed, chunked log-probs) vs the old padded full-logits step: memory, tokens/s."""
-    from echo2.bench.learner import build, run_and_report, table_rows
+    from echo2.bench.learner import build, run_and_report
+    from echo2.bench.learner_report import table_rows
 
     quiet_transformers()
     try:
