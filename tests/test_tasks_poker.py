@@ -12,8 +12,10 @@ from echo2.config import ConfigError, load_config
 from echo2.tasks import ForgedEpisode, UnknownProblem, make_task, poker_game
 from echo2.tasks.poker import _Episode
 from echo2.tasks.poker_game import (
+    EV_SAMPLES,
     STRENGTH_SAMPLES,
     Action,
+    Deal,
     Hand,
     Legal,
     all_in_equity,
@@ -461,3 +463,98 @@ def test_a_strength_margin_trains_on_clear_cases_only_and_the_learner_refuses_th
     assert any(40 < (p.meta["strength"] or 0) < 60 for p in task.eval_set())  # evaluation plays every deal
     with pytest.raises(ConfigError, match="train_strength_margin .* needs show_strength: true and strong_above"):
         _task(show_strength="true", train_strength_margin=10)
+
+
+def _runs(episode, kind):
+    """The completion's runs of environment (kind 0) or policy (kind 1) tokens, with their start."""
+    out, start = [], None
+    for k, m in enumerate(episode.completion_mask + [1 - kind]):
+        if m == kind and start is None:
+            start = k
+        elif m != kind and start is not None:
+            out.append((start, episode.completion_token_ids[start:k]))
+            start = None
+    return out
+
+
+def test_an_answer_prefix_names_the_strength_word_of_each_decision_and_the_replay_checks_it(tok):
+    prefix = '"My hand is {strength}. My action:"'
+    task = _task(max_decisions=4, show_strength="true", strong_above=50, answer_prefix=prefix)
+    problems = task.sample_train(random.Random(7), 6)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=2, replies=(" call", " check")), tok, problems, 2, 20)
+    words = set()
+    for problem, group in zip(problems, groups):
+        told = int(re.search(r"Strength (\d+)%, (strong|weak)", problem.messages[-1]["content"]).group(1))
+        word = "strong" if told >= 50 else "weak"
+        words.add(word)
+        assert tok.decode(group[0].prompt_token_ids).endswith(f"My hand is {word}. My action:")
+        assert task.prompt_tokens(tok, task.problem(problem.id)) == group[0].prompt_token_ids
+        for e in group:
+            for _, env in _runs(e, 0):  # every later decision: the word of the strength line just told
+                text = tok.decode(env)
+                told_word = re.findall(r"Strength \d+%, (strong|weak)", text)[-1]
+                assert text.endswith(f"My hand is {told_word}. My action:"), text
+        scores = task.score_episodes(tok, [task.problem(problem.id)] * len(group),
+                                     [e.completion_token_ids for e in group], [e.completion_mask for e in group], 20)
+        assert scores == pytest.approx([e.reward for e in group])
+    assert words == {"strong", "weak"}
+    problem, e = next((p, e) for p, g in zip(problems, groups) for e in g if 0 in e.completion_mask)
+    start, env = _runs(e, 0)[0]
+    text = tok.decode(env)
+    said = re.findall(r"My hand is (strong|weak)", text)[-1]
+    at = text.rindex(said)
+    other = {"strong": "weak", "weak": "strong"}[said]
+    forged = tok(text[:at] + other + text[at + len(said):], add_special_tokens=False)["input_ids"]
+    end = start + len(env)
+    with pytest.raises(ForgedEpisode, match="environment text"):  # an actor cannot tell its policy the other word
+        task.score_episodes(tok, [task.problem(problem.id)], [e.completion_token_ids[:start] + forged +
+                                                              e.completion_token_ids[end:]],
+                            [e.completion_mask[:start] + [0] * len(forged) + e.completion_mask[end:]], 20)
+    with pytest.raises(ConfigError, match="answer_prefix names {strength}.* needs show_strength: true"):
+        _task(show_strength="true", answer_prefix=prefix)
+
+
+def test_a_showdown_is_worth_the_same_whichever_hand_a_card_blind_opponent_held():
+    """opponent_cards_ev: two deals alike but for the opponent's cards pay the same expectation, where the chips
+    dealt go opposite ways; a fold pays its chips."""
+    board = "2c7d9hJc3s"
+    ahead, behind = (Hand(Deal(holes=("AsAh", other), board=board), 40, 1, 2) for other in ("5d4h", "7s7h"))
+    for h in (ahead, behind):  # the small blind (seat 1) limps, the big blind checks it down
+        while not h.over:
+            h.play(Action("check_call"))
+        assert h.showdown == (board, 2) and h.all_in is None
+    assert (ahead.payoff(0), behind.payoff(0)) == (2, -2)
+    assert ahead.opponent_cards_payoff(0) == behind.opponent_cards_payoff(0) == pytest.approx(
+        (2 * hand_strength("AsAh", board, EV_SAMPLES) - 1) * 2)
+    shoved = [Hand(Deal(holes=("AsAh", other), board=board), 40, 1, 2) for other in ("5d4h", "7s7h")]
+    for h in shoved:
+        h.play(Action("raise", 40))
+        h.play(Action("check_call"))
+        assert h.all_in == ("", 40) and h.showdown is None
+    assert shoved[0].opponent_cards_payoff(0) == shoved[1].opponent_cards_payoff(0) == pytest.approx(
+        (2 * hand_strength("AsAh", "", EV_SAMPLES) - 1) * 40)
+    folded = Hand(Deal(holes=("AsAh", "KsKh"), board=board), 40, 1, 2)
+    folded.play(Action("fold"))
+    assert folded.showdown is None and folded.opponent_cards_payoff(1) == folded.payoff(1) == -1
+
+
+def test_opponent_cards_ev_rewards_are_what_the_learner_replays_and_only_card_blind_opponents_train(tok):
+    task = _task(push_fold="true", opponent_cards_ev="true", show_strength="true", max_decisions=2,
+                 max_action_tokens=12, opponents="[{kind: call_station}, {kind: random}]")
+    problems = task.sample_train(random.Random(11), 6)
+    groups = task.rollout_groups(ScriptedSampler(tok, seed=1, replies=(" raise 40", " call", " fold")), tok,
+                                 problems, 4, 24)
+    episodes = [e for g in groups for e in g]
+    for e in episodes:
+        d = e.reward_detail
+        assert e.reward == pytest.approx(d["opponent_cards_ev_bb"] - d["illegal"])
+    assert any(e.reward_detail["opponent_cards_ev_bb"] != e.reward_detail["bb"] for e in episodes)
+    assert any("fold" in e.reward_detail["actions"] and e.reward_detail["opponent_cards_ev_bb"] == e.reward_detail["bb"]
+               for e in episodes)
+    for problem, group in zip(problems, groups):
+        scores = task.score_episodes(tok, [task.problem(problem.id)] * len(group),
+                                     [e.completion_token_ids for e in group], [e.completion_mask for e in group], 24)
+        assert scores == pytest.approx([e.reward for e in group])
+    with pytest.raises(ConfigError, match=r"opponent_cards_ev .* training opponents \['equity'\]"):
+        _task(opponent_cards_ev="true", opponents="[{kind: call_station}, {kind: equity}]")
+    _task(opponent_cards_ev="true", opponents="[{kind: call_station}, {kind: equity, weight: 0}]")  # evaluated only

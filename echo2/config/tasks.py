@@ -161,7 +161,10 @@ class PokerTaskConfig(_Section):
     """Text the environment writes at the start of each of the policy's replies, so that the next words
     are the action. Measured on SmolLM2-135M-Instruct at temperature 0.7, first decisions: "My action:"
     is followed by a legal action 22 times in 48 (greedy: 2 of 4 deals), "Action:" 12 in 48 (greedy: none),
-    "My action is to" 38 in 48 (greedy: all)."""
+    "My action is to" 38 in 48 (greedy: all). ``{strength}`` in it is replaced by the strength line's word at
+    that decision (``strong`` or ``weak``; needs ``show_strength`` and ``strong_above``): "My hand is
+    {strength}. My action:" puts the word beside the action, where a small model learns to key on it; told
+    only in the cards' line it hardly does (docs/tasks.md, "poker10")."""
     show_strength: bool = False
     """Write the policy's hand strength beside its cards in every observation (``Strength 64%``: its chance
     against one random hand, the board completed at random; 200 Monte Carlo samples seeded by the cards, so
@@ -199,6 +202,15 @@ class PokerTaskConfig(_Section):
     instead of the runout dealt. No decision follows an all in, so the expected reward of every policy is
     unchanged, while the board's luck, most of an all-in's variance, leaves the gradient. Evaluation counts
     the chips dealt either way (``bb_per_100``)."""
+    opponent_cards_ev: bool = False
+    """Train on rewards averaged over the opponent's hole cards too: a hand that ended in a showdown or an all in
+    is rewarded with its chips at stake times (2 x its strength against one random hand on the board then - 1),
+    500 seeded samples (``poker_game.Hand.opponent_cards_payoff``); a fold with its chips. Against an opponent
+    whose play does not depend on its cards (``call_station``, ``random``) every policy's expected reward is
+    unchanged, while which hand the opponent happened to hold, the rest of a showdown's variance after
+    ``all_in_ev``, leaves the gradient: a deal told 65% no longer teaches "fold" because this opponent held
+    aces. So every training opponent (weight above 0) must be one of those two. Evaluation counts the chips
+    dealt either way (``bb_per_100``)."""
     seed: int = 0
     """Seed of the deals: training deal n and evaluation deal i are drawn from it."""
     eval_deals: int = Field(16, ge=1)
@@ -209,9 +221,17 @@ class PokerTaskConfig(_Section):
     kind listed twice is ``equity-2``...); None = every opponent of ``opponents``."""
 
     @model_validator(mode="after")
-    def _margin_needs_a_line(self) -> "PokerTaskConfig":
+    def _strength_words_need_a_line(self) -> "PokerTaskConfig":
         if self.train_strength_margin is not None and (not self.show_strength or self.strong_above is None):
             raise ValueError("task.train_strength_margin measures the distance from task.strong_above: it needs "
+                             "show_strength: true and strong_above set")
+        card_dependent = sorted({o.kind for o in self.opponents if o.weight > 0} - {"call_station", "random"})
+        if self.opponent_cards_ev and card_dependent:
+            raise ValueError(f"task.opponent_cards_ev averages over the opponent's cards, which is unbiased only "
+                             f"against opponents whose play ignores them (call_station, random); training "
+                             f"opponents {card_dependent} have a weight above 0")
+        if "{strength}" in self.answer_prefix and (not self.show_strength or self.strong_above is None):
+            raise ValueError("task.answer_prefix names {strength}, the strength line's word: it needs "
                              "show_strength: true and strong_above set")
         return self
 

@@ -8,7 +8,7 @@ opponent folds before the policy acts are never issued for training.
 
 The episode is the whole hand, as one growing token sequence:
 
-    prompt:      chat(system rules, user: opening + first observation) + answer_prefix
+    prompt:      chat(system rules, user: opening + first observation) + answer_prefix ({strength}: its word)
     completion:  reply_1 | env_1 | reply_2 | env_2 | ... | reply_n
     env_k:       end of the assistant turn + user: what happened + the state + legal actions
                  + start of the assistant turn + answer_prefix                (completion_mask 0)
@@ -20,7 +20,9 @@ illegal reply plays the default action (check when free, else fold) and costs
 ``illegal_penalty`` big blinds; decisions past ``max_decisions`` or the token budget play the default
 unpenalized. Reward = chips won / big blind - penalties, in [-stack/bb - penalty x max_decisions,
 stack/bb]; with ``all_in_ev`` a hand that went all in with cards to come counts its chips' expectation
-over the undealt cards (``poker_game.all_in_equity``) instead of the runout dealt. With ``push_fold`` the
+over the undealt cards (``poker_game.all_in_equity``) instead of the runout dealt; with ``opponent_cards_ev`` a
+showdown or an all in counts its expectation over the opponent's hole cards too
+(``poker_game.Hand.opponent_cards_payoff``). With ``push_fold`` the
 policy's only raise is all in (the opponents keep every size). The chat joints (how a turn ends and
 the next begins) are read off the model's own chat template, so any chat model works.
 
@@ -61,7 +63,7 @@ from echo2.tasks.base import (
     Ungradable,
     UnknownProblem,
 )
-from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, deal, is_strong, parse_action
+from echo2.tasks.poker_game import BIG_BLIND_SEAT, Hand, answer_prefix, deal, is_strong, parse_action
 from echo2.tasks.poker_opponents import make_opponent, opponent_names
 
 SYSTEM = "Heads-up No-Limit Hold'em. Answer with one legal action: fold, check, call, or raise N."
@@ -167,7 +169,8 @@ class PokerTask(Task):
 
     def prompt_tokens(self, tokenizer: Any, problem: Problem) -> list[int]:
         text = tokenizer.apply_chat_template(list(problem.messages), tokenize=False, add_generation_prompt=True)
-        return tokenizer(text + self.config.answer_prefix, add_special_tokens=False)["input_ids"]
+        prefix = answer_prefix(self.config.answer_prefix, problem.meta.get("strength"), self.config.strong_above)
+        return tokenizer(text + prefix, add_special_tokens=False)["input_ids"]
 
     # -- episodes --------------------------------------------------------------------------
     def chat_joints(self, tokenizer: Any) -> tuple[str, str]:
@@ -183,13 +186,13 @@ class PokerTask(Task):
             self._joints[id(tokenizer)] = (after_reply, after_user)
         return self._joints[id(tokenizer)]
 
-    def env_tokens(self, tokenizer: Any, observation: str, reply_ended: bool) -> list[int]:
-        """The environment's text before the policy's next reply, as tokens."""
+    def env_tokens(self, tokenizer: Any, observation: str, reply_ended: bool, prefix: str) -> list[int]:
+        """The environment's text before the policy's next reply (``prefix``: its answer prefix), as tokens."""
         after_reply, after_user = self.chat_joints(tokenizer)
         eos = tokenizer.eos_token or ""
         if reply_ended and eos and after_reply.startswith(eos):
             after_reply = after_reply[len(eos):]  # the reply's end-of-sequence token already closed the turn
-        ids = tokenizer(after_reply + observation + after_user + self.config.answer_prefix,
+        ids = tokenizer(after_reply + observation + after_user + prefix,
                         add_special_tokens=False)["input_ids"]
         if len(ids) > ENV_TURN_TOKENS:
             raise RuntimeError(f"an environment text of {len(ids)} tokens is over ENV_TURN_TOKENS={ENV_TURN_TOKENS}")
@@ -213,7 +216,8 @@ class PokerTask(Task):
                     continue
                 cap, observation = turn
                 if observation is not None:
-                    run.add(self.env_tokens(tokenizer, observation, run.reply_ended), None, policy=False)
+                    run.add(self.env_tokens(tokenizer, observation, run.reply_ended, run.episode.answer_prefix), None,
+                            policy=False)
                 waiting.setdefault(cap, []).append(run)
             active = [run for group in waiting.values() for run in group]
             for cap, group in waiting.items():
@@ -255,7 +259,7 @@ class PokerTask(Task):
                 break
             cap, observation = turn
             if observation is not None:
-                expected = self.env_tokens(tokenizer, observation, reply_ended)
+                expected = self.env_tokens(tokenizer, observation, reply_ended, episode.answer_prefix)
                 if completion[pos:pos + len(expected)] != expected or any(mask[pos:pos + len(expected)]):
                     raise ForgedEpisode(f"row {row}: the environment text at token {pos} is not what the task writes")
                 pos += len(expected)
@@ -325,7 +329,15 @@ class _Episode:
         self._opponents_play()
         self.first_text = (None if self.hand.over
                            else f"{self.hand.opening(self.seat)}\n{self.hand.observation(self.seat)}")
+        self.answer_prefix = ""
+        """What the environment writes before the policy's next reply (``answer_prefix``, its strength word filled)."""
+        if self.first_text is not None:
+            self._set_answer_prefix()
         self._started = False
+
+    def _set_answer_prefix(self) -> None:
+        """After the policy's observation (which told its strength)."""
+        self.answer_prefix = answer_prefix(self.config.answer_prefix, self.hand.told_strength, self.config.strong_above)
 
     def _opponents_play(self) -> None:
         while not self.hand.over and self.hand.to_act != self.seat:
@@ -344,7 +356,11 @@ class _Episode:
                 self.hand.play(self.hand.legal().default())
                 self._opponents_play()
                 continue
-            observation = self.hand.observation(self.seat) if self._started else None
+            if self._started:
+                observation = self.hand.observation(self.seat)
+                self._set_answer_prefix()
+            else:
+                observation = None
             self._started = True
             return min(self.config.max_action_tokens, budget_left), observation
         return None
@@ -364,13 +380,18 @@ class _Episode:
         self._opponents_play()
 
     def reward(self) -> float:
-        chips = self.hand.expected_payoff(self.seat) if self.config.all_in_ev else self.hand.payoff(self.seat)
+        if self.config.opponent_cards_ev:
+            chips = self.hand.opponent_cards_payoff(self.seat)
+        else:
+            chips = self.hand.expected_payoff(self.seat) if self.config.all_in_ev else self.hand.payoff(self.seat)
         return chips / self.bb - self.config.illegal_penalty * self.illegal
 
     def detail(self) -> dict[str, Any]:
         chips = self.hand.payoff(self.seat)
         ev = ({"all_in_ev_bb": self.hand.expected_payoff(self.seat) / self.bb}
               if self.config.all_in_ev and self.hand.all_in else {})  # costs a runout enumeration: only when used
+        if self.config.opponent_cards_ev:
+            ev["opponent_cards_ev_bb"] = self.hand.opponent_cards_payoff(self.seat) / self.bb
         return {"chips": chips, "bb": chips / self.bb, **ev, "illegal": self.illegal, "replies": self.replies,
                 "forced": self.forced, "opponent": self.opponent_name,
                 "seat": "big blind" if self.seat == BIG_BLIND_SEAT else "small blind", "actions": self.actions}

@@ -117,6 +117,15 @@ def is_strong(percent: int, strong_above: int) -> bool:
     return percent >= strong_above
 
 
+def answer_prefix(template: str, told_strength: int | None, strong_above: int | None) -> str:
+    """``template`` with ``{strength}`` replaced by the word of the strength line last told (``strong``/``weak``)."""
+    if "{strength}" not in template:
+        return template
+    if told_strength is None or strong_above is None:
+        raise ValueError("an answer prefix naming {strength} needs a told strength and strong_above")
+    return template.replace("{strength}", "strong" if is_strong(told_strength, strong_above) else "weak")
+
+
 @functools.lru_cache(maxsize=65536)
 def hand_strength(hole: str, board: str, samples: int) -> float:
     """P(win) + P(tie)/2 of ``hole`` against one uniformly random hand, the board completed at random; seeded by
@@ -137,6 +146,8 @@ def _showdown(mine: list, theirs: list, board: list) -> float:
     return 1.0 if a > b else 0.5 if a == b else 0.0
 
 
+EV_SAMPLES = 500
+"""Monte Carlo samples behind ``Hand.opponent_cards_payoff`` (+-2.2 points of strength at 95%)."""
 ALL_IN_SAMPLES = 500
 """Seeded runouts behind ``all_in_equity`` where there are more than this many (before the turn: +-2.2 points
 at 95%); after the turn all 44 are counted."""
@@ -184,6 +195,8 @@ class Hand:
     """The strength (percent) the last observation told, with ``show_strength``."""
     all_in: tuple[str, int] | None = field(init=False, default=None)
     """Where the chips went all in with cards still to come: (the board then, the chips each side had at stake)."""
+    showdown: tuple[str, int] | None = field(init=False, default=None)
+    """Where the hand ended in a showdown with the board complete: (the board, the chips each side had at stake)."""
 
     def __post_init__(self) -> None:
         self.state = NoLimitTexasHoldem.create_state(
@@ -233,6 +246,9 @@ class Hand:
         seat, s = self.to_act, self.state
         to_call = s.checking_or_calling_amount or 0
         verb = self.legal().verb
+        put_in = [self.starting_stack - stack for stack in s.stacks]  # chips each side has bet so far
+        if action.kind == "check_call":
+            put_in[seat] += to_call
         if action.kind == "fold":
             s.fold()
             said = "fold"
@@ -248,6 +264,8 @@ class Hand:
             stakes = [self.starting_stack - stack for stack in s.stacks]  # nobody can bet again: the rest is dealt
             self.all_in = ("".join(map(repr, board)), min(stakes))
         self._advance()
+        if not s.status and action.kind != "fold" and self.all_in is None:  # a call or check ended it: cards shown
+            self.showdown = (self.deal.board, min(put_in))
 
     def observation(self, seat: int) -> str:
         """What ``seat`` is told when it must act: what happened since its last decision, then the state
@@ -287,6 +305,18 @@ class Hand:
             return float(self.payoff(seat))
         board, stake = self.all_in
         return (2 * all_in_equity(self.deal.holes[seat], self.deal.holes[1 - seat], board) - 1) * stake
+
+    def opponent_cards_payoff(self, seat: int) -> float:
+        """``payoff`` averaged over the opponent's hole cards as well as the undealt board: a hand that ended in a
+        showdown or an all in pays its chips at stake times (2 x its strength against one random hand on the
+        board then - 1) (``hand_strength``, ``EV_SAMPLES``); a fold pays its chips. The same mean as ``payoff``
+        where the opponent's play did not depend on its cards (a call-station, the random player), without the
+        luck of which hand it held."""
+        end = self.all_in or self.showdown
+        if end is None:
+            return float(self.payoff(seat))
+        board, stake = end
+        return (2 * hand_strength(self.deal.holes[seat], board, EV_SAMPLES) - 1) * stake
 
 
 def _third_person(said: str) -> str:

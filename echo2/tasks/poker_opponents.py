@@ -30,7 +30,7 @@ from echo2.config import (
     OpponentConfig,
     RandomOpponentConfig,
 )
-from echo2.tasks.poker_game import Action, Hand, hand_strength, parse_action
+from echo2.tasks.poker_game import Action, Hand, answer_prefix, hand_strength, parse_action
 
 
 class Opponent:
@@ -99,16 +99,17 @@ class FrozenPolicy(Opponent):
         self.model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32).eval()
         self.system, self.answer_prefix, self.max_tokens = system, answer_prefix, max_tokens
         self.tie_margin = config.tie_margin
-        self._replies: dict[str, tuple[str, float]] = {}
+        self._replies: dict[tuple[str, str], tuple[str, float]] = {}
 
-    def reply(self, text: str) -> tuple[str, float]:
-        """The greedy reply to ``text`` and the smallest gap between its two best logits over the reply's tokens."""
+    def reply(self, text: str, prefix: str) -> tuple[str, float]:
+        """The greedy reply to ``text`` after ``prefix`` (the answer prefix at this decision) and the smallest gap
+        between its two best logits over the reply's tokens."""
         import torch
 
-        if text not in self._replies:
+        if (text, prefix) not in self._replies:
             messages = [{"role": "system", "content": self.system}, {"role": "user", "content": text}]
             prompt = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer(prompt + self.answer_prefix, add_special_tokens=False, return_tensors="pt").input_ids
+            ids = self.tokenizer(prompt + prefix, add_special_tokens=False, return_tensors="pt").input_ids
             eos = self.tokenizer.eos_token_id
             with torch.no_grad():
                 out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -119,14 +120,14 @@ class FrozenPolicy(Opponent):
             gap = float((best_two[:, 0] - best_two[:, 1]).min())
             if len(self._replies) > 65536:
                 self._replies.clear()
-            self._replies[text] = (self.tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True),
-                                   gap)
-        return self._replies[text]
+            self._replies[text, prefix] = (
+                self.tokenizer.decode(out.sequences[0, ids.shape[1]:], skip_special_tokens=True), gap)
+        return self._replies[text, prefix]
 
     def decide(self, hand: Hand, seat: int, key: str) -> tuple[Action, bool]:
         text = f"{hand.opening(seat)}\n{hand.observation(seat)}"
         legal = hand.legal()
-        reply, gap = self.reply(text)
+        reply, gap = self.reply(text, answer_prefix(self.answer_prefix, hand.told_strength, hand.strong_above))
         action, _ = parse_action(reply, legal)
         return action if action is not None else legal.default(), gap < self.tie_margin
 
