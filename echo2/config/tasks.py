@@ -164,7 +164,7 @@ class PokerTaskConfig(_Section):
     "My action is to" 38 in 48 (greedy: all). ``{strength}`` in it is replaced by the strength line's word at
     that decision (``strong`` or ``weak``; needs ``show_strength`` and ``strong_above``): "My hand is
     {strength}. My action:" puts the word beside the action, where a small model learns to key on it; told
-    only in the cards' line it hardly does (docs/tasks.md, "poker10")."""
+    only in the cards' line it hardly does (docs/tasks.md, "poker10-13")."""
     show_strength: bool = False
     """Write the policy's hand strength beside its cards in every observation (``Strength 64%``: its chance
     against one random hand, the board completed at random; 200 Monte Carlo samples seeded by the cards, so
