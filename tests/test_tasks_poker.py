@@ -117,16 +117,8 @@ def test_a_hand_against_each_opponent_ends_with_stacks_that_sum(opponent, tiny_m
 
 def _played(task, tok, problem, episode, budget):
     """The hand of ``episode`` played again from its policy tokens, to its end."""
-    runs, current = [], []
-    for token, m in zip(episode.completion_token_ids, episode.completion_mask):
-        if m:
-            current.append(token)
-        elif current:
-            runs.append(current)
-            current = []
-    runs += [current] if current else []
     played, spent = _Episode(task, problem.meta), 0
-    for reply in runs:
+    for _, reply in _runs(episode, 1):
         assert played.next_turn(budget - spent) is not None
         played.play_reply(tok.decode(reply, skip_special_tokens=True))
         spent += len(reply)
