@@ -181,6 +181,16 @@ class PokerTaskConfig(_Section):
     small model that must spell its stack as a number hardly ever samples it (SmolLM2-135M: "all in" at
     about 0.001 even when listed, "raise" at 0.07-0.15 followed by the smallest amount), so without this it
     never tries the bet that wins."""
+    flat_calls: bool = True
+    """With ``push_fold``: false leaves the policy two options at every decision, the passive one (check when
+    free, else fold) and all in; it calls only where calling is all it can do (an all in to match, or a bet
+    that takes its whole stack). That is the short-stack push-or-fold game (at 20 big blinds or less close to
+    how strong players play), and it makes each decision one choice between betting the hand and not: with a
+    flat call on offer, GRPO moved SmolLM2-135M to "call" on every hand, the second-best action on both
+    strong and weak cards, before it read the strength word (docs/tasks.md, "poker12-13"; with this off and a
+    one-token reply it learned to bet by strength: "poker14-16"). A call where none is offered is illegal; a
+    fold with nothing to call checks, so that the passive action is one word ("fold") in every spot, as "raise"
+    (all in) is for the other."""
     shuffle_legal: bool = False
     """List the actions of each Legal line in an order drawn from the deal (seeded: the learner's replay and
     every evaluation write the same text) instead of fold first. A small model copies the list it is shown:
@@ -230,6 +240,9 @@ class PokerTaskConfig(_Section):
             raise ValueError(f"task.opponent_cards_ev averages over the opponent's cards, which is unbiased only "
                              f"against opponents whose play ignores them (call_station, random); training "
                              f"opponents {card_dependent} have a weight above 0")
+        if not self.flat_calls and not self.push_fold:
+            raise ValueError("task.flat_calls: false is the push-or-fold game: it needs push_fold: true (else the "
+                             "policy would raise by any amount but never call)")
         if "{strength}" in self.answer_prefix and (not self.show_strength or self.strong_above is None):
             raise ValueError("task.answer_prefix names {strength}, the strength line's word: it needs "
                              "show_strength: true and strong_above set")

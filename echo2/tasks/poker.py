@@ -23,7 +23,8 @@ stack/bb]; with ``all_in_ev`` a hand that went all in with cards to come counts 
 over the undealt cards (``poker_game.all_in_equity``) instead of the runout dealt; with ``opponent_cards_ev`` a
 showdown or an all in counts its expectation over the opponent's hole cards too
 (``poker_game.Hand.opponent_cards_payoff``). With ``push_fold`` the
-policy's only raise is all in (the opponents keep every size). The chat joints (how a turn ends and
+policy's only raise is all in (the opponents keep every size), and with ``flat_calls: false`` it
+never calls short of all in either: push-or-fold. The chat joints (how a turn ends and
 the next begins) are read off the model's own chat template, so any chat model works.
 
 Verification (``score_episodes``, run by the learner on every row): the deal, seat and opponent are
@@ -199,14 +200,16 @@ class PokerTask(Task):
         return ids
 
     def rollout_groups(self, sample: Sampler, tokenizer: Any, problems: Sequence[Problem], group_size: int,
-                       max_new_tokens: int) -> list[list[Episode]]:
-        """Play every episode of every group together: each round, one sampler call per reply limit."""
+                       max_new_tokens: int, *, chips: bool = False) -> list[list[Episode]]:
+        """Play every episode of every group together: each round, one sampler call per reply limit. ``chips``:
+        reward the chips dealt even where ``all_in_ev``/``opponent_cards_ev`` train on expectations (evaluation,
+        which counts chips, then spends nothing on their Monte Carlo)."""
         eos = tokenizer.eos_token_id
         runs = []
         for problem in problems:
             prompt = self.prompt_tokens(tokenizer, problem) if problem.messages else []
             for _ in range(group_size):
-                runs.append(_Run(_Episode(self, problem.meta), prompt))
+                runs.append(_Run(_Episode(self, problem.meta, chips=chips), prompt))
         active = list(runs)
         while active:
             waiting: dict[int, list[_Run]] = {}
@@ -284,7 +287,7 @@ class PokerTask(Task):
     def evaluate(self, greedy: Sampler, sampled: Sampler | None, tokenizer: Any, *, k: int,
                  max_new_tokens: int) -> dict[str, Any]:
         problems = self.eval_set()
-        episodes = [g[0] for g in self.rollout_groups(greedy, tokenizer, problems, 1, max_new_tokens)]
+        episodes = [g[0] for g in self.rollout_groups(greedy, tokenizer, problems, 1, max_new_tokens, chips=True)]
         per: dict[str, dict[str, Any]] = {}
         replies = illegal = 0
         for name in [self.opponent_names[o] for o in self.eval_opponents]:
@@ -313,15 +316,17 @@ class PokerTask(Task):
 class _Episode:
     """The environment side of one hand, from the policy's seat: opponents, forced and penalized decisions."""
 
-    def __init__(self, task: PokerTask, meta: dict):
+    def __init__(self, task: PokerTask, meta: dict, *, chips: bool = False):
         c = task.config
         self.config = c
+        self.chips = chips
+        """Reward the chips dealt, whatever ``all_in_ev``/``opponent_cards_ev`` say (evaluation)."""
         self.bb = task.bb
         self.key, self.seat = meta["key"], meta["seat"]
         self.opponent = task.opponents[meta["opponent"]]
         self.opponent_name = task.opponent_names[meta["opponent"]]
         self.hand = Hand(deal(self.key), c.starting_stack, c.small_blind, c.big_blind, c.show_strength, c.push_fold,
-                         c.strong_above, c.shuffle_legal)
+                         c.strong_above, c.shuffle_legal, c.flat_calls)
         self.decisions = self.replies = self.illegal = self.forced = 0
         self.actions: list[str] = []
         self.near_tie = False
@@ -366,7 +371,7 @@ class _Episode:
         return None
 
     def play_reply(self, text: str) -> None:
-        legal = self.hand.legal(self.config.push_fold)
+        legal = self.hand.legal(self.config.push_fold, self.config.flat_calls)
         action, verdict = parse_action(text, legal)
         self.decisions += 1
         self.replies += 1
@@ -380,7 +385,9 @@ class _Episode:
         self._opponents_play()
 
     def reward(self) -> float:
-        if self.config.opponent_cards_ev:
+        if self.chips:
+            chips = float(self.hand.payoff(self.seat))
+        elif self.config.opponent_cards_ev:
             chips = self.hand.opponent_cards_payoff(self.seat)
         else:
             chips = self.hand.expected_payoff(self.seat) if self.config.all_in_ev else self.hand.payoff(self.seat)
@@ -389,8 +396,8 @@ class _Episode:
     def detail(self) -> dict[str, Any]:
         chips = self.hand.payoff(self.seat)
         ev = ({"all_in_ev_bb": self.hand.expected_payoff(self.seat) / self.bb}
-              if self.config.all_in_ev and self.hand.all_in else {})  # costs a runout enumeration: only when used
-        if self.config.opponent_cards_ev:
+              if self.config.all_in_ev and self.hand.all_in and not self.chips else {})  # costly: only when used
+        if self.config.opponent_cards_ev and not self.chips:
             ev["opponent_cards_ev_bb"] = self.hand.opponent_cards_payoff(self.seat) / self.bb
         return {"chips": chips, "bb": chips / self.bb, **ev, "illegal": self.illegal, "replies": self.replies,
                 "forced": self.forced, "opponent": self.opponent_name,

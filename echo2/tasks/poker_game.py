@@ -11,9 +11,10 @@ Amounts in answers and in the text are "raise to": the player's total bet on thi
 Answers (after the environment's answer prefix) are read by ``parse_action``: the reply must begin
 with one of ``fold``, ``check``, ``call``, ``raise N`` / ``bet N`` / ``raise to N`` (N = the total bet;
 no N = the minimum raise), or ``all in``; the rest of the reply is ignored. A reply that begins with
-none of them is malformed; a fold when checking is free, a check when facing a bet, or a raise
-outside [min, max] is illegal. Either way the hand goes on with the default action (check when
-free, else fold) and the caller counts it. ``call`` with nothing to call checks.
+none of them is malformed; a fold when checking is free (unless ``Legal.fold_checks``), a check when
+facing a bet, a call where calls are not offered (``Legal.can_call``), or a raise outside [min, max] is
+illegal. Either way the hand goes on with the default action (check when free, else fold) and the caller
+counts it. ``call`` with nothing to call checks.
 """
 
 from __future__ import annotations
@@ -74,10 +75,16 @@ class Legal:
     max_raise: int | None
     verb: str = "raise"
     """"bet" when nobody has bet on this street after the flop, else "raise" (the parser takes both)."""
+    can_call: bool = True
+    """Whether calling a bet is an option (``Hand.legal(flat_calls=False)``: only where it puts the player all in
+    or matches an all in)."""
+    fold_checks: bool = False
+    """Whether ``fold`` with nothing to call checks instead of being illegal (``Hand.legal(flat_calls=False)``:
+    in push-or-fold the passive action is one word in every spot, as ``call`` with nothing to call checks)."""
 
     def describe(self, shuffle: str | None = None) -> str:
         """The options, fold first; ``shuffle``: in the order a ``random.Random(shuffle)`` draws."""
-        options = (["fold", "call"] if self.to_call else ["check"])
+        options = (["fold", "call"] if self.to_call and self.can_call else ["fold"] if self.to_call else ["check"])
         if self.min_raise is not None:
             options.append(f"{self.verb} {self.min_raise}" if self.min_raise == self.max_raise
                            else f"{self.verb} {self.min_raise}-{self.max_raise}")
@@ -97,11 +104,13 @@ def parse_action(reply: str, legal: Legal) -> tuple[Action | None, str]:
         return None, "malformed"
     fold, check, call, all_in, amount = m.groups()
     if fold:
-        return (Action("fold"), "ok") if legal.can_fold else (None, "illegal")
+        if legal.can_fold:
+            return Action("fold"), "ok"
+        return (Action("check_call"), "ok") if legal.fold_checks and not legal.to_call else (None, "illegal")
     if check:
         return (Action("check_call"), "ok") if legal.to_call == 0 else (None, "illegal")
     if call:
-        return Action("check_call"), "ok"
+        return (Action("check_call"), "ok") if legal.can_call or not legal.to_call else (None, "illegal")
     if all_in:
         return (Action("raise", legal.max_raise), "ok") if legal.max_raise is not None else (Action("check_call"), "ok")
     if legal.min_raise is None:
@@ -189,6 +198,9 @@ class Hand:
     """With ``show_strength``: the strength line also says ``strong`` at this percent or more, else ``weak``."""
     shuffle_legal: bool = False
     """The Legal line's options in an order drawn from the deal, the seat and the decision (seeded)."""
+    flat_calls: bool = True
+    """False: the player told observations may call only a bet that leaves it no raise (pure push-or-fold with
+    ``push_fold``): ``legal(flat_calls=False)``."""
     state: object = field(init=False)
     log: tuple[list[str], list[str]] = field(init=False)
     told_strength: int | None = field(init=False, default=None)
@@ -231,15 +243,19 @@ class Hand:
     def to_act(self) -> int | None:
         return None if self.over else self.state.actor_index
 
-    def legal(self, push_fold: bool = False) -> Legal:
-        """What the player to act may do; ``push_fold``: its only raise is all in (min = max = all in)."""
+    def legal(self, push_fold: bool = False, flat_calls: bool = True) -> Legal:
+        """What the player to act may do; ``push_fold``: its only raise is all in (min = max = all in);
+        ``flat_calls=False``: it may call only where it cannot raise (calling an all in, or a bet that takes
+        its whole stack), so with ``push_fold`` its options are the passive one and all in, and ``fold`` is the
+        passive one everywhere (with nothing to call it checks)."""
         s = self.state
         can_raise = s.can_complete_bet_or_raise_to()
         to_call = s.checking_or_calling_amount or 0
         least = s.min_completion_betting_or_raising_to_amount if can_raise else None
         most = s.max_completion_betting_or_raising_to_amount if can_raise else None
         return Legal(to_call=to_call, can_fold=s.can_fold(), min_raise=most if push_fold else least, max_raise=most,
-                     verb="bet" if s.street_index and not any(s.bets) else "raise")
+                     verb="bet" if s.street_index and not any(s.bets) else "raise",
+                     can_call=flat_calls or not can_raise, fold_checks=not flat_calls)
 
     def play(self, action: Action) -> None:
         """The player to act plays ``action`` (legal: parse_action checked it, or it is the default)."""
@@ -274,7 +290,7 @@ class Hand:
         board = list(s.get_board_cards(0))
         lines = list(self.log[seat])
         self.log[seat].clear()
-        legal = self.legal(self.push_fold)
+        legal = self.legal(self.push_fold, self.flat_calls)
         strength = ""
         if self.show_strength:
             value = hand_strength(self.deal.holes[seat], "".join(map(repr, board)), STRENGTH_SAMPLES)
