@@ -291,11 +291,15 @@ class StrengthReader(ScriptedSampler):
         super().__init__(tokenizer)
         self.above = above
 
+    def decide(self, text):
+        """The reply to the hand so far (``text``: the whole prompt)."""
+        told = re.findall(r"Strength (\d+)%", text)
+        return " all in" if told and int(told[-1]) >= self.above else " call"
+
     def __call__(self, prompts, max_new_tokens):
         out = []
         for prompt in prompts:
-            told = re.findall(r"Strength (\d+)%", self.tok.decode(prompt))
-            reply = " all in" if told and int(told[-1]) >= self.above else " call"
+            reply = self.decide(self.tok.decode(prompt))
             ids = self.tok(reply, add_special_tokens=False)["input_ids"][:max_new_tokens] + [self.tok.eos_token_id]
             out.append(Reply(ids, [-0.25] * len(ids), "stop"))
         return out
@@ -396,19 +400,13 @@ def test_without_flat_calls_the_policy_may_only_check_or_fold_or_go_all_in(tok):
         _task(flat_calls="false")
 
 
-class PushOrFold(ScriptedSampler):
+class PushOrFold(StrengthReader):
     """Goes all in when the last strength line it was told says ``strong``, else checks when free, else folds."""
 
-    def __call__(self, prompts, max_new_tokens):
-        out = []
-        for prompt in prompts:
-            text = self.tok.decode(prompt)
-            strong = re.findall(r"Strength \d+%, (strong|weak)", text)[-1] == "strong"
-            free = re.findall(r"to call (\d+)", text)[-1] == "0"
-            reply = " all in" if strong else " check" if free else " fold"
-            ids = self.tok(reply, add_special_tokens=False)["input_ids"][:max_new_tokens] + [self.tok.eos_token_id]
-            out.append(Reply(ids, [-0.25] * len(ids), "stop"))
-        return out
+    def decide(self, text):
+        strong = re.findall(r"Strength \d+%, (strong|weak)", text)[-1] == "strong"
+        free = re.findall(r"to call (\d+)", text)[-1] == "0"
+        return " all in" if strong else " check" if free else " fold"
 
 
 def test_the_rule_the_shipped_poker_config_teaches_beats_both_opponents_over_its_evaluation(tok, monkeypatch):
