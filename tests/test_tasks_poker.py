@@ -410,16 +410,16 @@ class PushOrFold(StrengthReader):
 
 
 def test_the_rule_the_shipped_poker_config_teaches_beats_both_opponents_over_its_evaluation(tok, monkeypatch):
-    """What configs/poker-smollm2.yaml's policy has to find, and that the config's evaluation (300 duplicate deals
-    per opponent) shows it: all in when told ``strong``, else check or fold, wins against the call-station and the
-    random player with both intervals above 0. The game is the config's; the reply budget is widened for the test
-    tokenizer (" all in" is 7 of its tokens, one of SmolLM2's), and the strength line is drawn from 50 samples, not
-    200: the same verdict in a quarter of the time."""
+    """What configs/poker-smollm2.yaml's policy has to find, and that the config's evaluation (its ``eval_deals``
+    duplicate deals per opponent) shows it: all in when told ``strong``, else check or fold, wins against the
+    call-station and the random player with both intervals above 0. The game is the config's; the reply budget is
+    widened for the test tokenizer (" all in" is 7 of its tokens, one of SmolLM2's), and the strength line is drawn
+    from 50 samples, not 200: the same verdict in a quarter of the time."""
     monkeypatch.setattr(poker_game, "STRENGTH_SAMPLES", 50)
     config = load_config(REPO / "configs" / "poker-smollm2.yaml", ["task.max_action_tokens=12"])
     task = make_task(config.task)
     result = task.evaluate(PushOrFold(tok), None, tok, k=1, max_new_tokens=24)
-    assert result["illegal_action_rate"] == 0.0 and result["n"] == 1200, result
+    assert result["illegal_action_rate"] == 0.0 and result["n"] == 2 * 2 * config.task.eval_deals, result
     for name in ("call_station", "random"):
         assert result["opponents"][name]["ci95_low"] > 0, result["opponents"]
 
