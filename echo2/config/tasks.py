@@ -187,10 +187,10 @@ class PokerTaskConfig(_Section):
     that takes its whole stack). That is the short-stack push-or-fold game (at 20 big blinds or less close to
     how strong players play), and it makes each decision one choice between betting the hand and not: with a
     flat call on offer, GRPO moved SmolLM2-135M to "call" on every hand, the second-best action on both
-    strong and weak cards, before it read the strength word (docs/tasks.md, "poker12-13"; with this off and a
-    one-token reply it learned to bet by strength in one run of four: "poker14-17"). A call where none is
-    offered is illegal; a fold with nothing to call checks, so that the passive action is one word ("fold") in
-    every spot, as "raise" (all in) is for the other."""
+    strong and weak cards, before it read the strength word (docs/tasks.md, "poker12-13"; with this off, a
+    one-token reply and lr 1e-5 it learned to bet by strength with each of three seeds: "Poker that wins"). A
+    call where none is offered is illegal; a fold with nothing to call checks, so that the passive action is one
+    word ("fold") in every spot, as "raise" (all in) is for the other."""
     shuffle_legal: bool = False
     """List the actions of each Legal line in an order drawn from the deal (seeded: the learner's replay and
     every evaluation write the same text) instead of fold first. A small model copies the list it is shown:
