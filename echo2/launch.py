@@ -30,10 +30,26 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, 
         raise StoreUnreachable(str(exc)) from None
     if resume:
         config = resume_config(store.child(layout.RUNS), config.run.id, overrides)
+    check_devices(config)
     resolve_model(config.model.name, convert=not dry_run)  # fail before starting anything; converts the default once
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)
     return config
+
+
+def check_devices(config: Config) -> None:
+    """The learner's device (and backend), and a local actor's engine device, exist on this machine: one line
+    (``Echo2InputError``) before anything starts, not a traceback from inside the flow."""
+    from echo2.config import TransformersEngineConfig
+    from echo2.devices import resolve_device
+    from echo2.learner.process_group import backend_for
+
+    device = resolve_device(config.train.device, what="train.device")
+    if config.train.nproc * config.train.nnodes > 1:
+        backend_for(device, config.train.dist_backend)
+    engine = config.rollout.engine
+    if config.fleet.backend == "local" and isinstance(engine, TransformersEngineConfig):
+        resolve_device(getattr(engine, "device", "auto"), what="rollout.engine.device")
 
 
 def run_exists(config_path: str | Path, overrides: list[str]) -> bool:

@@ -119,3 +119,17 @@ def each_store(request, tmp_path):
     if request.param == "memory":
         return open_store(f"memory://echo2-test-{uuid.uuid4().hex}")
     return request.getfixturevalue("s3_store")
+
+
+@pytest.fixture
+def one_rank_group():
+    """A test that builds a sharded learner in this process (FSDP2 over a one-rank group, as one GPU does): the
+    group is taken down afterwards, so no later test on this worker runs inside it."""
+    yield
+    import torch.distributed as dist
+
+    from echo2.learner import process_group
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    process_group._control = None

@@ -23,6 +23,7 @@ from helpers import step_files  # noqa: E402
 
 from echo2.config import TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
+from echo2.learner.process_group import control_group  # noqa: E402
 
 EVERY_OPTION = {"micro_batch_tokens": 48, "logprob_chunk_tokens": 16, "activation_checkpointing": True}
 CASES = {"fp32": EVERY_OPTION, "bf16": {**EVERY_OPTION, "dtype": "bfloat16"}}
@@ -89,7 +90,7 @@ def main(model_dir: Path, out: Path, cases: list[str]) -> None:
         metrics = learner.train_step(tables())
         weights = learner.full_tensors()
         if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
-            torch.distributed.broadcast_object_list(["stop", None], src=0)
+            torch.distributed.broadcast_object_list(["stop", None], src=0, group=control_group())
         save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_file(out, case)))
         report({"case": case, "world": size, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
                 "rollouts": metrics["rollouts"], "groups_with_signal": metrics["groups_with_signal"]})

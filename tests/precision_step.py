@@ -25,6 +25,7 @@ from helpers import step_files  # noqa: E402
 from echo2.config import TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.evaluate import ModelSampler  # noqa: E402
+from echo2.learner.process_group import control_group  # noqa: E402
 
 CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
          "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True},
@@ -96,7 +97,7 @@ def main(model_dir: Path, out: Path) -> None:
         greedy = [r.token_ids for r in ModelSampler(learner.eval_model(), learner.tokenizer, temperature=None,
                                                     batch_size=2)([[1, 2, 3], [5, 6, 7, 8]], 6)]
         if nproc > 1:  # the followers go on to the next case (release_followers releases only once a run)
-            torch.distributed.broadcast_object_list(["stop", None], src=0)
+            torch.distributed.broadcast_object_list(["stop", None], src=0, group=control_group())
         save_file({k: v.contiguous() for k, v in weights.items()}, str(out / f"{case}.safetensors"))
         torch.save({"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "greedy": greedy}, out / f"{case}.pt")
         print(case, {"world": nproc, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"]})

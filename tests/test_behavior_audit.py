@@ -13,11 +13,13 @@ from helpers import commit_rollouts, rollout_bytes
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from echo2.config import load_config
+from echo2.config import TrainConfig, load_config
 from echo2.data.rollouts import Rollout, RolloutLimits, decode_rollouts
 from echo2.data.store import open_store
 from echo2.learner.behavior_audit import BehaviorAuditor, Dishonest
 from echo2.learner.collector import RolloutCollector
+from echo2.learner.columns import step_columns
+from echo2.learner.learner import Learner
 from echo2.rollout.engines import SamplingParams
 from echo2.rollout.engines.transformers import TransformersEngine
 from echo2.tasks import make_task, prompt_token_ids
@@ -57,12 +59,23 @@ def table_of(rows, actor="a") -> pa.Table:
     return decode_rollouts(rollout_bytes(1, rollouts=rows, actor=actor))
 
 
-def auditor(setup, fraction=0.0) -> BehaviorAuditor:
-    model_dir, _, _, weights, _ = setup
-    a = BehaviorAuditor(model_dir, fraction=fraction, max_gap=THRESHOLD, temperature=1.0, keep_versions=3,
-                        micro_batch_tokens=64, chunk_tokens=16)  # several packs and chunks per file
+@pytest.fixture(scope="module")
+def learner(setup):
+    """The learner whose arithmetic the audit uses (``Learner.behavior_gap``): small log-probability chunks."""
+    return Learner(setup[0], TrainConfig(logprob_chunk_tokens=16), temperature=1.0)
+
+
+def auditor(setup, learner, fraction=0.0) -> BehaviorAuditor:
+    weights = setup[3]
+    a = BehaviorAuditor(learner.behavior_gap, fraction=fraction, max_gap=THRESHOLD, keep_versions=3,
+                        micro_batch_tokens=64)  # several packs and chunks per file
     a.published(1, weights)
     return a
+
+
+def gap(a: BehaviorAuditor, table: pa.Table, version: int = 1) -> float:
+    total, count = a.gap_of(version, a.versions[version], step_columns([table]), a.micro_batch_tokens)
+    return total / count
 
 
 def bf16_engine_rows(setup, rows) -> list[Rollout]:
@@ -79,11 +92,11 @@ def bf16_engine_rows(setup, rows) -> list[Rollout]:
     return out
 
 
-def test_honest_actors_pass_and_a_lying_one_is_caught(setup, capsys):
-    a = auditor(setup)
+def test_honest_actors_pass_and_a_lying_one_is_caught(setup, learner, capsys):
+    a = auditor(setup, learner)
     rows = honest_rows(setup)
-    fp32 = a.gap(table_of(rows), a._model_of(1, a.versions[1]))
-    bf16 = a.gap(table_of(bf16_engine_rows(setup, rows)), a._model_of(1, a.versions[1]))
+    fp32 = gap(a, table_of(rows))
+    bf16 = gap(a, table_of(bf16_engine_rows(setup, rows)))
     # an actor that claims its tokens were likelier than they were (a smaller ratio pi/mu on the tokens it
     # wants pushed down, or a larger one where it wants them pushed up), or makes its numbers up
     inflated = [dataclasses.replace(r, behavior_logprobs=[min(0.0, x + 0.7) for x in r.behavior_logprobs])
@@ -101,17 +114,17 @@ def test_honest_actors_pass_and_a_lying_one_is_caught(setup, capsys):
     assert a.check(table_of(rows), 7, "someone") is None  # a version no longer held is not judged
 
 
-def test_the_first_file_of_every_actor_is_audited_then_a_hidden_sample(setup):
-    a = auditor(setup, fraction=0.0)
+def test_the_first_file_of_every_actor_is_audited_then_a_hidden_sample(setup, learner):
+    a = auditor(setup, learner, fraction=0.0)
     assert a.wants("new") and a.wants("new")  # not audited yet: wanted until it is
     a.check(table_of(honest_rows(setup)), 1, "new")
     assert not any(a.wants("new") for _ in range(50))  # fraction 0: only the first
-    b = auditor(setup, fraction=1.0)
+    b = auditor(setup, learner, fraction=1.0)
     b.audited_actors.add("x")
     assert all(b.wants("x") for _ in range(20))
 
 
-def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quarantined(setup, tmp_path):
+def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quarantined(setup, learner, tmp_path):
     model_dir, tok, _, _, task = setup
     store = open_store(str(tmp_path))
     rows = honest_rows(setup, groups=2, n=2)
@@ -120,7 +133,8 @@ def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quaran
     honest = commit_rollouts(store, 1, 0, actor="a2-honest", data=rollout_bytes(1, rollouts=rows, actor="a2-honest"))
     limits = RolloutLimits(vocab_size=len(tok), group_size=2, max_completion_tokens=8, max_prompt_tokens=4096,
                            reward_range=(0.0, 1.0))
-    col = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=limits, auditor=auditor(setup))
+    col = RolloutCollector(store, run_id="run", staleness=2, groups_per_step=2, limits=limits,
+                           auditor=auditor(setup, learner))
     sel = col.collect(step=2, learner_version=1, timeout_s=10)
     assert [u["key"] for u in sel.used] == [honest]
     assert "behavior logprobs are" in sel.quarantined[0]["reason"] and set(col.banned) == {"a1-liar"}
@@ -205,9 +219,9 @@ def test_a_resumed_lora_run_audits_against_the_weights_its_version_had(setup, tm
     resumed.sink.close()
 
 
-def test_weights_the_model_does_not_have_are_refused_not_skipped(setup):
+def test_weights_the_model_does_not_have_are_refused_not_skipped(setup, learner):
     """An adapter's tensors given as a version: loading none of them would audit against other weights."""
-    a = auditor(setup)
+    a = auditor(setup, learner)
     a.published(2, {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 32)})
     with pytest.raises(ValueError, match="not the model's"):
         a.check(table_of(honest_rows(setup)), 2, "a")

@@ -110,3 +110,75 @@ def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path)
     assert json.loads((run / "policy" / "LATEST").read_text()) == {"version": 4}
     problems, counts = ledger_audit(open_store(str(run)))
     assert not problems and counts["used"] >= 4, (problems, counts)
+
+
+def test_no_follower_holds_the_model_and_a_publish_holds_no_fp32_copy(tmp_path):
+    """Two gloo ranks load a ~0.44B-parameter model (1.7 GB in fp32, saved in bf16): the follower never holds it
+    whole (its shard is half the fp32 model: its peak stays well under the whole), rank 0 holds the checkpoint once
+    in the file's dtype; a bf16 publish gathers tensor by tensor, so rank 0's peak grows by less than the fp32 state.
+    Before, every rank loaded the whole fp32 model (peak >= 1x fp32), and a publish gathered the full fp32 state
+    on rank 0's CPU before casting it (peak >= 1.5x fp32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from echo2.bench.tiny_model import arithmetic_tokenizer
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5504, num_hidden_layers=6,
+                         num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False,
+                         max_position_embeddings=256)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in LlamaForCausalLM(config).parameters())
+    model = LlamaForCausalLM(config).to(torch.bfloat16)  # random weights, a bf16 checkpoint as published models are
+    model.save_pretrained(tmp_path / "model")
+    arithmetic_tokenizer().save_pretrained(tmp_path / "model")
+    del model
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(REPO / "tests" / "memory_run.py"), str(tmp_path / "model")], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [ast.literal_eval(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    load = {m["rank"]: m["load_peak_mb"] for m in lines if "load_peak_mb" in m}
+    publish = next(m for m in lines if "publish_peak_mb" in m)
+    fp32_mb = params * 4 / 2**20
+    assert abs(publish["fp32_mb"] - fp32_mb) < 1
+    print(f"{params / 1e9:.2f}B parameters, {fp32_mb:.0f} MB in fp32: load peak above start rank 0 {load[0]:.0f} MB, "
+          f"follower {load[1]:.0f} MB; rank 0's bf16 publish peak {publish['publish_peak_mb']:.0f} MB "
+          f"({publish['published_mb']:.0f} MB published)")
+    assert load[1] < 0.75 * fp32_mb  # its fp32 shard (0.5x) and one tensor in flight, never the whole model
+    assert publish["publish_peak_mb"] < fp32_mb
+
+
+def test_one_process_that_shards_steps_evaluates_and_checkpoints_as_one_that_does_not(tiny_model, tmp_path,
+                                                                                        one_rank_group):
+    """FSDP2 over a one-rank group (what one GPU runs): the same step, greedy tokens, published weights and a
+    checkpoint that restores them, as the unsharded one-process learner."""
+    import torch
+    from distributed_step import tables
+
+    from echo2.config import TrainConfig
+    from echo2.data.store import open_store
+    from echo2.learner.evaluate import ModelSampler
+    from echo2.learner.learner import Learner
+
+    def run(sharded: bool):
+        torch.manual_seed(0)
+        learner = Learner(tiny_model, TrainConfig(lr=1e-3, micro_batch_tokens=48, logprob_chunk_tokens=16,
+                                                  attention="varlen"), temperature=1.0, sharded=sharded)
+        metrics = learner.train_step(tables())
+        greedy = ModelSampler(learner.eval_model(), learner.tokenizer, temperature=None, batch_size=4)
+        tokens = [r.token_ids for r in greedy([[1, 5, 9], [1, 7], [1, 2, 3, 4]], max_new_tokens=6)]
+        return learner, metrics, tokens, learner.full_tensors()
+
+    plain, m0, t0, w0 = run(False)
+    sharded, m1, t1, w1 = run(True)
+    assert sharded.sharded and not plain.sharded
+    assert relative(m1["loss"], m0["loss"]) < 1e-5 and relative(m1["grad_norm"], m0["grad_norm"]) < 1e-5
+    assert w0.keys() == w1.keys()
+    assert max((w0[k] - w1[k]).abs().max().item() for k in w0) < ATOL
+    assert t0 == t1
+    store = open_store(str(tmp_path))
+    entries = {e["name"]: e for e in sharded.save_sharded(store, "ckpt")}
+    sharded.train_step(tables())  # move on, then restore
+    sharded.load_sharded(store, "ckpt", entries)
+    restored = sharded.full_tensors()
+    assert all(torch.equal(restored[k], w1[k]) for k in w1)

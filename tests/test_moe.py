@@ -274,3 +274,32 @@ def test_the_run_tells_the_fleet_a_moes_active_size(moe, moe_model, tiny_model, 
     unrouted = c.num_local_experts - c.num_experts_per_tok
     skipped = c.num_hidden_layers * unrouted * 3 * c.hidden_size * c.moe_intermediate_size
     assert active == pytest.approx(total - skipped / 1e9, rel=0.02)
+
+
+def _expert_matmul_dtypes(learner: Learner) -> set:
+    """The dtypes the experts' grouped matmuls multiply in, over one step's forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "grouped_mm" in str(func):
+                seen.update(str(a.dtype) for a in args[:2] if isinstance(a, torch.Tensor))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        learner.train_step(tables())
+    return seen
+
+
+def test_one_process_computes_the_experts_in_bf16_when_it_shards(moe_model, one_rank_group):
+    """bf16 compute in one process reaches the experts only through FSDP2's mixed precision (what one GPU runs):
+    under autocast the experts' grouped matmul casts its input to the fp32 weights (grouped_mm is not autocast-aware),
+    so an autocast step multiplies the experts in fp32."""
+    autocast = Learner(moe_model, TrainConfig(dtype="bfloat16"), temperature=1.0, sharded=False)
+    assert _expert_matmul_dtypes(autocast) == {"torch.float32"}
+    sharded = Learner(moe_model, TrainConfig(dtype="bfloat16"), temperature=1.0, sharded=True)
+    assert sharded.sharded and sharded.world_size == 1
+    assert _expert_matmul_dtypes(sharded) == {"torch.bfloat16"}
+    assert {p.dtype for p in sharded.model.parameters()} == {torch.float32}  # the master weights stay fp32

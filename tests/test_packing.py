@@ -98,24 +98,55 @@ def test_an_assembled_pack_lays_sequences_end_to_end():
     assert batch.rows == [1, 0] and batch.tokens == 8 and batch.policy_tokens == 5
 
 
-def logprobs_of(model, input_ids, targets, position_ids=None):
-    """log p(targets[j] | input_ids[:j+1]) from the full logits (use_cache=False: a cache turns off packing)."""
-    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+def logprobs_of(model, input_ids, targets, position_ids=None, **attention):
+    """log p(targets[j] | input_ids[:j+1]) from the full logits (use_cache=False: a cache turns off packing);
+    ``attention``: keyword arguments for the attention calls (a pack's boundaries)."""
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention).logits
     return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "varlen"])
 def test_a_packed_row_computes_each_sequence_as_if_alone(tiny_model, attn):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=attn).eval()
+    """varlen: the learner's attention for packs (learner/attention.py), given the pack's boundaries, no mask."""
+    from echo2.learner.attention import register, sequence_boundaries
+
+    implementation = register() if attn == "varlen" else attn
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32,
+                                                 attn_implementation=implementation).eval()
     cols = random_columns([(5, 1), (9, 20), (3, 7), (12, 2), (1, 1)])
     batch = assemble_packed(cols, range(5), torch.zeros(5))
+    bounds = sequence_boundaries(batch.sequence_lengths, batch.input_ids.device) if attn == "varlen" else {}
     with torch.no_grad():
-        packed = logprobs_of(model, batch.input_ids, batch.targets, batch.position_ids)
+        packed = logprobs_of(model, batch.input_ids, batch.targets, batch.position_ids, **bounds)
         alone = torch.cat([logprobs_of(model, b.input_ids, b.targets)
                            for b in (assemble_packed(cols, [i], torch.zeros(5)) for i in range(5))], dim=1)
         crossing = logprobs_of(model, batch.input_ids, batch.targets)  # one long sequence: attention crosses
     assert torch.allclose(packed, alone, atol=1e-5), (packed - alone).abs().max()
     assert not torch.allclose(crossing, alone, atol=1e-2)  # the test can tell the two apart
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "varlen"])
+def test_nothing_leaks_across_the_sequences_of_a_pack(tiny_model, attn):
+    """Changing every token of one sequence changes no other sequence's log-probability, not by one ulp."""
+    from echo2.learner.attention import register, sequence_boundaries
+
+    implementation = register() if attn == "varlen" else attn
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32,
+                                                 attn_implementation=implementation).eval()
+    cols = random_columns([(6, 9), (8, 5), (4, 12)])
+    batch = assemble_packed(cols, range(3), torch.zeros(3))
+    bounds = sequence_boundaries(batch.sequence_lengths, batch.input_ids.device) if attn == "varlen" else {}
+    first = int(batch.sequence_lengths[0])
+    changed = batch.input_ids.clone()
+    changed[0, :first] = (changed[0, :first] + 17) % 300
+    with torch.no_grad():
+        before = logprobs_of(model, batch.input_ids, batch.targets, batch.position_ids, **bounds)
+        after = logprobs_of(model, changed, batch.targets, batch.position_ids, **bounds)
+    assert not torch.equal(before[0, :first], after[0, :first])  # the change reached its own sequence
+    if attn == "varlen":  # each sequence is computed on its own: bit for bit the same
+        assert torch.equal(before[0, first:], after[0, first:])
+    else:  # one masked product over the pack: the same up to the summation order of masked-out zeros
+        assert torch.allclose(before[0, first:], after[0, first:], atol=1e-6)
 
 
 # -- the learner's step against the padded full-logits step it replaces --------------------------------

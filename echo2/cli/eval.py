@@ -54,7 +54,6 @@ def eval_policy(
 
 
 def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from echo2.cli.export import download_weights
@@ -62,6 +61,7 @@ def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
     from echo2.data.manifest import ManifestRejected
     from echo2.data.store import NotFound, StoreError, open_store
     from echo2.data.weights import CorruptWeights
+    from echo2.devices import resolve_device, resolve_dtype
     from echo2.learner.evaluate import evaluate_policy
     from echo2.models import resolve_model
     from echo2.tasks import make_task
@@ -82,7 +82,10 @@ def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
         model_dir = resolve_model(model)
     task = make_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # on the learner's device in its compute dtype, as the run's own evaluations (train.device, train.dtype)
+    device = resolve_device(cfg.train.device)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(cfg.train.dtype, device),
+                                                  device_map=str(device))
     e = cfg.eval
     result = evaluate_policy(policy, tokenizer, task, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
                              k=e.k, temperature=e.temperature)

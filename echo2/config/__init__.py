@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from echo2.config._base import ConfigError, _Section
+from echo2.config._base import ConfigError, _Section, check_device_name
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.engines import EngineConfig, TransformersEngineConfig, VllmEngineConfig
 from echo2.config.fleet import (
@@ -161,9 +161,14 @@ class TrainConfig(_Section):
     first-fit decreasing into micro-batches of at most this many tokens, several sequences to a row with no
     padding; gradients accumulate over the step (``learner/packing.py``). A sequence longer than this is
     never split: it gets a micro-batch of its own (so peak memory follows the longest sequence, not this).
-    With flash attention (GPU, flash-attn installed) attention runs per sequence; without it (sdpa, CPU) a
-    pack's attention is one dense masked product over all its tokens, so its cost grows with the square of
-    the pack's size. Replaces ``micro_batch_size`` (a count of rows)."""
+    With ``attention: varlen`` (the default on a GPU) attention runs per sequence; with sdpa (the CPU's) a pack's
+    attention is one dense masked product over all its tokens, so its cost grows with the square of the pack's
+    size. Replaces ``micro_batch_size`` (a count of rows)."""
+    attention: Literal["auto", "sdpa", "varlen"] = "auto"
+    """Attention in the learner's packed forwards (``learner/attention.py``). varlen: each sequence of a pack
+    attends to itself alone, with no pack x pack mask (torch's variable-length flash attention on a GPU in bf16;
+    sdpa sequence by sequence elsewhere, exact). sdpa: transformers' own, a dense block-diagonal mask over the pack.
+    auto: varlen on CUDA devices, sdpa elsewhere."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
     clip_high: float = Field(0.28, ge=0)
@@ -174,11 +179,16 @@ class TrainConfig(_Section):
     """Weight of the k3 KL penalty to the initial policy (0 = no reference model is loaded)."""
     scale_rewards: bool = True
     """Divide group-centered rewards by the group std (GRPO); False keeps only the centering (Dr. GRPO)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of the learner's forward and backward. bfloat16: bf16 matmuls with fp32 master weights and
-    fp32 AdamW state (one process: torch.autocast around the forward; nproc > 1: FSDP2's MixedPrecisionPolicy,
-    bf16 parameters in compute, fp32 gradient reduction); the log-softmax of the head stays fp32 either way.
-    What is published is ``publish_dtype``, unchanged by this."""
+    device: str = "auto"
+    """Where the learner computes (``echo2/devices.py``): ``auto`` (each rank's GPU where CUDA is available, else the
+    CPU), ``cpu``, ``cuda`` or ``cuda:N``. The model, the KL reference, the audit's copy, evaluation and every pack
+    live there. ``cuda`` where CUDA is not available is refused in one line."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Compute dtype of the learner's forward and backward (and of its evaluation and audit). bfloat16: bf16 matmuls
+    with fp32 master weights and fp32 AdamW state (sharded, as on any GPU: FSDP2's MixedPrecisionPolicy, bf16
+    parameters in compute, fp32 gradient reduction; one process on a CPU: torch.autocast around the forward); the
+    log-softmax of the head stays fp32 either way. float32 on a GPU uses TF32 matmuls. auto: bfloat16 on a GPU,
+    float32 on a CPU. What is published is ``publish_dtype``, unchanged by this."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (torch's
     non-reentrant checkpoint, per layer): activation memory of one layer instead of all, for about one more
@@ -253,7 +263,9 @@ class TrainConfig(_Section):
     a token-balanced share of the packed micro-batches, rank 0 runs the flow, reads rollouts and publishes
     (``learner/distributed.py``)."""
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend of a learner with nproc > 1 (auto: nccl on GPUs, gloo on CPUs)."""
+    """torch.distributed backend of FSDP's collectives in a learner with nproc > 1 (auto: nccl on GPUs, gloo on
+    CPUs; gloo with the learner on GPUs is refused). Announcements and metric sums always go over a gloo group of
+    their own (``learner/process_group.py``)."""
     market: Literal["on-demand", "spot"] = "on-demand"
     """The learner's machine. ``spot``: a preemption notice (SIGTERM, or the metadata notice of
     ``train.preemption_source``) checkpoints at once and leaves the actors running, waiting for the relaunched
@@ -274,6 +286,11 @@ class TrainConfig(_Section):
     --node-rank R --rdzv-endpoint HOST:PORT`` (torchrun's static rendezvous at node 0, ``learner/torchrun.py``);
     node 0 resolves the run and runs the flow, the others only take their share of the arithmetic. ``echo2 run``
     starts one node and refuses more."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return check_device_name(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -4,8 +4,11 @@ Process layout. Rank 0 is the learner everything else talks to: it runs the ``ec
 flow, reads and validates rollouts, publishes versions, writes checkpoints and runs the fleet, exactly
 as a one-process learner does. Its learner object is a ``DistributedLearner``, and every operation that
 needs all ranks (a step, gathering the full weights, writing or restoring a checkpoint) is
-first announced to ranks 1..N-1 by a broadcast of ``(op, payload)``; they run ``follow()``: wait for an
-op, do their share, until ``stop``. So the flow, the store, the actors and the fleet see one learner;
+first announced to ranks 1..N-1 by a broadcast of ``(op, payload)`` over the gloo control group
+(``process_group.py``); they run ``follow()``: wait for an op, do their share, until ``stop``. NCCL carries FSDP's
+collectives inside an op only, so a follower never waits in NCCL while rank 0 works alone (waits for rollouts,
+validates them, writes to the store): it waits in gloo, whose timeout is a week. So the flow, the store, the
+actors and the fleet see one learner;
 only the arithmetic is spread. (The ranks are all the learner's own processes: the broadcast's pickle
 never carries anything an actor wrote that validation has not already turned into plain tensors.)
 
@@ -17,11 +20,15 @@ reads the run or the store: its processes get the run's config from rank 0 over 
 ``init_process_group`` (``share_config``), as ranks 1..P-1 of node 0 do. Whoever reaches the rendezvous
 port could join the group, so it must be open between the learner's nodes only.
 
-Sharding: every decoder layer is its own FSDP2 unit (``fully_shard``), then the root unit: the learner's
+Models: every rank builds the model on the ``meta`` device and rank 0 alone reads the checkpoint, once, in the
+file's dtype, and sends each tensor to the others, which keep their shards (``model_load.py``).
+
+Sharding (``Learner._shard``): every decoder layer is its own FSDP2 unit (``fully_shard``), then the root unit:
+the learner's
 ``PolicyLogprobs`` around the whole model, so tied embeddings stay in one unit and the chunked head
 (``learner/logprobs.py``), which runs inside that wrapper's forward, sees its weight unsharded; parameters,
 gradients and AdamW moments are split over the ranks, and parameter names stay ``self.model``'s. With
-``train.dtype: bfloat16`` every unit has ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``:
+a bf16 compute dtype every unit has ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``:
 fp32 shards (what AdamW updates and checkpoints hold), bf16 all-gathered copies in compute, fp32 gradient
 reduce-scatter. Activation checkpointing (``train.activation_checkpointing``) is applied to each layer before
 it is sharded (composable: hooks, no wrapper, so no name changes).
@@ -39,11 +46,14 @@ A step is learner.py's GRPO step over the same rows, with the packed micro-batch
     the global gradient norm is clipped (DTensor-aware ``clip_grad_norm_``), AdamW updates each shard
     the metrics' sums are all-reduced
 
-Publishing gathers full tensors to rank 0 (``get_model_state_dict(full_state_dict=True)``). A checkpoint
-does not: every rank writes and reads its own shards of the weights and of the AdamW state with
-``torch.distributed.checkpoint`` (``sharded.py``, ``checkpoint.py``), keyed by parameter name, so a
-checkpoint of N ranks resumes on any number of ranks, one process included. Greedy evaluation runs on rank
-0 alone on a gathered copy of the weights.
+Publishing gathers each tensor in turn on the devices, in the publish dtype, and only rank 0 copies it to host
+memory (``Learner.gathered``): rank 0 holds the version once, in ``publish_dtype``, never an fp32 copy beside it.
+A checkpoint gathers nothing: every rank writes and reads its own shards of the weights and of the AdamW state with
+``torch.distributed.checkpoint`` (``sharded.py``, ``checkpoint.py``; DCP's planning over the control group), keyed
+by parameter name, so a checkpoint of N ranks resumes on any number of ranks, one process included. Evaluation
+generates with the sharded policy itself, on every rank at once (``generate``: rank 0 announces each call, every
+rank runs it with ``synced_gpus``, so their forwards and FSDP's gathers stay in step; no rank holds a copy), and the
+behavior audit recomputes a file's log-probabilities with a sharded frozen copy, its packs dealt like a step's.
 LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0``).
 
 Stopping (SIGTERM, Ctrl-C). torchrun passes the signal to every rank. Only rank 0 acts on it, as the
@@ -60,48 +70,35 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from echo2.config import Config, TrainConfig
+from echo2.devices import resolve_device
 from echo2.learner.columns import step_columns
 from echo2.learner.learner import Learner
-from echo2.learner.packing import StepColumns, assemble_packed
+from echo2.learner.packing import StepColumns, pack_by_tokens
+from echo2.learner.process_group import backend_for, control_group, world
+from echo2.learner.process_group import init_process_group as join_group
 
 log = logging.getLogger("echo2.learner")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-
-def world() -> tuple[int, int]:
-    """(rank, world size) of this process; (0, 1) outside ``torchrun``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+__all__ = ["DistributedLearner", "deal_by_tokens", "init_process_group", "make_learner", "release_followers",
+           "share_config", "start_process", "stop_signals_deferred", "world"]
 
 
 def init_process_group(config: TrainConfig) -> tuple[int, int]:
     """Join the group ``torchrun`` set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment; RANK counts over
-    every node, LOCAL_RANK within this one picks the GPU)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        backend = config.dist_backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        # a follower waits in a broadcast while rank 0 waits for rollouts: the timeout must outlast that
-        dist.init_process_group(backend, timeout=timedelta(seconds=max(1800.0, 2 * config.rollout_timeout_s)))
-    return world()
+    every node, LOCAL_RANK within this one picks the GPU), on ``train.device`` with ``train.dist_backend``
+    (``process_group.py``: NCCL for FSDP on GPUs, a gloo control group beside it)."""
+    device = resolve_device(config.device)
+    return join_group(device, backend_for(device, config.dist_backend))
 
 
 def share_config(config: dict | None) -> dict:
@@ -111,7 +108,7 @@ def share_config(config: dict | None) -> dict:
     import torch.distributed as dist
 
     message = [config if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(message, src=0)
+    dist.broadcast_object_list(message, src=0, group=control_group())
     return message[0]
 
 
@@ -146,37 +143,7 @@ def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float) ->
 
 class DistributedLearner(Learner):
     def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float):
-        self.rank, self.world_size = world()
-        super().__init__(model_dir, config, temperature=temperature)
-        self._eval_copy: torch.nn.Module | None = None
-
-    def _prepare_model(self) -> None:
-        super()._prepare_model()  # activation checkpointing per layer, before the layers are sharded
-        units = self._shard(self.policy)
-        for unit in units:  # each unit reduces its own gradients: every one must sum, not average
-            unit.set_gradient_divide_factor(1.0)  # the loss is normalized by the step's tokens over all ranks
-            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
-
-    def _prepare_reference(self) -> None:
-        """The KL reference is sharded like the policy (every rank runs its forward on every pack, fillers
-        included), so no rank holds a full copy; it has no backward, so its root reshards after forward too."""
-        self._shard(self.reference_policy).pop().set_reshard_after_forward(True)
-
-    def _shard(self, policy) -> list[torch.nn.Module]:
-        """FSDP2 units of a ``PolicyLogprobs``: each decoder layer, then the wrapper as the root (its forward
-        runs the chunked head, so the head's weight is unsharded there); bf16 compute for train.dtype bfloat16."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        layers = getattr(policy.causal_lm.get_decoder(), "layers", None)
-        if layers is None:
-            raise ValueError(f"{type(policy.causal_lm).__name__} has no decoder .layers to shard one by one")
-        precision = MixedPrecisionPolicy()
-        if self.config.dtype == "bfloat16":
-            precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        units = [*layers, policy]
-        for unit in units:
-            fully_shard(unit, mp_policy=precision)
-        return units
+        super().__init__(model_dir, config, temperature=temperature, sharded=True)
 
     # -- rank 0's side: announce, then take part ------------------------------------------------
     def _announce(self, op: str, payload=None):
@@ -184,19 +151,14 @@ class DistributedLearner(Learner):
 
         with stop_signals_deferred():  # the followers run the op's collectives to the end: so does rank 0
             if self.rank == 0:
-                dist.broadcast_object_list([op, payload], src=0)
+                dist.broadcast_object_list([op, payload], src=0, group=control_group())
             return getattr(self, f"_op_{op}")(payload)
 
     def train_step(self, tables) -> dict:
         return self._announce("step", step_columns(tables))
 
-    def full_tensors(self) -> dict[str, torch.Tensor]:
-        return self._announce("full")
-
-    def policy_version_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[self.config.publish_dtype]
-        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in self.full_tensors().items()}
-        return tensors, {"weights": "full"}
+    def gathered(self, names: list[str], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        return self._announce("gathered", (names, dtype))
 
     def save_sharded(self, store, prefix: str) -> list[dict]:
         return self._announce("save_sharded", (store, prefix))
@@ -204,15 +166,15 @@ class DistributedLearner(Learner):
     def load_sharded(self, store, prefix: str, entries: dict[str, dict]) -> None:
         self._announce("load_sharded", (store, prefix, entries))
 
-    def eval_model(self) -> torch.nn.Module:
-        from transformers import AutoModelForCausalLM
+    def generate(self, kwargs: dict) -> torch.Tensor:
+        return self._announce("generate", {k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                           for k, v in kwargs.items()})
 
-        tensors = self.full_tensors()
-        if self._eval_copy is None:
-            self._eval_copy = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self._eval_copy.load_state_dict(tensors, strict=False)
-        self._eval_copy.tie_weights()
-        return self._eval_copy
+    def behavior_gap(self, version: int, weights: dict[str, torch.Tensor], columns: StepColumns,
+                     micro_batch_tokens: int) -> tuple[float, int]:
+        # the weights stay on rank 0: the audit's copy takes them from there only when its version changes
+        return self._announce("gap", (version, weights if self._audit_version != version else None, columns,
+                                      micro_batch_tokens))
 
     def release(self) -> None:
         """Let the followers go (rank 0, once the run is over)."""
@@ -226,7 +188,7 @@ class DistributedLearner(Learner):
 
         while True:
             message = [None, None]
-            dist.broadcast_object_list(message, src=0)
+            dist.broadcast_object_list(message, src=0, group=control_group())
             op, payload = message
             if op == "stop":
                 return
@@ -235,11 +197,32 @@ class DistributedLearner(Learner):
     def _op_step(self, columns: StepColumns) -> dict:
         return self.step_on_columns(columns)
 
-    def _op_full(self, _=None) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def _op_gathered(self, payload) -> dict[str, torch.Tensor]:
+        """Every rank gathers each tensor on its device in turn; only rank 0 keeps the host copies."""
+        whole = Learner.gathered(self, *payload)
+        return whole if self.rank == 0 else {}
 
-        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return {name: full[name].detach().contiguous() for name in self.published_names} if self.rank == 0 else {}
+    def _op_generate(self, kwargs: dict) -> torch.Tensor:
+        return Learner.generate(self, kwargs)
+
+    def _op_gap(self, payload) -> tuple[float, int]:
+        """The audit's arithmetic for one file: its packs dealt over the ranks like a step's (no backward)."""
+        version, weights, columns, micro_batch_tokens = payload
+        policy = self._audit_copy(version, weights)
+        packs = pack_by_tokens(columns.sequence_lengths().tolist(), micro_batch_tokens)
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        no_advantages = torch.zeros(columns.num_rows)
+        mine, fillers = self._my_packs(columns, packs)
+        for pack in mine:
+            total += self._gap_of(policy, self._pack(columns, pack, no_advantages))
+        for pack in fillers:  # FSDP's collectives need every rank: a pass whose result is not counted
+            self._gap_of(policy, self._pack(columns, pack, no_advantages))
+        return self._sum_over_ranks(total.cpu())
+
+    def _audit_copy(self, version: int, weights):
+        if weights is None and self._audit_version != version:
+            raise RuntimeError(f"rank {self.rank}: the audit's copy holds v{self._audit_version}, not v{version}")
+        return Learner._audit_copy(self, version, weights)
 
     def _op_save_sharded(self, payload) -> list[dict]:
         """Every rank writes its shards (DCP; rank 0 its metadata last); rank 0 gets every rank's file entries."""
@@ -248,7 +231,7 @@ class DistributedLearner(Learner):
         store, prefix = payload
         mine = Learner.save_sharded(self, store, prefix)
         every: list = [None] * self.world_size
-        dist.all_gather_object(every, mine)
+        dist.all_gather_object(every, mine, group=control_group())
         return [entry for entries in every for entry in entries]
 
     def _op_load_sharded(self, payload) -> None:
@@ -269,23 +252,38 @@ class DistributedLearner(Learner):
         running only zero-weight fillers)."""
         return max(1, min(self.config.micro_batch_tokens, -(-step_tokens // self.world_size)))
 
-    def _accumulate(self, columns, packs, advantages, n_tokens, totals) -> dict:
-        """This rank's packs (``deal_by_tokens``), then zero-weight passes up to the most packs any rank runs."""
-        import torch.distributed as dist
-
+    def _my_packs(self, columns: StepColumns, packs: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
+        """This rank's packs (``deal_by_tokens``), and the filler passes it runs to match the rank with the most
+        (each the step's smallest pack, at zero weight)."""
         lengths = columns.sequence_lengths()
         tokens = [int(lengths[pack].sum()) for pack in packs]
         dealt = deal_by_tokens(tokens, self.world_size)
-        for j in dealt[self.rank]:
-            self._backward(columns, packs[j], advantages, n_tokens, totals)
         smallest = packs[min(range(len(packs)), key=lambda j: (tokens[j], j))]
-        for _ in range(max(map(len, dealt)) - len(dealt[self.rank])):  # FSDP's collectives need every rank
-            terms = self._micro_batch(assemble_packed(columns, smallest, advantages), n_tokens)
+        return [packs[j] for j in dealt[self.rank]], [smallest] * (max(map(len, dealt)) - len(dealt[self.rank]))
+
+    def _accumulate(self, columns, packs, advantages, n_tokens) -> torch.Tensor:
+        """This rank's packs, then zero-weight passes up to the most packs any rank runs; this rank's sums."""
+        sums = torch.zeros(4, dtype=torch.float32, device=self.device)
+        mine, fillers = self._my_packs(columns, packs)
+        for pack in mine:
+            self._backward(self._pack(columns, pack, advantages), n_tokens, sums)
+        for pack in fillers:  # FSDP's collectives need every rank
+            terms = self._micro_batch(self._pack(columns, pack, advantages), n_tokens)
             (terms.loss * 0.0).backward()
-        keys = sorted(totals)
-        summed = torch.tensor([totals[k] for k in keys], dtype=torch.float64)
-        dist.all_reduce(summed)  # every rank reports the step's totals, not its share
-        return dict(zip(keys, summed.tolist()))
+        return sums
+
+    def _read_totals(self, sums: torch.Tensor, grad_norm: torch.Tensor) -> tuple[dict, float]:
+        """Every rank reports the step's totals, not its share: the sums added over the control group."""
+        totals, norm = Learner._read_totals(self, sums, grad_norm)
+        keys = list(totals)
+        summed = self._sum_over_ranks(torch.tensor([totals[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, summed)), norm
+
+    def _sum_over_ranks(self, values: torch.Tensor) -> list:
+        import torch.distributed as dist
+
+        dist.all_reduce(values, group=control_group())
+        return values.tolist()
 
 
 def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
@@ -328,7 +326,7 @@ def release_followers() -> None:
     global _released
     import torch.distributed as dist
 
-    if _released or not dist.is_initialized() or dist.get_rank() != 0:
+    if _released or not dist.is_initialized() or dist.get_rank() != 0 or dist.get_world_size() == 1:
         return
-    dist.broadcast_object_list(["stop", None], src=0)
+    dist.broadcast_object_list(["stop", None], src=0, group=control_group())
     _released = True

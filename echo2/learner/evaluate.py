@@ -2,7 +2,9 @@
 
 The task plays the held-out episodes (``Task.evaluate``) with samplers over the learner's own model:
 a greedy one (pass@1; poker's bb/100) and, with ``k > 1``, one that samples at ``temperature``
-(pass@k). Prompts are left-padded so that every prompt ends where generation starts.
+(pass@k). Prompts are left-padded so that every prompt ends where generation starts. The model generates on its
+own device (the learner's policy: ``Learner.eval_model``, in the compute dtype, no copy), the padded prompts are
+built there, and each batch's tokens are read back once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ class ModelSampler:
     """A task ``Sampler`` over a Hugging Face causal LM: greedy (``temperature=None``) or sampled."""
 
     def __init__(self, model, tokenizer, *, temperature: float | None, batch_size: int):
+        """``model``: anything with ``generate`` (a transformers model, ``Learner.eval_model()``) and a ``device``."""
         self.model, self.tokenizer = model, tokenizer
+        self.device = model.device
         self.temperature, self.batch_size = temperature, batch_size
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
@@ -45,6 +49,7 @@ class ModelSampler:
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(p)
             mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         sampling = {"do_sample": False} if self.temperature is None else {
             "do_sample": True, "temperature": self.temperature, "top_k": 0, "top_p": 1.0}
         seqs = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,

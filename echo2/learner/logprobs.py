@@ -17,13 +17,17 @@ loss's mask) only the chosen tokens reach the head at all, forward or backward; 
 computed in the forward and those whose upstream gradient is zero are still skipped in the backward.
 
 Precision: the matmul runs in the inputs' dtype (under autocast: the autocast dtype, bf16, as the HF head
-does), its output is taken to fp32 before the temperature, and log-softmax, softmax and the gradient of
+does) and, on a GPU, accumulates into fp32 logits directly (``mm(..., out_dtype=float32)``: a bf16 logit keeps
+8 bits of mantissa, a poor input to a log-softmax over 150k entries); elsewhere its output is taken to fp32
+before the temperature, and log-softmax, softmax and the gradient of
 the logits are fp32 (the gradient is rounded to the inputs' dtype only for its two matmuls; the head
 weight's gradient accumulates over the chunks in fp32). Only torch is imported: the GPU benchmark uses this
 file with nothing but torch and transformers installed.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -32,14 +36,30 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 """Config/model attributes of transformers models whose logits are more than ``lm_head(hidden)``."""
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+"""Device types autocast knows (``meta``, the tests' stand-in for a GPU, is not one)."""
+
+
+def _no_autocast(device: str):
+    """Autocast off on ``device`` for the block (nothing to turn off on a device autocast does not know)."""
+    return torch.autocast(device, enabled=False) if device in _AUTOCAST_DEVICES else contextlib.nullcontext()
+
+
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+"""Whether this torch has ``mm(..., out_dtype=...)`` (a bf16 matmul accumulated into an fp32 result)."""
+
+
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
-    """fp32 (C, V) = hidden (C, H) @ weight (V, H).T / temperature (the matmul in the inputs' dtype)."""
+    """fp32 (C, V) = hidden (C, H) @ weight (V, H).T / temperature: bf16 inputs accumulate straight into fp32 logits
+    on a GPU (``out_dtype``), never rounded to bf16 first; elsewhere the matmul's output is taken to fp32."""
+    if hidden.dtype != torch.float32 and hidden.device.type == "cuda" and _MM_OUT_DTYPE:
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32).div_(temperature)
     return torch.mm(hidden, weight.t()).float().div_(temperature)
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_tokens):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_tokens, skip_zero_gradients):
         # the output has the targets' shape and is no view (FSDP2 warns of a root unit returning a view)
         shaped = torch.empty(targets.shape, dtype=torch.float32, device=hidden.device)
         out, targets = shaped.view(-1), targets.reshape(-1)
@@ -54,7 +74,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             out[rows] = picked - lse[rows]
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        ctx.temperature, ctx.chunk_tokens, ctx.skip_zero_gradients = temperature, chunk_tokens, skip_zero_gradients
         return shaped
 
     @staticmethod
@@ -65,19 +85,28 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.zeros_like(hidden) if want_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
-        # only tokens the loss weighs contribute: prompt and padding positions have g = 0
-        live = grad_out.nonzero().squeeze(1)
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, live.numel(), chunk_tokens):
-                index = live[start : start + chunk_tokens]
-                h = hidden.index_select(0, index)
-                g = grad_out.index_select(0, index).float() / temperature
+        # only tokens with a gradient contribute (prompt and padding positions, clipped tokens have g = 0); finding
+        # them reads the device back, so the caller says whether to (``skip_zero_gradients``)
+        live = grad_out.nonzero().squeeze(1) if ctx.skip_zero_gradients else None
+        tokens = live.numel() if live is not None else grad_out.numel()
+        with _no_autocast(hidden.device.type):
+            for start in range(0, tokens, chunk_tokens):
+                if live is None:
+                    index = slice(start, start + chunk_tokens)
+                    h, g, chunk_lse, chunk_targets = hidden[index], grad_out[index], lse[index], targets[index]
+                else:
+                    index = live[start : start + chunk_tokens]
+                    h, g = hidden.index_select(0, index), grad_out.index_select(0, index)
+                    chunk_lse, chunk_targets = lse.index_select(0, index), targets.index_select(0, index)
+                g = g.float() / temperature
                 # softmax from the saved logsumexp, in place: one C x V buffer
-                grad_logits = _logits(h, weight, temperature).sub_(lse.index_select(0, index).unsqueeze(1)).exp_()
+                grad_logits = _logits(h, weight, temperature).sub_(chunk_lse.unsqueeze(1)).exp_()
                 grad_logits.mul_(-g.unsqueeze(1))
-                grad_logits.scatter_add_(1, targets.index_select(0, index).unsqueeze(1), g.unsqueeze(1))
+                grad_logits.scatter_add_(1, chunk_targets.unsqueeze(1), g.unsqueeze(1))
                 grad_logits = grad_logits.to(hidden.dtype)
-                if want_hidden:
+                if want_hidden and live is None:
+                    grad_hidden[index] = torch.mm(grad_logits, weight)
+                elif want_hidden:
                     grad_hidden.index_copy_(0, index, torch.mm(grad_logits, weight))
                 if want_weight and h.dtype == torch.float32:
                     grad_weight.addmm_(grad_logits.t(), h)  # no vocabulary x hidden temporary per chunk
@@ -86,7 +115,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
                 del grad_logits
         if want_weight:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -94,8 +123,10 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     """log softmax(hidden @ weight.T / temperature) at ``targets``, fp32, ``chunk_tokens`` tokens at a time.
 
     ``hidden``: (..., H); ``weight``: (V, H); ``targets``: (...) long, each in [0, V). Returns (...) float32.
-    ``where`` (bool, like ``targets``): compute only these tokens; the others are 0 and take no gradient
-    (the loss's mask: a prompt token's log-probability is never used, and its head matmul costs as much).
+    ``where`` (bool, like ``targets``; or the flat positions of the chosen tokens, int64, which the learner counts on
+    the CPU so that choosing them reads nothing back from the device): compute only these tokens; the others are 0
+    and take no gradient (the loss's mask: a prompt token's log-probability is never used, and its head matmul
+    costs as much).
     Under autocast the matmuls run in the autocast dtype (the inputs are cast once, outside the chunks,
     so autograd carries the cast's gradient back to fp32 parameters).
     """
@@ -105,19 +136,28 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on the tokens")
     device = hidden.device.type
     dtype = torch.promote_types(hidden.dtype, weight.dtype)
-    if torch.is_autocast_enabled(device):
+    if device in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
-    with torch.autocast(device, enabled=False):
+    with _no_autocast(device):
         if where is None:
             return _ChunkedTokenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]).to(dtype), weight.to(dtype),
-                                               targets, float(temperature), int(chunk_tokens))
-        if where.shape != targets.shape or where.dtype != torch.bool:
-            raise ValueError(f"where must be a bool tensor shaped like targets {tuple(targets.shape)}")
-        chosen = _ChunkedTokenLogprobs.apply(hidden[where].to(dtype), weight.to(dtype), targets[where],
-                                             float(temperature), int(chunk_tokens))
-        # out of place, and no view: FSDP2 warns of a root unit returning a view
-        return torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device).index_put(
-            where.nonzero(as_tuple=True), chosen)
+                                               targets, float(temperature), int(chunk_tokens), True)
+        if where.dtype == torch.bool:
+            if where.shape != targets.shape:
+                raise ValueError(f"where must be a bool tensor shaped like targets {tuple(targets.shape)}")
+            where = where.reshape(-1).nonzero().squeeze(1)
+        elif where.dtype != torch.int64 or where.dim() != 1:
+            raise ValueError("where must be a bool mask like targets or a 1-D int64 tensor of positions")
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        # the backward skips tokens whose gradient is zero (clipped, zero advantage) only on the CPU: finding them
+        # reads the device back, which a GPU step must not do once per pack
+        chosen = _ChunkedTokenLogprobs.apply(flat.index_select(0, where).to(dtype), weight.to(dtype),
+                                             targets.reshape(-1).index_select(0, where), float(temperature),
+                                             int(chunk_tokens), hidden.device.type == "cpu")
+        # a fresh tensor, no view: FSDP2 warns of a root unit returning a view
+        out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+        out.view(-1).index_copy_(0, where, chosen)
+        return out
 
 
 def refuse_unsupported_head(lm: torch.nn.Module) -> None:
@@ -159,10 +199,12 @@ class PolicyLogprobs(torch.nn.Module):
         return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
 
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, where: torch.Tensor | None = None) -> torch.Tensor:
-        """``where`` (optional, bool like ``targets``): the only positions computed; 0 elsewhere."""
+                attention_mask: torch.Tensor | None = None, where: torch.Tensor | None = None,
+                **attention) -> torch.Tensor:
+        """``where`` (optional, bool like ``targets``): the only positions computed; 0 elsewhere. ``attention``: keyword
+        arguments the decoder passes to every attention call (a pack's boundaries, ``attention.py``)."""
         lm = self.causal_lm
         hidden = lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                  use_cache=False).last_hidden_state
+                                  use_cache=False, **attention).last_hidden_state
         return chunked_token_logprobs(hidden, lm.get_output_embeddings().weight, targets, self.temperature,
                                       self.chunk_tokens, where=where)

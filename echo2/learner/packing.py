@@ -21,10 +21,12 @@ tokens, with no padding at all:
     mask[j]          completion_mask of that target where it is a completion token, else 0
     behavior[j]      the behavior log-probability of that target (0 where mask is 0)
     advantages[j]    the sequence's advantage (per token, so one loss call covers the whole pack)
-Attention never crosses a sequence boundary: called with ``position_ids`` and no ``attention_mask``,
-transformers (``masking_utils.find_packed_sequence_indices``) reads a new sequence wherever the position
-does not follow the previous one by 1, and builds a block-diagonal causal mask (sdpa, eager) or passes
-the sequence boundaries to varlen flash attention. Every position keeps the index it had when the actor
+Attention never crosses a sequence boundary: with ``train.attention`` varlen (auto on CUDA) the learner passes
+the pack's sequence boundaries to ``attention.py``'s attention function, which runs each sequence causally on its
+own (torch's variable-length flash attention on a GPU; no mask at all). With sdpa (auto on the CPU), called with
+``position_ids`` and no ``attention_mask``, transformers (``masking_utils.find_packed_sequence_indices``) reads a
+new sequence wherever the position does not follow the previous one by 1 and builds a dense block-diagonal
+causal mask (exact, but N x N). Every position keeps the index it had when the actor
 generated it (0 at the prompt's first token), so rotary embeddings see what the actor saw.
 (tests/test_packing.py: a packed row's log-probabilities equal each sequence's alone.)
 """
@@ -138,13 +140,24 @@ class PackedBatch:
     sequence_lengths: torch.Tensor
     """(n_rows,) tokens of each sequence in the row."""
 
+    policy_tokens: int = 0
+    """Tokens the loss weighs (the mask's sum), counted on the CPU where the pack was laid out."""
+    weighed: torch.Tensor | None = None
+    """(policy_tokens,) int64: the positions of those tokens in the row, found on the CPU (``where`` of the chunked
+    head: only they go through it, and choosing them on the device would read it back)."""
+
     @property
     def tokens(self) -> int:
         return int(self.input_ids.shape[1])
 
-    @property
-    def policy_tokens(self) -> int:
-        return int(self.mask.sum().item())
+    def to(self, device: torch.device) -> "PackedBatch":
+        """The pack's tensors on ``device`` (``sequence_lengths`` stays on the CPU: it shapes the attention call)."""
+        if self.input_ids.device == device:
+            return self
+        moved = {name: getattr(self, name).to(device, non_blocking=True) for name in
+                 ("input_ids", "position_ids", "targets", "mask", "behavior_logprobs", "advantages", "weighed")}
+        return PackedBatch(**moved, rows=self.rows, sequence_lengths=self.sequence_lengths,
+                           policy_tokens=self.policy_tokens)
 
 
 def assemble_packed(columns: StepColumns, indices: Sequence[int], advantages: torch.Tensor) -> PackedBatch:
@@ -176,4 +189,5 @@ def assemble_packed(columns: StepColumns, indices: Sequence[int], advantages: to
         input_ids=token(pos)[None], position_ids=pos[None], targets=token(pos + 1)[None], mask=mask[None],
         behavior_logprobs=behavior[None],
         advantages=torch.repeat_interleave(advantages[rows].float(), seq_len)[None],
-        rows=[int(i) for i in rows], sequence_lengths=seq_len)
+        rows=[int(i) for i in rows], sequence_lengths=seq_len, policy_tokens=int(mask.sum()),
+        weighed=(mask > 0).nonzero().squeeze(1))

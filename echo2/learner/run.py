@@ -91,11 +91,9 @@ class LearnerRun:
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         t = config.train
-        model_dir = getattr(self.learner, "model_dir", None)
         self.auditor = BehaviorAuditor(
-            model_dir, fraction=t.audit_fraction, max_gap=t.audit_max_gap, temperature=config.rollout.temperature,
-            keep_versions=t.staleness + 1, micro_batch_tokens=t.micro_batch_tokens,
-            chunk_tokens=t.logprob_chunk_tokens) if t.audit_fraction > 0 and model_dir is not None else None
+            self.learner.behavior_gap, fraction=t.audit_fraction, max_gap=t.audit_max_gap,
+            keep_versions=t.staleness + 1, micro_batch_tokens=t.micro_batch_tokens) if t.audit_fraction > 0 else None
         """Spot checks of actors' behavior logprobs (``behavior_audit.py``); None when off."""
         self.revoked: set[str] = set()
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""

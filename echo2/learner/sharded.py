@@ -177,10 +177,20 @@ def save_sharded(store: ObjectStore, prefix: str, state_dict: dict, *, file_mb: 
     (or one process without a group). Returns the manifest entries of the files this rank wrote."""
     writer = StoreWriter(store, prefix, file_mb=file_mb)
     try:
-        dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group())
+        dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group(), process_group=_control())
     except CheckpointException as exc:
         raise _raised_inside(exc) from exc
     return writer.written
+
+
+def _control():
+    """DCP's planning runs over the learner's gloo control group (``process_group.py``), never NCCL: a rank may
+    spend minutes writing its files to the store while another waits for the plan's next exchange."""
+    if not _in_group():
+        return None
+    from echo2.learner.process_group import control_group
+
+    return control_group()
 
 
 def _in_group() -> bool:
@@ -327,7 +337,8 @@ def load_sharded(store: ObjectStore, prefix: str, entries: dict[str, dict], stat
     with tempfile.TemporaryDirectory(prefix="echo2-ckpt-") as tmp:
         try:
             reader = VerifiedReader(store, prefix, entries, Path(tmp))
-            dcp.load(state_dict, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=not _in_group())
+            dcp.load(state_dict, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=not _in_group(),
+                     process_group=_control())
         except CheckpointException as exc:
             raise _unwrap(exc) from None
         except pickle.UnpicklingError as exc:

@@ -1,0 +1,88 @@
+"""The learner's models on their device: loaded whole in one process, or built on ``meta`` and filled shard by shard.
+
+Two ways, by whether the learner shards (``Learner.sharded``: several ranks, or one GPU, ``process_group.py``):
+
+    whole     ``from_pretrained`` straight onto the device (weights stream in tensor by tensor, converted to the
+              storage dtype on the way): one process on the CPU, a LoRA run, a one-process placement check on meta
+    sharded   every rank builds the model on the ``meta`` device (parameters without memory; buffers such as rotary
+              frequencies are computed for real, on the CPU), FSDP2 shards it (the caller's ``shard``), each rank
+              allocates only its own shards on the device (``to_empty``) and puts the buffers back; then rank 0 reads
+              the checkpoint once, in the file's dtype, into host memory, and ``set_model_state_dict(...,
+              broadcast_from_rank0=True)`` sends each tensor to every rank, which keeps its own shard of it. No rank
+              but 0 ever holds the model in host memory, and rank 0 holds it once in the file's dtype (2 bytes a
+              parameter for a bf16 checkpoint: 61 GB for Qwen3-30B-A3B), never a second copy in fp32
+
+The master weights are fp32 either way (what AdamW updates and checkpoints hold); frozen copies (the KL reference,
+the behavior audit's) are stored in the compute dtype, since nothing updates them.
+
+Imports torch, transformers and accelerate only (the GPU check runs it where nothing else is installed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def load_whole(model_dir: Path, *, device: torch.device, dtype: torch.dtype, attention: str) -> torch.nn.Module:
+    """``from_pretrained`` onto ``device`` in ``dtype`` (weights left out on ``meta``), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=str(device),
+                                                 attn_implementation=attention)
+    return model.eval()
+
+
+def skeleton(model_dir: Path, *, dtype: torch.dtype, attention: str) -> tuple[torch.nn.Module, dict]:
+    """The model with its parameters on ``meta`` (no memory) and its buffers computed on the CPU, tied weights tied;
+    and those buffers by name, to put back after ``to_empty`` (which would leave them uninitialized)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config._attn_implementation = attention
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+    model.tie_weights()  # accelerate's empty init leaves a tied head untied
+    return model.eval(), {name: buffer.clone() for name, buffer in model.named_buffers()}
+
+
+def materialize(model: torch.nn.Module, buffers: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Allocate ``model``'s (sharded) parameters on ``device``, uninitialized, and put its buffers back there."""
+    model.to_empty(device=device)
+    for name, value in buffers.items():
+        owner, _, leaf = name.rpartition(".")
+        model.get_submodule(owner)._buffers[leaf] = value.to(device)
+
+
+def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights in the file's dtype on the CPU, under the in-memory names transformers gives them
+    (its load converts the Hub's layout, e.g. a mixture of experts' per-expert tensors into fused ones)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", device_map="cpu")
+    return dict(model.state_dict())
+
+
+def broadcast_weights(model: torch.nn.Module, full: dict[str, torch.Tensor] | Callable[[], dict], *, rank: int,
+                      root: torch.nn.Module | None = None) -> None:
+    """Fill a sharded ``model`` from rank 0's full state dict (``full``, or a function that reads it, called on rank 0
+    only); every rank keeps its shards. ``root``: the module FSDP's root unit wraps, whose keys carry its prefix."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state = (full() if callable(full) else full) if rank == 0 else {}
+    target = model if root is None else root
+    if root is not None and rank == 0:
+        prefix = _prefix_of(root, model)
+        state = {prefix + k: v for k, v in state.items()}
+    set_model_state_dict(target, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                 strict=False))
+
+
+def _prefix_of(root: torch.nn.Module, model: torch.nn.Module) -> str:
+    for name, module in root.named_modules():
+        if module is model:
+            return f"{name}." if name else ""
+    raise ValueError("the model is not inside the root module")
