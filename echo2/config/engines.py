@@ -4,22 +4,33 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from echo2.config._base import _Section
+from echo2.config._base import _Section, check_device_name
 
 
 class TransformersEngineConfig(_Section):
     kind: Literal["transformers"] = "transformers"
     """Hugging Face ``generate`` inside the actor process (``echo2/rollout/engines/transformers.py``): CPU or
     one GPU, nothing to install beyond echo2."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and arithmetic of sampling. bfloat16 samples ~1.6x faster on this CPU and halves memory; the
-    behavior logprobs are still taken in fp32 from its logits (they differ from the learner's fp32 ones by a
-    few hundredths of a nat, which the clipped ratio and the behavior audit's threshold allow)."""
+    device: str = "auto"
+    """Where the model runs and samples: "auto" = the GPU where CUDA is available (``cuda:LOCAL_RANK``), else
+    the CPU; "cuda", "cuda:N" or "cpu" to choose ("meta" exists only for the tests' placement check). A GPU
+    asked for where CUDA is not available is refused when the engine is built (``echo2/devices.py``)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weights and arithmetic of sampling: "auto" = bfloat16 on a GPU, float32 elsewhere. bfloat16 halves the
+    weights' memory; the behavior logprobs are still taken in fp32 from its logits (they differ from the
+    learner's fp32 ones by a few hundredths of a nat, which the clipped ratio and the behavior audit's
+    threshold allow)."""
     batch_size: int = Field(64, ge=1)
     """Sequences per ``generate`` call: a batch's groups_per_batch x group_size completions are sampled this many
     at a time."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        """A name only: whether CUDA is there is the engine's check, on the machine that runs it."""
+        return check_device_name(value)
 
 
 class VllmEngineConfig(_Section):
@@ -27,8 +38,9 @@ class VllmEngineConfig(_Section):
     """vLLM (``echo2/rollout/engines/vllm.py``): install ``echo2[vllm]`` in an actor-only environment (vLLM and
     Prefect cannot share one). New versions are loaded into the running engine; LoRA versions become LoRA requests."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Dtype of vLLM's weights and activations ("auto": the model config's ``torch_dtype``; the embedded model's
-    is fp32). Behavior logprobs are those of the distribution sampled in this dtype."""
+    """Dtype of vLLM's weights and activations ("auto": vLLM's choice from the model config's ``dtype``, a
+    float32 one downcast to the platform's preferred dtype). Behavior logprobs are those of the distribution
+    sampled in this dtype. Each version's weights file is written in it ("auto": the config's dtype)."""
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
     """Share of the GPU's memory vLLM takes for weights and KV cache (ignored on CPU)."""
     kv_cache_gib: float | None = Field(None, gt=0)

@@ -33,7 +33,7 @@ def make_engine(config: Config, model_dir: Path, tokenizer, *, seed: int) -> Eng
         from echo2.rollout.engines.transformers import TransformersEngine
 
         return TransformersEngine(model_dir, eos_token_id=eos, pad_token_id=pad, batch_size=engine.batch_size,
-                                  dtype=engine.dtype)
+                                  dtype=engine.dtype, device=engine.device)
     if isinstance(engine, VllmEngineConfig):
         from echo2.rollout.engines.vllm import VllmEngine
 

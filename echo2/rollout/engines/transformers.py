@@ -1,10 +1,19 @@
-"""The transformers engine (``rollout.engine.kind: transformers``): batched sampling on CPU (or one
-GPU) with Hugging Face ``generate``.
+"""The transformers engine (``rollout.engine.kind: transformers``): batched sampling on the CPU or one GPU
+with Hugging Face ``generate``.
 
-Weights and arithmetic are fp32 or bf16 (``dtype``). Behavior log-probabilities are computed in fp32
-from the raw logits of every step
-(``output_logits``), divided by the temperature: exactly the distribution the token was drawn
-from, since sampling runs with no top-k/top-p truncation.
+Device and precision (``rollout.engine.device`` / ``dtype``, resolved by ``echo2.devices``): "auto" is the
+GPU where CUDA is available (bfloat16 there), else the CPU (float32). The model is built on its device
+(no CPU copy first), the prompts' ids and attention mask are made there, and ``load_weights`` copies each
+incoming CPU tensor into its parameter in place, cast to the engine's dtype. float32 on a GPU runs its
+matmuls in TF32, as the learner does (``echo2.devices.prepare_device``).
+
+Behavior log-probabilities: a logits processor (``SampledLogprobs``), first in ``generate``'s list, sees
+each step's raw logits, takes ``log_softmax(logits / temperature)`` in fp32 (exactly the distribution the
+token is drawn from: sampling runs with the temperature warper alone, no top-k/top-p truncation) and keeps
+only the sampled token's value, gathered when that token shows up as the newest input on the next step
+(the last step's from the returned sequences). So a batch holds one step's B x V log-probabilities at a
+time and a B x T tensor of results, never the B x T x V logits of the whole generation (159 GB for 64
+sequences of 8k tokens at a 152k vocabulary); the results are read back to the host once per batch.
 """
 
 from __future__ import annotations
@@ -13,17 +22,65 @@ from pathlib import Path
 from typing import Iterable
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
+from echo2.devices import prepare_device, resolve_device, resolve_dtype
 from echo2.rollout.engines.base import Completion, Engine, SamplingParams, check_weights_fit
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Records log mu(sampled token) per step, leaving the scores as they are.
+
+    ``generate`` (transformers 5.17, ``_get_logits_processor``) runs, in order: the processors its generation
+    config turns on (repetition penalty, minimum length, suppressed tokens...), the caller's list, then the
+    sampling warpers (temperature, top-k, top-p...). The engine's config turns none of the first kind on and
+    the model's own defaults are cleared (``TransformersEngine.__init__``), so this processor, the caller's
+    first, gets the raw logits; the temperature comes after it. The token sampled at step k is the newest
+    column of ``input_ids`` at step k + 1. Rows that finished are fed the pad token; their values after the
+    end-of-sequence token are cut off with the tokens."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self._pending: torch.Tensor | None = None  # (B, V) fp32: the last step's log-probabilities
+        self._columns: list[torch.Tensor] = []  # (B, 1) fp32 each: one per step whose token is known
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:
+            self._take(input_ids[:, -1:])
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self._columns.append(self._pending.gather(-1, tokens))
+        self._pending = None
+
+    def finish(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The (B, T) log-probabilities of ``tokens``, the (B, T) generated part of ``generate``'s sequences."""
+        steps = tokens.shape[1]
+        # The last step's token never came back as an input. (A generate that ran one step past the end and
+        # undid it, as its deferred stop check may, has already gathered every kept step: its extra is dropped.)
+        if len(self._columns) < steps and self._pending is not None:
+            self._take(tokens[:, len(self._columns) : len(self._columns) + 1])
+        self._pending = None
+        if len(self._columns) < steps:
+            raise RuntimeError(f"generate returned {steps} tokens but sampled {len(self._columns)} steps")
+        if steps == 0:
+            return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+        return torch.cat(self._columns[:steps], dim=1)
 
 
 class TransformersEngine(Engine):
     def __init__(self, model_dir: Path, *, eos_token_id: int, pad_token_id: int, batch_size: int = 64,
-                 dtype: str = "float32"):
+                 dtype: str = "auto", device: str = "auto"):
+        self.device = resolve_device(device, what="rollout.engine.device")
+        self.dtype = resolve_dtype(dtype, self.device)
+        prepare_device(self.device, self.dtype)
         config = AutoConfig.from_pretrained(model_dir)
-        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-        self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype).eval()
+        with torch.device(self.device):  # parameters and buffers allocated there, not on the CPU first
+            self.model = AutoModelForCausalLM.from_config(config, dtype=self.dtype).eval()
+        # Sampling follows the engine's GenerationConfig alone: defaults a model config carries (a repetition
+        # penalty, min_p...) would reshape the distribution sampled from and the logprobs would not be its own.
+        self.model.generation_config = GenerationConfig()
         self.eos = eos_token_id
         self.pad = pad_token_id
         self.batch_size = batch_size
@@ -33,8 +90,10 @@ class TransformersEngine(Engine):
         tied = getattr(self.model.config, "tie_word_embeddings", False)
         # check everything before copying anything: a half-applied version is never generated from
         check_weights_fit({k: v.shape for k, v in self.model.state_dict().items()}, state, tied=tied)
-        self.model.load_state_dict({k: v.to(self.dtype) if v.is_floating_point() else v for k, v in state.items()},
-                                   strict=False)
+        # load_state_dict copy_s each tensor into its parameter (device and dtype converted on the way): no
+        # second full copy of the weights exists at any point
+        self.model.load_state_dict(state, strict=False)
+        del state
         if tied:
             self.model.tie_weights()
 
@@ -50,22 +109,22 @@ class TransformersEngine(Engine):
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        # left padding, built on the host and sent to the device in one copy each
+        ids = torch.tensor([[self.pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long,
+                           device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
+                            device=self.device)
         gen_config = GenerationConfig(
             do_sample=True, temperature=params.temperature, top_k=0, top_p=1.0,
             max_new_tokens=params.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-            output_logits=True, return_dict_in_generate=True,
         )
-        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config)
-        tokens = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / params.temperature  # (B, T, V)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        recorder = SampledLogprobs(params.temperature)
+        sequences = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
+                                        logits_processor=LogitsProcessorList([recorder]))
+        tokens = sequences[:, width:]
+        logprobs = recorder.finish(tokens)
         completions = []
-        for row_tokens, row_lp in zip(tokens.tolist(), logprobs.tolist()):
+        for row_tokens, row_lp in zip(tokens.tolist(), logprobs.tolist()):  # one read-back each per batch
             if self.eos in row_tokens:
                 end = row_tokens.index(self.eos) + 1
                 completions.append(Completion(row_tokens[:end], row_lp[:end], "stop"))

@@ -10,11 +10,15 @@ an actor-only environment: vLLM and Prefect pin incompatible fastapi versions.
                     completions come back as token ids (no detokenization)
     load_weights    the tensors (a mixture-of-experts model's in transformers' fused in-memory layout,
                     converted to the Hub's per-expert one vLLM's loaders read: ``hub_layout``) are
-                    written to one safetensors file in the engine's folder and
-                    every worker loads it in place with vLLM's ``reload_weights`` (through
+                    written to one safetensors file in the engine's folder, floating tensors cast
+                    one by one to the dtype vLLM computes in (``write_weights_file``: a bf16 engine's
+                    file is half the fp32 tensors the learner publishes), under a temporary name renamed
+                    onto ``weights.safetensors`` once complete (a crash never leaves a half file to
+                    read); every worker loads it in place with vLLM's ``reload_weights`` (through
                     ``collective_rpc`` and the worker extension below): layer by layer, in the
                     parameters' own memory, including the kernel-format processing vLLM applies
-                    after a load; then the prefix cache is reset. The engine is never restarted.
+                    after a load; then the file is deleted and the prefix cache is reset. One
+                    version's file exists at a time, and the engine is never restarted.
     load_lora       (``train.lora_rank > 0`` and ``native_lora``) the adapter is written as a peft
                     folder and the following generations run with a vLLM ``LoRARequest`` for it,
                     one id per version; the base weights stay loaded. Base reloads drop vLLM's
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -100,6 +105,50 @@ def hub_layout(skeleton: torch.nn.Module, state: dict[str, torch.Tensor]) -> dic
     return {k: v if state.get(k) is v else v.clone() for k, v in converted.items()}
 
 
+def file_dtype(engine_dtype: str | torch.dtype, model_dtype: torch.dtype | str | None,
+               incoming: torch.dtype) -> torch.dtype:
+    """The dtype of a floating tensor in the per-version weights file: the one vLLM computes in, so the file
+    holds no more bytes than the engine keeps. ``engine_dtype``: vLLM's ``dtype`` argument
+    (``rollout.engine.dtype``); "auto" is the dtype the model's config names (``model_dtype``, the Hugging
+    Face config's ``dtype``), else the published tensor's (``incoming``), as is a name this does not know.
+    vLLM's own "auto" downcasts a float32 config to the platform's preferred dtype (16 bits on GPUs): such a
+    file stays float32, which vLLM casts as it loads."""
+    return _floating(model_dtype if engine_dtype == "auto" else engine_dtype) or incoming
+
+
+def _floating(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if isinstance(dtype, str):  # "bfloat16", "torch.bfloat16", vLLM's "half" and "float"
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
+
+
+def file_tensor(engine_dtype: str | torch.dtype, model_dtype: torch.dtype | str | None,
+                tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the weights file holds it: a floating one in ``file_dtype``, contiguous (integer and
+    boolean tensors keep their dtype)."""
+    if tensor.is_floating_point():
+        tensor = tensor.to(file_dtype(engine_dtype, model_dtype, tensor.dtype))
+    return tensor.contiguous()
+
+
+def write_weights_file(path: Path, tensors: dict[str, torch.Tensor], *, engine_dtype: str | torch.dtype,
+                       model_dtype: torch.dtype | str | None) -> int:
+    """Write ``tensors`` to the safetensors file ``path`` as ``file_tensor`` makes them; its size in bytes.
+
+    ``tensors`` is converted in place, one entry at a time, so an original is dropped as its cast is made
+    (no second full set of tensors). The file is written under a temporary name beside ``path`` and renamed
+    onto it once complete: a reader finds the whole file or none, also after a crash mid-write."""
+    for name in list(tensors):
+        tensors[name] = file_tensor(engine_dtype, model_dtype, tensors[name])
+    partial = path.with_name(path.name + ".partial")
+    try:
+        save_file(tensors, str(partial))
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path.stat().st_size
+
+
 def _lora_rank_bound(rank: int) -> int:
     for bound in _LORA_RANKS:
         if bound >= rank:
@@ -123,6 +172,7 @@ class VllmEngine(Engine):
             self._skeleton = AutoModelForCausalLM.from_config(hf_config)
         self._shapes = {k: v.shape for k, v in self._skeleton.state_dict().items()}
         self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self._model_dtype = getattr(hf_config, "dtype", None)  # transformers 5 reads ``torch_dtype`` into it
         self.eos = eos_token_id
         self.native_lora = lora_rank > 0 and config.native_lora
         self._workdir = Path(tempfile.mkdtemp(prefix="echo2-vllm-", dir=workdir))
@@ -146,6 +196,7 @@ class VllmEngine(Engine):
         if self.native_lora:
             args.update(enable_lora=True, max_lora_rank=_lora_rank_bound(lora_rank), max_loras=1)
         args.update(config.extra_args)
+        self._dtype = args["dtype"]  # what vLLM is asked to run in (extra_args may say it)
         t0 = time.time()
         self.llm = LLM(**args)
         log.info("vLLM engine up in %.1fs (%s, dtype %s, seed %d)", time.time() - t0, model_dir.name,
@@ -157,8 +208,11 @@ class VllmEngine(Engine):
         state = dict(tensors)
         # vLLM's reload leaves a tensor it is not given at its old value: check first, load all or nothing
         check_weights_fit(self._shapes, state, tied=self._tied)
+        layout = hub_layout(self._skeleton, state)
+        del state
         path = self._workdir / "weights.safetensors"
-        save_file({k: v.contiguous() for k, v in hub_layout(self._skeleton, state).items()}, str(path))
+        nbytes = write_weights_file(path, layout, engine_dtype=self._dtype, model_dtype=self._model_dtype)
+        del layout  # the file has it all: no host copy of the version stays alive through the reload
         written = time.time() - t0
         try:
             self.llm.collective_rpc("echo2_reload_weights", args=(str(path),))
@@ -167,7 +221,8 @@ class VllmEngine(Engine):
         self.llm.reset_prefix_cache()
         self._lora = None
         self.last_swap_seconds = time.time() - t0
-        log.info("weights reloaded in place in %.2fs (file written in %.2fs)", self.last_swap_seconds, written)
+        log.info("weights reloaded in place in %.2fs (file of %.1f MB written in %.2fs)", self.last_swap_seconds,
+                 nbytes / 1e6, written)
 
     def load_lora(self, adapter: dict[str, torch.Tensor], *, version: int, rank: int, alpha: float) -> None:
         from vllm.lora.request import LoRARequest
