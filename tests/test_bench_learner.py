@@ -4,7 +4,6 @@ No timing is asserted: the numbers are the benchmark's to print."""
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -15,14 +14,15 @@ import torch
 from conftest import REPO
 
 from echo2.bench import learner as bench
-from echo2.bench.learner_steps import LOSS, LR, MAX_GRAD_NORM, WEIGHT_DECAY, echo2_step, make_columns, make_optimizer
+from echo2.bench.learner_steps import LEARNER_DEFAULTS, attention_flops, bench_learner, echo2_step, make_columns
 from echo2.config import TrainConfig
 from echo2.learner.learner import Learner
-from echo2.learner.logprobs import PolicyLogprobs
 
 TINY = ["--vocab", "97", "--hidden", "16", "--prompt-tokens", "4", "--groups", "2", "--group-size", "2",
         "--micro-batch-tokens", "24", "--chunk-tokens", "16"]
-KEYS = {"case", "tokens", "peak_mb", "tokens_per_s", "baseline_tokens_per_s", "padding_fraction"}
+KEYS = {"case", "tokens", "device", "device_name", "peak_mb", "tokens_per_s", "baseline_tokens_per_s",
+        "padding_fraction", "seconds", "seconds_min", "mfu", "mfu_attention", "mfu_best", "mfu_attention_best",
+        "peak_tflops", "peak_source"}
 
 
 @pytest.mark.e2e
@@ -45,35 +45,38 @@ def test_json_has_one_object_per_case_with_the_interface_keys():
     assert ran["tokens"] == 4 * (4 + 8) and skipped["tokens"] == cases[1].tokens
     for r in lines:
         assert r["peak_mb"] > 0 and r["tokens_per_s"] > 0 and r["padding_fraction"] == 0.0  # packed: no padding
+        # both MFU figures of the real learner's step, against this CPU's own measured matmul rate
+        assert 0 < r["mfu"] < r["mfu_attention"] and r["seconds_min"] <= r["seconds"]
+        assert r["device"] == "cpu" and r["peak_source"].startswith("measured")
     assert ran["baseline_peak_mb"] > 0 and ran["baseline_tokens_per_s"] > 0
     assert skipped["baseline_tokens_per_s"] is None and skipped["baseline_need_mb"] == need["mixed"]
     assert "case 8: baseline (1 rows per micro-batch)" in proc.stderr  # the micro-batch it ran at is said
     assert "case mixed: baseline not run" in proc.stderr
 
 
-def test_the_bench_step_is_the_learners(tiny_model):
-    """echo2_step composes Learner.step_on_columns' calls: the same weights after one step, with uneven
-    lengths (several packs, one sequence longer than the budget) and a group without signal left out."""
-    config = TrainConfig(micro_batch_tokens=24, logprob_chunk_tokens=16)
-    assert (config.lr, config.max_grad_norm, config.weight_decay) == (LR, MAX_GRAD_NORM, WEIGHT_DECAY)
-    assert {k: getattr(config, k) for k in LOSS} == LOSS
-    learner = Learner(tiny_model, config, temperature=1.0)
-    model = copy.deepcopy(learner.model)
-    before = [p.detach().clone() for p in model.parameters()]
+def test_the_bench_drives_the_real_learner_at_the_configs_defaults(tiny_model):
+    """The bench's echo2 step is ``Learner.step_on_columns`` of a ``Learner`` built with TrainConfig's defaults (the
+    bench's copy of them, for machines without pydantic, is theirs), on the device and dtype asked."""
+    defaults = TrainConfig()
+    assert {k: getattr(defaults, k) for k in LEARNER_DEFAULTS} == LEARNER_DEFAULTS
+    learner = bench_learner(tiny_model, device="cpu", dtype="float32", micro_batch_tokens=24, chunk_tokens=16,
+                            activation_checkpointing=True)
+    assert type(learner) is Learner and learner.config.micro_batch_tokens == 24
+    before = [p.detach().clone() for p in learner.model.parameters()]
     columns = make_columns(3, [2, 9, 30, 5, 1, 14, 7, 3, 11], 3, 300, seed=1)
     columns.reward[6:] = 0.5  # the third group carries no signal
     columns.completion_mask[::5] = 0  # and some tokens came from the environment
-    # the bench's optimizer comes with its state made (one AdamW step on zero gradients): so does this one
-    for p in learner.model.parameters():
-        p.grad = torch.zeros_like(p)
-    learner.optimizer.step()
-    learner.step_on_columns(columns)
-    stats = echo2_step(PolicyLogprobs(model, temperature=1.0, chunk_tokens=16), model, make_optimizer(model), columns,
-                       micro_batch_tokens=24, dtype=torch.float32)
-    assert stats.micro_batches >= 3
-    assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))  # the step moved weights
-    for (name, mine), theirs in zip(model.named_parameters(), learner.model.parameters()):
-        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=0, msg=name)
+    stats = echo2_step(learner, columns)
+    assert stats.micro_batches >= 3 and learner.version == 1
+    assert not all(torch.equal(p, b) for p, b in zip(learner.model.parameters(), before))  # the step moved weights
+
+
+def test_attention_flops_count_each_sequence_causally():
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, head_dim=8, hidden_size=32)
+    columns = make_columns(3, [2, 5], 2, 97, seed=0)  # sequences of 3 + 2 - 1 = 4 and 3 + 5 - 1 = 7 tokens
+    assert attention_flops(columns, config) == 6 * 2 * 4 * 8 * (4**2 + 7**2)
 
 
 def test_targets_say_pass_fail_or_not_run():
@@ -93,8 +96,9 @@ def test_targets_say_pass_fail_or_not_run():
 GPU_PATH = textwrap.dedent("""
     import importlib.machinery, json, sys
 
-    HIDDEN = {"pydantic", "pyarrow", "s3fs", "tenacity", "aiohttp", "zstandard", "cryptography", "pokerkit",
-              "math_verify", "prefect", "peft", "gguf", "accelerate", "boto3", "botocore"}
+    # a stock GPU image: torch, transformers, accelerate, peft, pyarrow, safetensors (no pydantic, cryptography...)
+    HIDDEN = {"pydantic", "s3fs", "tenacity", "aiohttp", "zstandard", "cryptography", "pokerkit",
+              "math_verify", "prefect", "gguf", "boto3", "botocore"}
 
     class NotInstalled(importlib.machinery.PathFinder):
         # these packages look absent, as on a GPU machine holding only torch and transformers
@@ -106,6 +110,8 @@ GPU_PATH = textwrap.dedent("""
 
     sys.meta_path[:] = [NotInstalled if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
 
+    import tempfile
+    from pathlib import Path
     import torch
     from transformers import AutoModelForCausalLM
     from echo2.bench import learner as bench
@@ -120,8 +126,10 @@ GPU_PATH = textwrap.dedent("""
     opts = bench.Options(model_config=bench.cpu_model_config(vocab=97, hidden=16), micro_batch_tokens=24,
                          chunk_tokens=16, bf16_checkpointed=True)
     case = bench.make_cases(completion_tokens=[8], mixed=None, prompt_tokens=4, groups=2, group_size=2)[0]
-    state = bench.setup(opts)
-    steps = [bench.measure(v, case, opts, *state, 2)["loss"] for v in ("echo2", "baseline")]
+    with tempfile.TemporaryDirectory() as tmp:
+        learner = bench.learner_state(opts, Path(tmp))
+        steps = [bench.measure("echo2", case, opts, learner, None)["loss"],
+                 bench.measure("baseline", case, opts, bench.baseline_state(opts), 2)["loss"]]
     try:
         bench.main(["--device", "cuda", "--model-config", "qwen3-1.7b", "--json"])
     except SystemExit as exc:
@@ -140,8 +148,11 @@ def test_the_gpu_path_needs_only_torch_and_transformers():
     assert out["hidden"] == []
     assert set(out["echo2"]) <= {"echo2", "echo2.bench", "echo2.bench.learner", "echo2.bench.learner_steps",
                                  "echo2.bench.learner_models", "echo2.bench.learner_report", "echo2.learner",
-                                 "echo2.learner.packing",
-                                 "echo2.learner.logprobs", "echo2.learner.loss"}
+                                 "echo2.learner.packing", "echo2.learner.logprobs", "echo2.learner.loss",
+                                 "echo2.learner.learner", "echo2.learner.columns", "echo2.learner.model_load",
+                                 "echo2.learner.process_group", "echo2.learner.attention", "echo2.devices",
+                                 "echo2.errors", "echo2.data", "echo2.data.lora"}
+    assert "echo2.learner.learner" in out["echo2"]  # the real learner, not a copy of its step
     assert all(abs(loss) < 1e3 for loss in out["losses"])  # both steps ran in bf16 with checkpointed layers
     # no GPU here: the path stops at its one clear line, after importing all it imports
     assert out["exit"] == 1 and "torch sees no CUDA device" in proc.stderr

@@ -93,9 +93,17 @@ def test_mfu_read_from_the_learner_bench_json(tmp_path):
     f.write_text('{"case": "512", "tokens": 512, "mfu": 0.31}\n{"case": "8192", "tokens": 8192, "mfu": 0.42}\n'
                  '{"case": "mixed", "tokens": 4000}\n')
     mfu, source = step_time.mfu_from_bench(f)
-    assert mfu == 0.42 and "8192" in source  # the largest case that has an MFU
+    assert mfu == 0.42 and "8192" in source  # without a mixed case that has an MFU: the largest that has one
+    f.write_text('{"case": "8192", "tokens": 8192, "device": "cuda", "mfu": 0.42, "mfu_attention": 0.47}\n'
+                 '{"case": "mixed", "tokens": 4000, "device": "cuda", "mfu": 0.2, "mfu_attention": 0.22, '
+                 '"device_name": "NVIDIA H200"}\n')
+    mfu, source = step_time.mfu_from_bench(f)
+    assert mfu == 0.22 and "mixed" in source and "attention" in source and "H200" in source  # the RL-shaped case
+    f.write_text('{"case": "mixed", "tokens": 4000, "device": "cpu", "mfu": 0.2}\n')  # a CPU's says nothing of a GPU
+    with pytest.raises(Echo2InputError, match="no GPU case with an MFU"):
+        step_time.mfu_from_bench(f)
     f.write_text('{"case": "512", "tokens": 512, "peak_mb": 3}\n')
-    with pytest.raises(Echo2InputError, match="no case with an `mfu`"):
+    with pytest.raises(Echo2InputError, match="no GPU case with an MFU"):
         step_time.mfu_from_bench(f)
 
 

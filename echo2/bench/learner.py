@@ -1,30 +1,31 @@
-"""``echo2 bench learner``: echo2's training step against the learner's old padded full-logits step.
+"""``echo2 bench learner``: the learner's training step against its old padded full-logits step.
 
 Cases: a step of ``groups`` x ``group_size`` rows (2 x 8), each a ``prompt_tokens`` (256) prompt shared by its
 group and a completion of 512, 2,048 or 8,192 tokens, and a mixed step whose completion lengths are uniform in
-64..4,096 (seeded). Per case, side by side in one run: echo2's step and the baseline (``learner_steps.py``
-says what each is), each with its peak memory above the model and optimizer, tokens per second (prompt and
-completion tokens of the step over the step's wall time) and padding share (positions run on that held no
-token).
+64..4,096 (seeded), the one that looks like RL. Per case, side by side in one run: echo2's step, which is the real
+``Learner`` (``learner_steps.py``: a random-weight model saved to a folder, loaded as a run loads its model, then
+``Learner.step_on_columns``), and the baseline, each with its peak memory above the model and optimizer, tokens per
+second (prompt and completion tokens of the step over the median step's wall time) and padding share (positions
+run on that held no token).
 
 Model. On the CPU: a random-weight Qwen3 (transformers' ``Qwen3Config``) with Qwen3's vocabulary, 151,936,
 and a small body (2 layers, hidden size 128), so that the vocabulary term dominates memory and time as it
 does at scale. With ``--device cuda --model-config NAME``: a real architecture at random weights from
-``learner_configs/NAME.json``, in bf16 autocast over fp32 master weights, every decoder layer checkpointed
-(the learner's ``dtype: bfloat16`` and ``activation_checkpointing``). The configs are the published
-``config.json`` numbers of Qwen/Qwen3-1.7B, Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (as their model cards list
-them: 1.7B = 28 layers, 16 query / 8 KV heads, tied embeddings; 8B = 36 layers, 32 / 8, untied; 30B-A3B = 48
-layers, 32 / 4, 128 experts of 768, 8 active); tests/test_bench_learner.py checks that each builds a model of
-the published parameter count (1.7B, 8.2B, 30.5B total with 3.3B active).
+``learner_configs/NAME.json``, saved in bf16; the learner then runs as on any GPU (FSDP2 over one rank, bf16
+compute over fp32 master weights, varlen attention over packs) with every decoder layer checkpointed. The configs
+are the published ``config.json`` numbers of Qwen/Qwen3-1.7B, Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (as their model
+cards list them: 1.7B = 28 layers, 16 query / 8 KV heads, tied embeddings; 8B = 36 layers, 32 / 8, untied;
+30B-A3B = 48 layers, 32 / 4, 128 experts of 768, 8 active); tests/test_bench_learner.py checks that each builds a
+model of the published parameter count (1.7B, 8.2B, 30.5B total with 3.3B active).
 
 Memory. On the CPU each variant of each case runs in a fresh child process (``python -m echo2.bench.learner
---child``): it builds the model, allocates the gradients and AdamW's state (``make_optimizer``), reads its
-resident set size, resets the kernel's high-water mark (``/proc/self/clear_refs``, 5), runs the step(s) and
-reports the high-water mark minus that resident size: what the step added on top of the model, gradients
-and optimizer (where the reset is refused, ``ru_maxrss`` stands in and also counts the set-up's own
-transients). ``total_peak_mb`` is the whole process's high-water mark. On a GPU one process runs
-everything, and the same two numbers come from ``torch.cuda.max_memory_allocated`` (reset before each
-variant) and ``gpu_peak_mb``. MB here is 2**20 bytes.
+--child``): it builds the model, allocates the gradients and AdamW's state, reads its resident set size, resets the
+kernel's high-water mark (``/proc/self/clear_refs``, 5), runs the step(s) and reports the high-water mark minus that
+resident size: what the step added on top of the model, gradients and optimizer (where the reset is refused,
+``ru_maxrss`` stands in and also counts the set-up's own transients). ``total_peak_mb`` is the whole process's
+high-water mark. On a GPU one process runs echo2's learner over every case, frees it, then runs the baseline, and
+the same two numbers come from ``torch.cuda.max_memory_allocated`` (reset before each variant) and
+``gpu_peak_mb``. MB here is 2**20 bytes.
 
 The baseline's micro-batch. The old learner took ``micro_batch_size`` rows at a time (16 by default, the
 whole step, which no case here fits). The bench takes the largest power of two rows whose estimated need
@@ -39,11 +40,13 @@ learner's defaults are 8,192 and 1,024): sdpa's block-diagonal mask over a pack 
 logits are chunk x vocabulary x 4 bytes, so both set memory here. On a GPU: the learner's defaults.
 ``--micro-batch-tokens`` and ``--chunk-tokens`` change them; the output names those used.
 
-MFU (``--device cuda``): 6 x active parameters (``learner_steps.active_parameters``) x tokens / seconds /
-the GPU's dense bf16 peak (``PEAK_BF16_TFLOPS``); attention's own FLOPs are not counted. The GPU path imports
-torch, transformers, the standard library and echo2's torch-only learner modules, nothing else
-(tests/test_bench_learner.py runs it with the others blocked): run it where only those exist as
-``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
+MFU (echo2's step): ``mfu`` = 6 x active parameters (``learner_steps.active_parameters``) x tokens / seconds / the
+device's peak, and ``mfu_attention`` adds causal attention's own FLOPs (``learner_steps.attention_flops``, sequence by
+sequence), both at the median step (``_best``: at the fastest). The peak is the GPU's dense bf16 datasheet figure
+(``echo2.devices.PEAK_BF16_TFLOPS``), or on a CPU the rate of a dense matmul measured in the compute dtype
+(``peak_source`` says which; ``device_name`` names the card). The GPU path imports torch, transformers, accelerate,
+pyarrow, the standard library and echo2's learner, nothing else (tests/test_bench_learner.py runs it with the others
+blocked): run it where only those exist as ``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
 """
 
 from __future__ import annotations
@@ -55,10 +58,13 @@ import os
 import random
 import re
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from echo2.bench.learner_models import MODEL_CONFIGS, QWEN3_VOCAB, cpu_model_config, load_model_config, to_transformers
 from echo2.bench.learner_report import json_object, plain_table, target_lines
@@ -146,8 +152,9 @@ def _available_mb() -> float:
         return int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
 
 
-def measure(variant: str, case: Case, opts: Options, model, policy, optimizer, rows: int | None) -> dict:
-    """Run ``opts.warmup`` then ``opts.steps`` steps of ``variant``; seconds per step and peak memory."""
+def measure(variant: str, case: Case, opts: Options, state, rows: int | None) -> dict:
+    """Run ``opts.warmup`` then ``opts.steps`` steps of ``variant`` (``state``: the learner for echo2, the model and
+    optimizer for the baseline); each measured step's seconds and the peak memory."""
     import torch
 
     from echo2.bench.learner_steps import baseline_step, echo2_step, make_columns
@@ -168,10 +175,9 @@ def measure(variant: str, case: Case, opts: Options, model, policy, optimizer, r
     for i in range(opts.warmup + opts.steps):
         start = time.perf_counter()
         if variant == "echo2":
-            stats = echo2_step(policy, model, optimizer, columns, micro_batch_tokens=opts.micro_batch_tokens,
-                               dtype=dtype)
+            stats = echo2_step(state, columns)  # the learner reads its numbers back once: the step has ended
         else:
-            stats = baseline_step(model, optimizer, columns, micro_batch_rows=rows, dtype=dtype)
+            stats = baseline_step(*state, columns, micro_batch_rows=rows, dtype=dtype)
         if cuda:
             torch.cuda.synchronize()
         if i >= opts.warmup:
@@ -182,50 +188,108 @@ def measure(variant: str, case: Case, opts: Options, model, policy, optimizer, r
     else:
         total = _status_mb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         method = "VmHWM after clear_refs" if exact else "ru_maxrss (no reset: includes set-up)"
-    step_s = sum(seconds) / len(seconds)
-    return {"seconds": step_s, "tokens_per_s": case.tokens / step_s, "peak_mb": total - setup_mb,
-            "total_peak_mb": total, "padding_fraction": stats.padding_fraction, "micro_batches": stats.micro_batches,
-            "loss": stats.loss, "memory_method": method}
+    median = statistics.median(seconds)
+    return {"seconds": median, "seconds_min": min(seconds), "tokens_per_s": case.tokens / median,
+            "peak_mb": total - setup_mb, "total_peak_mb": total, "padding_fraction": stats.padding_fraction,
+            "micro_batches": stats.micro_batches, "loss": stats.loss, "memory_method": method}
 
 
-def setup(opts: Options):
-    """The model (fp32 master weights), its gradients and AdamW state, and echo2's ``PolicyLogprobs``."""
+def learner_state(opts: Options, workdir: Path):
+    """The real learner (echo2's variant) on a random model of ``opts.model_config`` saved under ``workdir``."""
     import torch
 
-    from echo2.bench.learner_steps import TEMPERATURE, build_model, make_optimizer
-    from echo2.learner.logprobs import PolicyLogprobs
+    from echo2.bench.learner_steps import bench_learner, save_random_model
+
+    cuda = opts.device == "cuda"
+    model_dir = save_random_model(to_transformers(opts.model_config), workdir / "model",
+                                  dtype=torch.bfloat16 if cuda else torch.float32, seed=opts.seed)
+    return bench_learner(model_dir, device=opts.device, dtype="bfloat16" if opts.bf16_checkpointed else "float32",
+                         micro_batch_tokens=opts.micro_batch_tokens, chunk_tokens=opts.chunk_tokens,
+                         activation_checkpointing=opts.bf16_checkpointed)
+
+
+def baseline_state(opts: Options):
+    """The baseline's model (fp32 master weights) with its gradients and AdamW state."""
+    import torch
+
+    from echo2.bench.learner_steps import build_model, make_optimizer
 
     model = build_model(to_transformers(opts.model_config), device=torch.device(opts.device),
                         activation_checkpointing=opts.bf16_checkpointed, seed=opts.seed)
-    optimizer = make_optimizer(model)
-    policy = PolicyLogprobs(model, temperature=TEMPERATURE, chunk_tokens=opts.chunk_tokens)
-    return model, policy, optimizer
+    return model, make_optimizer(model)
+
+
+def flops_figures(learner, case: Case, opts: Options, result: dict) -> dict:
+    """MFU of a measured echo2 step: 6 x active parameters x tokens, and with attention's FLOPs too, at the median
+    and at the fastest step, against the device's dense peak (``peak_of``)."""
+    from echo2.bench.learner_steps import active_parameters, attention_flops, make_columns
+
+    lm = learner.policy_lm(learner.model)
+    active = active_parameters(lm)
+    columns = make_columns(case.prompt_tokens, case.completion_lengths, case.group_size,
+                           opts.model_config["vocab_size"], opts.seed)
+    dense = 6.0 * active * case.tokens
+    attention = attention_flops(columns, lm.config)
+    peak, source, name = peak_of(learner.device, learner.dtype)
+    out = {"device_name": name, "peak_tflops": peak, "peak_source": source, "active_params": active,
+           "attention_flops_share": attention / (dense + attention)}
+    for suffix, seconds in (("", result["seconds"]), ("_best", result["seconds_min"])):
+        out[f"mfu{suffix}"] = dense / seconds / (peak * 1e12) if peak else None
+        out[f"mfu_attention{suffix}"] = (dense + attention) / seconds / (peak * 1e12) if peak else None
+    return out
+
+
+def peak_of(device, dtype) -> tuple[float | None, str, str]:
+    """(TFLOP/s, its source, the device's name): a GPU's datasheet bf16 peak (``echo2.devices``), else the rate of
+    a dense matmul in the compute dtype measured here, so a CPU's MFU is against what its cores do."""
+    import torch
+
+    from echo2.devices import device_name, peak_tflops_of_device
+
+    name = device_name(device)
+    if device.type == "cuda":
+        peak = peak_tflops_of_device(name)
+        return peak, "datasheet (dense bf16)" if peak else "unknown", name
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(5):
+        torch.mm(a, b)
+    rate = 5 * 2 * n**3 / (time.perf_counter() - start) / 1e12
+    return rate, f"measured {str(dtype).removeprefix('torch.')} matmul", name
 
 
 def _refuse_what_cannot_fit(opts: Options, device_mb: float) -> None:
-    """One clear line where fp32 weights, gradients, AdamW's two moments and autocast's bf16 copies of the
-    weights (18 bytes a parameter) alone exceed 90% of the GPU: Qwen3-8B's 147 GB on a 141 GB H200, 30B-A3B's
-    550 GB anywhere (one process holds it all; the distributed learner shards it)."""
+    """One clear line where fp32 weights, gradients and AdamW's two moments (16 bytes a parameter; FSDP2 gathers
+    bf16 copies one layer at a time) alone exceed 90% of the GPU: Qwen3-8B's 131 GB on an 80 GB H100, 30B-A3B's
+    488 GB anywhere (one process holds it all; the distributed learner shards it over its ranks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         params = sum(p.numel()
                      for p in AutoModelForCausalLM.from_config(to_transformers(opts.model_config)).parameters())
-    need = 18 * params / 2**20
+    need = 16 * params / 2**20
     if need > 0.9 * device_mb:
         layers = opts.model_config["num_hidden_layers"]
         fit = max(1, int(layers * 0.6 * device_mb / need))
-        raise RuntimeError(f"{params / 1e9:.1f}B parameters need {need / 1024:.0f} GB for fp32 weights, gradients, "
-                           f"AdamW state and bf16 copies, more than this GPU's {device_mb / 1024:.0f} GB holds "
+        raise RuntimeError(f"{params / 1e9:.1f}B parameters need {need / 1024:.0f} GB for fp32 weights, gradients "
+                           f"and AdamW state, more than this GPU's {device_mb / 1024:.0f} GB holds "
                            f"(one process, no sharding): try --layers {fit} (of {layers}) for the same shape truncated")
 
 
 def child_main(spec: dict) -> None:
     """One variant of one case in this fresh process: prints its measurement as one JSON line."""
     opts, case = Options(**spec["options"]), Case(**spec["case"])
-    model, policy, optimizer = setup(opts)
-    print(json.dumps(measure(spec["variant"], case, opts, model, policy, optimizer, spec["rows"])), flush=True)
+    with tempfile.TemporaryDirectory(prefix="echo2-bench-") as tmp:
+        if spec["variant"] == "echo2":
+            learner = learner_state(opts, Path(tmp))
+            result = measure("echo2", case, opts, learner, None)
+            result.update(flops_figures(learner, case, opts, result))
+        else:
+            result = measure("baseline", case, opts, baseline_state(opts), spec["rows"])
+    print(json.dumps(result), flush=True)
 
 
 def _in_child(variant: str, case: Case, opts: Options, rows: int | None) -> dict:
@@ -245,57 +309,57 @@ def _gpu_baseline(case: Case, opts: Options, state: tuple, rows: int) -> dict:
     import torch
 
     try:
-        return measure("baseline", case, opts, *state, rows)
+        return measure("baseline", case, opts, state, rows)
     except torch.cuda.OutOfMemoryError:
-        state[2].zero_grad(set_to_none=False)  # what the failed step accumulated; no weight moved
+        state[1].zero_grad(set_to_none=False)  # what the failed step accumulated; no weight moved
         torch.cuda.empty_cache()
         return {"killed": True}
 
 
 # -- the run -------------------------------------------------------------------------------------------
+_ECHO2_KEYS = ("peak_mb", "total_peak_mb", "tokens_per_s", "seconds", "seconds_min", "padding_fraction",
+               "micro_batches", "memory_method", "mfu", "mfu_attention", "mfu_best", "mfu_attention_best",
+               "peak_tflops", "peak_source", "device_name", "attention_flops_share")
+
+
 def run_learner_bench(cases: list[Case], opts: Options, progress=lambda line: None,
                       results: list[dict] | None = None) -> list[dict]:
-    """Every case, echo2's step then the baseline's (or its estimated need); one dict per case, appended to
-    ``results`` as each case ends (a caller interrupted midway keeps the cases done)."""
+    """Every case, echo2's step (the real learner) then the baseline's (or its estimated need); one dict per case,
+    appended to ``results`` as each case ends (a caller interrupted midway keeps the cases done). On the CPU each
+    variant of each case runs in a fresh process; on a GPU one process runs echo2's learner over every case, then
+    frees it and runs the baseline's model over every case."""
     cuda = opts.device == "cuda"
-    state = None
     if cuda:
         import torch
-
-        from echo2.bench.learner_steps import active_parameters, peak_tflops
 
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda: torch sees no CUDA device here")
         _refuse_what_cannot_fit(opts, torch.cuda.get_device_properties(0).total_memory / 2**20)
-        state = setup(opts)
-        active = active_parameters(state[0])
-        name = torch.cuda.get_device_name()
-        peak = peak_tflops(name)
         budget = opts.memory_budget_mb or 0.85 * torch.cuda.mem_get_info()[0] / 2**20
-        progress(f"{name}: {active / 1e9:.2f}B active parameters, bf16 peak "
-                 f"{f'{peak:g} TFLOP/s' if peak else 'unknown (no MFU)'}")
     else:
         budget = opts.memory_budget_mb or 0.6 * _available_mb()
     progress(f"baseline memory budget {budget:.0f} MB; echo2: micro_batch_tokens {opts.micro_batch_tokens}, "
              f"logprob chunk {opts.chunk_tokens} tokens")
+    mine = _gpu_echo2(cases, opts, progress) if cuda else {}
     results = [] if results is None else results
+    baseline = baseline_state(opts) if cuda else None
     for case in cases:
         rows, need = baseline_plan(case, opts.model_config, budget, opts.baseline_micro_batch,
                                    checkpointed=opts.bf16_checkpointed)
-        mine = measure("echo2", case, opts, *state, None) if cuda else _in_child("echo2", case, opts, None)
-        progress(f"case {case.name}: echo2 {mine['seconds']:.1f} s, {mine['tokens_per_s']:.0f} tokens/s, "
-                 f"peak +{mine['peak_mb']:.0f} MB")
-        r = {"case": case.name, "tokens": case.tokens, **{k: mine[k] for k in (
-            "peak_mb", "total_peak_mb", "tokens_per_s", "padding_fraction", "micro_batches", "memory_method")},
-             "baseline_micro_batch": rows, "baseline_estimate_mb": need}
+        ours = mine[case.name] if cuda else _in_child("echo2", case, opts, None)
+        mfu = f", MFU {ours['mfu']:.1%} ({ours['mfu_attention']:.1%} with attention)" if ours.get("mfu") else ""
+        progress(f"case {case.name}: echo2 {ours['seconds']:.2f} s, {ours['tokens_per_s']:.0f} tokens/s, "
+                 f"peak +{ours['peak_mb']:.0f} MB{mfu}")
+        r = {"case": case.name, "tokens": case.tokens, "device": opts.device,
+             **{k: ours[k] for k in _ECHO2_KEYS if k in ours}, "baseline_micro_batch": rows,
+             "baseline_estimate_mb": need}
         if cuda:
-            r["gpu_peak_mb"] = mine["total_peak_mb"]
-            r["mfu"] = 6 * active * mine["tokens_per_s"] / (peak * 1e12) if peak else None
+            r["gpu_peak_mb"] = ours["total_peak_mb"]
         base = None
         if rows is None:
             progress(f"case {case.name}: baseline not run: needs ~{need:.0f} MB, budget {budget:.0f} MB")
         else:
-            base = _gpu_baseline(case, opts, state, rows) if cuda else _in_child("baseline", case, opts, rows)
+            base = _gpu_baseline(case, opts, baseline, rows) if cuda else _in_child("baseline", case, opts, rows)
             if base.get("killed"):
                 progress(f"case {case.name}: baseline ({rows} rows per micro-batch) ran out of memory "
                          f"(killed): needs ~{need:.0f} MB")
@@ -303,12 +367,32 @@ def run_learner_bench(cases: list[Case], opts: Options, progress=lambda line: No
         if base is None:
             r.update(baseline_need_mb=need, baseline_tokens_per_s=None)
         else:
-            progress(f"case {case.name}: baseline ({rows} rows per micro-batch) {base['seconds']:.1f} s, "
+            progress(f"case {case.name}: baseline ({rows} rows per micro-batch) {base['seconds']:.2f} s, "
                      f"{base['tokens_per_s']:.0f} tokens/s, peak +{base['peak_mb']:.0f} MB")
             r.update(baseline_peak_mb=base["peak_mb"], baseline_tokens_per_s=base["tokens_per_s"],
                      baseline_padding_fraction=base["padding_fraction"])
         results.append(r)
     return results
+
+
+def _gpu_echo2(cases: list[Case], opts: Options, progress) -> dict[str, dict]:
+    """echo2's variant of every case with one learner on the GPU, which is then freed for the baseline."""
+    import gc
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="echo2-bench-") as tmp:
+        learner = learner_state(opts, Path(tmp))
+        peak, source, name = peak_of(learner.device, learner.dtype)
+        progress(f"{name}: bf16 peak {f'{peak:g} TFLOP/s ({source})' if peak else 'unknown (no MFU)'}")
+        out = {}
+        for case in cases:
+            result = measure("echo2", case, opts, learner, None)
+            out[case.name] = {**result, **flops_figures(learner, case, opts, result)}
+    del learner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
 
 
 # -- command line (the CLI's `echo2 bench learner` calls the same functions) ------------------------------
@@ -345,7 +429,7 @@ def build(*, device: str, model_config: str | None, layers: int | None, vocab: i
     opts = Options(model_config=config, device=device,
                    micro_batch_tokens=micro_batch_tokens or (8192 if cuda else 4096),
                    chunk_tokens=chunk_tokens or (1024 if cuda else 128), baseline_micro_batch=baseline_micro_batch,
-                   memory_budget_mb=memory_budget_mb, steps=steps or (3 if cuda else 1),
+                   memory_budget_mb=memory_budget_mb, steps=steps or (5 if cuda else 3),
                    warmup=warmup if warmup is not None else (1 if cuda else 0), seed=seed, bf16_checkpointed=cuda)
     return chosen, opts
 
@@ -410,21 +494,25 @@ def run_and_report(cases: list[Case], opts: Options, *, as_json: bool, model_con
         if as_json:
             print(json.dumps(json_object(r)), flush=True)
     if not as_json:
-        print(describe(opts))
+        print(describe(opts, results))
         table(results)
     for line in target_lines(results, cuda=opts.device == "cuda", model_config=model_config):
         print(line, file=sys.stderr if as_json else sys.stdout)
     return code
 
 
-def describe(opts: Options) -> str:
-    """One line: the model and the settings the numbers were taken with."""
+def describe(opts: Options, results: list[dict] | None = None) -> str:
+    """One line: the model and the settings the numbers were taken with (and the MFU's peak, once measured)."""
     c = opts.model_config
+    peak = next((r for r in results or [] if r.get("peak_tflops")), None)
+    against = f"; MFU against {peak['peak_tflops']:.3g} TFLOP/s ({peak['peak_source']}, {peak['device_name']})" \
+        if peak else ""
     return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
             f"vocabulary {c['vocab_size']}, "
-            f"on {opts.device}{' (bf16 autocast, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
+            f"on {opts.device}{' (bf16, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
             f"echo2: micro_batch_tokens {opts.micro_batch_tokens}, logprob chunk {opts.chunk_tokens}; "
-            f"{opts.steps} measured step(s) after {opts.warmup} warm-up; memory = peak above model + grads + AdamW")
+            f"{opts.steps} measured step(s) after {opts.warmup} warm-up (times: the median step); memory = peak above "
+            f"model + grads + AdamW{against}")
 
 
 if __name__ == "__main__":

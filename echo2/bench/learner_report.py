@@ -7,13 +7,14 @@ from __future__ import annotations
 TARGETS = {"memory_ratio_2048": 1 / 8, "total_8192_mb": 8192, "speed_512": 0.9, "speed_mixed": 1.5, "mfu_1_7b": 0.40}
 
 
-JSON_KEYS = ("case", "tokens", "peak_mb", "baseline_peak_mb", "baseline_need_mb", "tokens_per_s",
-             "baseline_tokens_per_s", "padding_fraction", "mfu", "gpu_peak_mb")
+JSON_KEYS = ("case", "tokens", "device", "device_name", "peak_mb", "baseline_peak_mb", "baseline_need_mb",
+             "tokens_per_s", "baseline_tokens_per_s", "padding_fraction", "seconds", "seconds_min", "mfu",
+             "mfu_attention", "mfu_best", "mfu_attention_best", "peak_tflops", "peak_source", "gpu_peak_mb")
 
 
 def json_object(result: dict) -> dict:
     """The interface other tools read: exactly these keys (``baseline_need_mb`` where the baseline was not
-    run, ``mfu`` and ``gpu_peak_mb`` only on a GPU)."""
+    run, ``gpu_peak_mb`` only on a GPU; the MFU figures against ``peak_tflops`` from ``peak_source``)."""
     return {k: result[k] for k in JSON_KEYS if k in result}
 
 
@@ -56,10 +57,10 @@ def target_lines(results: list[dict], *, cuda: bool, model_config: str | None) -
 
 
 def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
-    cuda = any("mfu" in r for r in results)
+    cuda = any("gpu_peak_mb" in r for r in results)
     headers = ["case", "tokens", "echo2 MB", "baseline MB", "ratio", "echo2 tok/s", "baseline tok/s", "speed-up",
-               "padding echo2/baseline", "baseline rows/mb",
-               "echo2 total MB"] + (["MFU", "GPU peak MB"] if cuda else [])
+               "padding echo2/baseline", "baseline rows/mb", "echo2 total MB", "MFU 6N", "MFU +attn"] + (
+        ["GPU peak MB"] if cuda else [])
     rows = []
     for r in results:
         ran = "baseline_peak_mb" in r
@@ -70,9 +71,14 @@ def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
                      f"{ratio:.1f}x{'' if ran else ' est.'}",
                      f"{r['tokens_per_s']:.0f}", f"{r['baseline_tokens_per_s']:.0f}" if ran else "-", speed,
                      f"{r['padding_fraction']:.0%} / " + (f"{r['baseline_padding_fraction']:.0%}" if ran else "-"),
-                     str(r["baseline_micro_batch"]) if ran else "-", f"{r['total_peak_mb']:.0f}"]
-                    + ([f"{r['mfu']:.1%}" if r["mfu"] is not None else "-", f"{r['gpu_peak_mb']:.0f}"] if cuda else []))
+                     str(r["baseline_micro_batch"]) if ran else "-", f"{r['total_peak_mb']:.0f}",
+                     _percent(r.get("mfu")), _percent(r.get("mfu_attention"))]
+                    + ([f"{r['gpu_peak_mb']:.0f}"] if cuda else []))
     return headers, rows
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def plain_table(results: list[dict]) -> str:

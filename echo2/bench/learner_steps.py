@@ -1,41 +1,44 @@
-"""The two training steps ``echo2 bench learner`` measures side by side, and the model they train.
+"""The two training steps ``echo2 bench learner`` measures side by side, and the models they train.
 
-Imports torch, transformers and the standard library only, besides echo2's torch-only learner modules
-(``packing``, ``logprobs``, ``loss``): the GPU path of the benchmark runs where nothing else is installed.
+Imports torch, transformers and the standard library, besides echo2's learner, which itself needs only those,
+accelerate and pyarrow (what a stock GPU image holds: the GPU path runs where pydantic is not installed).
 
-echo2's step (``echo2_step``) is the learner's own code: ``Learner.step_on_columns`` with its helpers
-``_backward`` / ``_micro_batch`` / ``_compute_dtype`` composed here call for call (the Learner itself imports
-the config and so pydantic): group advantages, rows of groups without signal left out, first-fit-decreasing
-packs of at most ``micro_batch_tokens`` tokens (``pack_by_tokens``), each pack laid out padding-free
-(``assemble_packed``), ``PolicyLogprobs`` (the decoder once, then the head in chunks of ``chunk_tokens``
-tokens, over the loss's tokens only: ``where=mask``) under bf16 autocast when the dtype is bfloat16 (columns and
-packs are built on the CPU, as the learner builds them; on a GPU each pack's tensors are then moved to it),
-``policy_loss`` with per-token advantages, backward
-per pack, gradient clipping and AdamW. tests/test_bench_learner.py checks that it leaves the same weights as
-``Learner.step_on_columns``. Activation checkpointing is the Learner's too: torch's composable ``checkpoint``
-on every decoder layer.
+echo2's step is the learner's own: ``bench_learner`` builds the real ``Learner`` (``echo2/learner/learner.py``) on
+a random-weight model saved to a folder, with ``TrainConfig``'s defaults (``LEARNER_DEFAULTS``, kept equal to them
+by tests/test_bench_learner.py) and the bench's options, and ``echo2_step`` calls ``Learner.step_on_columns``: the
+device and compute dtype it chooses, FSDP2 on a GPU, token-budget packs, the chunked head over the loss's tokens,
+varlen attention on CUDA, activation checkpointing where asked, the GRPO loss, clipping and AdamW.
 
-The baseline (``baseline_step``) is the learner as it was before issue 19, written out here: rows sorted by
-length, micro-batches of ``micro_batch_rows`` rows right-padded to their longest, ``model(...).logits`` in
-full, ``log_softmax(logits.float() / T)`` and a gather, the same loss with per-row advantages, backward,
-clipping and AdamW. One change: it passes ``use_cache=False`` (the old code built a KV cache it never read;
-with it the baseline would only look worse).
+The baseline (``baseline_step``) is the learner as it was before token-budget packing, written out here: rows
+sorted by length, micro-batches of ``micro_batch_rows`` rows right-padded to their longest, ``model(...).logits``
+in full, ``log_softmax(logits.float() / T)`` and a gather, the same loss with per-row advantages, backward,
+clipping and AdamW, under bf16 autocast when the dtype is bf16. One change: it passes ``use_cache=False`` (the old
+code built a KV cache it never read; with it the baseline would only look worse).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from echo2.learner.logprobs import PolicyLogprobs
 from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
-from echo2.learner.packing import Ragged, StepColumns, assemble_packed, pack_by_tokens
+from echo2.learner.packing import Ragged, StepColumns, pack_by_tokens
 
-LR, MAX_GRAD_NORM, WEIGHT_DECAY = 1e-5, 1.0, 0.0
-LOSS = {"clip_low": 0.2, "clip_high": 0.28, "is_cap": 3.0}
-"""TrainConfig's defaults (tests/test_bench_learner.py keeps them equal); the bench cannot import the config."""
+LEARNER_DEFAULTS = {
+    "device": "auto", "dtype": "auto", "attention": "auto", "lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 1.0,
+    "clip_low": 0.2, "clip_high": 0.28, "is_cap": 3.0, "kl_coef": 0.0, "scale_rewards": True,
+    "micro_batch_tokens": 8192, "logprob_chunk_tokens": 1024, "activation_checkpointing": False, "lora_rank": 0,
+    "lora_alpha": 32.0, "lora_target_modules": "all-linear", "publish_dtype": "float32", "shard_mb": 256,
+}
+"""The ``TrainConfig`` fields the ``Learner`` reads, at their defaults (tests/test_bench_learner.py keeps them equal):
+the bench builds the real learner where pydantic, and so ``TrainConfig``, is not installed."""
+LR, MAX_GRAD_NORM = LEARNER_DEFAULTS["lr"], LEARNER_DEFAULTS["max_grad_norm"]
+WEIGHT_DECAY = LEARNER_DEFAULTS["weight_decay"]
+LOSS = {k: LEARNER_DEFAULTS[k] for k in ("clip_low", "clip_high", "is_cap")}
 TEMPERATURE = 1.0
 
 
@@ -91,36 +94,66 @@ def _optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 def _autocast(device: torch.device, dtype: torch.dtype):
-    """The Learner's ``_compute_dtype``: bf16 autocast around a forward whose parameters are fp32."""
+    """bf16 autocast around a forward whose parameters are fp32 (the baseline's)."""
     return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
-def echo2_step(policy: PolicyLogprobs, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               columns: StepColumns, *, micro_batch_tokens: int, dtype: torch.dtype) -> StepStats:
-    """One optimizer step as ``Learner.step_on_columns`` takes it (module docstring)."""
-    advantages, keep, n_tokens = _signal(columns)
+def learner_settings(**changes):
+    """The ``TrainConfig`` fields the learner reads, at their defaults with ``changes``, without pydantic."""
+    unknown = set(changes) - set(LEARNER_DEFAULTS)
+    if unknown:
+        raise ValueError(f"not learner settings: {sorted(unknown)}")
+    return SimpleNamespace(**{**LEARNER_DEFAULTS, **changes})
+
+
+def save_random_model(config, folder: Path, *, dtype: torch.dtype, seed: int) -> Path:
+    """A random-weight model of ``config`` saved in ``dtype`` (a bf16 checkpoint, as published models are, on a GPU)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.save_pretrained(folder)
+    return folder
+
+
+def bench_learner(model_dir: Path, *, device: str, dtype: str, micro_batch_tokens: int, chunk_tokens: int,
+                  activation_checkpointing: bool, attention: str = "auto"):
+    """The real ``Learner`` on ``model_dir`` with its AdamW state made (one step on zero gradients, which moves no
+    weight at weight decay 0), so that memory measured after this holds the model, gradients and optimizer."""
+    from echo2.learner.learner import Learner
+
+    learner = Learner(model_dir, learner_settings(device=device, dtype=dtype, micro_batch_tokens=micro_batch_tokens,
+                                                  logprob_chunk_tokens=chunk_tokens, attention=attention,
+                                                  activation_checkpointing=activation_checkpointing),
+                      temperature=TEMPERATURE)
+    for p in learner.model.parameters():
+        p.grad = torch.zeros_like(p)
+    learner.optimizer.step()
+    return learner
+
+
+def echo2_step(learner, columns: StepColumns) -> StepStats:
+    """One optimizer step of the real learner (``Learner.step_on_columns``)."""
+    metrics = learner.step_on_columns(columns)
+    _, keep, _ = _signal(columns)
     lengths = columns.sequence_lengths()[keep].tolist()
-    packs = [[keep[i] for i in pack] for pack in pack_by_tokens(lengths, micro_batch_tokens)]
-    device = next(model.parameters()).device
-    loss = 0.0
-    for pack in packs:
-        batch = assemble_packed(columns, pack, advantages)
-        ids, targets, positions, behavior, pack_advantages, mask = (
-            t.to(device, non_blocking=True) for t in (batch.input_ids, batch.targets, batch.position_ids,
-                                                      batch.behavior_logprobs, batch.advantages, batch.mask))
-        with _autocast(device, dtype):  # only the tokens the loss weighs go through the head, as in _micro_batch
-            logprobs = policy(ids, targets, position_ids=positions, where=mask > 0)
-        terms = policy_loss(logprobs, behavior, pack_advantages, mask, n_tokens=n_tokens, **LOSS)
-        terms.loss.backward()
-        loss += terms.loss.item()
-    _optimizer_step(model, optimizer)
+    packs = len(pack_by_tokens(lengths, learner._pack_budget(sum(lengths))))
     # a packed row is exactly its sequences' tokens: no position is padding
-    return StepStats(padding_fraction=0.0, micro_batches=len(packs), loss=loss)
+    return StepStats(padding_fraction=0.0, micro_batches=packs, loss=metrics["loss"])
+
+
+def attention_flops(columns: StepColumns, config) -> float:
+    """FLOPs of causal attention's two matmuls (scores and weighted values) in a training step (forward and
+    backward, 3x the forward), sequence by sequence: 6 x layers x heads x head dim x sum of squared lengths."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    squares = float((columns.sequence_lengths().double() ** 2).sum())
+    return 6.0 * config.num_hidden_layers * heads * head_dim * squares
 
 
 def baseline_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, columns: StepColumns, *,
                   micro_batch_rows: int, dtype: torch.dtype) -> StepStats:
-    """One optimizer step as the learner took it before issue 19 (module docstring)."""
+    """One optimizer step as the learner took it before token-budget packing (module docstring)."""
     advantages, keep, n_tokens = _signal(columns)
     device = next(model.parameters()).device
     totals = (columns.prompt.lengths + columns.completion.lengths).tolist()
@@ -208,18 +241,3 @@ def active_parameters(model: torch.nn.Module) -> int:
         else:
             total += p.numel()
     return total
-
-
-PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "H20": 148.0,
-                    "B200": 2250.0, "A100": 312.0, "A10G": None, "A10": 125.0, "L40S": 362.0, "L40": 181.0,
-                    "L4": 121.0}
-"""Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from NVIDIA's datasheets (SXM parts; the H100 PCIe
-apart); matched as substrings of the device name in this order, the more specific names first (H200 before
-H20, H100 PCIe before H100, A10G before A10, L40S before L40 before L4). None: no figure here (no MFU)."""
-
-
-def peak_tflops(device_name: str) -> float | None:
-    for key, tflops in PEAK_BF16_TFLOPS.items():
-        if key.lower() in device_name.lower():
-            return tflops
-    return None

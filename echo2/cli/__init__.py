@@ -8,7 +8,7 @@
     report.py   echo2 report RUN; echo2 audit RUN [--json]                     (from the run's ledger)
     chaos.py    echo2 chaos [--scenario S] [--quick]                           (the chaos suite)
     fleet.py    echo2 plan; echo2 prices; echo2 fleet down RUN                 (capacity, prices, clusters)
-    bench.py    echo2 bench broadcast|overlap|cost|learner                     (benchmarks)
+    bench.py    echo2 bench broadcast|overlap|cost|learner|staleness|gpu-check (benchmarks, the GPU check)
     common.py   what they share: fail(), the set-up of a process that runs the flow, logging
 
 Bad input (config, model, store) prints one line and exits 2 (``common.fail``). No module here imports Prefect,

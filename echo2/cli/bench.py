@@ -263,12 +263,12 @@ def bench_learner(
                                                        "micro-batch (default: the largest that fits the budget)."),
     memory_budget_mb: Optional[float] = typer.Option(None, "--memory-budget-mb", help="The baseline's memory "
                                                      "(default 60% of available RAM; 85% of the GPU's free memory)."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Measured steps per variant (default 1; 3 on GPU)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Measured steps per variant (default 3; 5 on GPU)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Unmeasured steps first (default 0; 1 on GPU)."),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per case."),
 ) -> None:
-    """echo2's training step (packed, chunked log-probs) vs the old padded full-logits step: memory, tokens/s."""
+    """The learner's training step vs the old padded full-logits step: memory, tokens/s, MFU."""
     from echo2.bench.learner import build, run_and_report
     from echo2.bench.learner_report import table_rows
 
@@ -296,6 +296,29 @@ def bench_learner(
         Console(width=200).print(table)
 
     code = run_and_report(chosen, opts, as_json=as_json, model_config=model_config, table=rich_table)
+    if code:
+        raise typer.Exit(code)
+
+
+@bench_app.command("gpu-check")
+def bench_gpu_check(
+    out: Path = typer.Option(Path("."), "--out", help="Folder of gpu_check.jsonl (every number, one JSON line each)."),
+    budget_s: float = typer.Option(480.0, "--budget-s", help="Sections after this many seconds are skipped."),
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu with --tiny."),
+    model_config: str = typer.Option("qwen3-1.7b", "--model-config", help="The shape the speed and memory are "
+                                     "measured at (echo2/bench/learner_configs)."),
+    tiny: bool = typer.Option(False, "--tiny", help="Tiny models and cases: a smoke run in seconds."),
+    only: str = typer.Option("", "--only", help="Comma-separated sections (env always runs)."),
+) -> None:
+    """One short check of the learner on a GPU: the chunked head, packing, the real step against the old one (fp32,
+    bf16), varlen against sdpa, tokens/s, MFU and memory, MoE experts, a DCP round trip; ends with one SUMMARY line.
+    `python -m echo2.bench.gpu_check` is the same where only torch and transformers are installed."""
+    from echo2.bench.gpu_check import main
+
+    quiet_transformers()
+    argv = ["--out", str(out), "--budget-s", str(budget_s), "--device", device, "--model-config", model_config,
+            "--only", only] + (["--tiny"] if tiny else [])
+    code = main(argv)
     if code:
         raise typer.Exit(code)
 

@@ -18,8 +18,7 @@ the dense bf16 peak) is the one measured number this needs: ``mfu_from_bench`` r
 Assumptions: no pipeline bubbles or communication beyond what MFU already absorbs (MFU measured on one GPU
 does not see FSDP's all-gathers across 4 GPUs: a multi-GPU learner is slower than this says by that
 share); the publish, checkpoint and optimizer step are inside MFU's time; the peak is the datasheet's
-dense bf16 figure (no sparsity), ``PEAK_BF16_TFLOPS`` (the learner bench's table, echo2/bench/learner_steps.py,
-repeated here because fleet/ may not import bench/).
+dense bf16 figure (no sparsity), ``echo2.devices.PEAK_BF16_TFLOPS`` (the one table, also the learner bench's).
 """
 
 from __future__ import annotations
@@ -27,14 +26,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from echo2.devices import PEAK_BF16_TFLOPS
 from echo2.errors import Echo2InputError
 from echo2.fleet.prices.catalog import gpu_key
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "GH200": 989.0, "H100": 989.0, "H100-MEGA": 989.0, "H100 PCIE": 756.0,
-                    "H20": 148.0, "B200": 2250.0, "A100": 312.0, "A100-80GB": 312.0, "A10": 125.0,
-                    "L40S": 362.0, "L40": 181.0, "L4": 121.0}
 PEAK_SOURCE = ("NVIDIA datasheets, dense bf16 tensor-core TFLOP/s without sparsity (SXM parts; H100 PCIe "
-               "apart), as echo2/bench/learner_steps.py has them")
+               "apart): echo2/devices.py")
 DEFAULT_MFU = 0.25
 DEFAULT_MFU_SOURCE = ("assumption: 25% MFU for the learner step, dense or MoE (the learner bench's target is 40% "
                       "for a dense 1.7B step at 8k tokens; MoE steps reach less: routing, uneven expert loads, small "
@@ -44,7 +41,7 @@ DEFAULT_MFU_SOURCE = ("assumption: 25% MFU for the learner step, dense or MoE (t
 
 def peak_tflops(gpu: str) -> float:
     """Dense bf16 peak of a GPU by catalog name (spelling-insensitive)."""
-    table = {gpu_key(k): v for k, v in PEAK_BF16_TFLOPS.items()}
+    table = {gpu_key(k): v for k, v in PEAK_BF16_TFLOPS.items() if v is not None}
     peak = table.get(gpu_key(gpu))
     if peak is None:
         raise Echo2InputError(f"no bf16 peak known for learner GPU {gpu!r} (known: "
@@ -68,8 +65,10 @@ def train_seconds(active_params_b: float, tokens: float, *, gpu: str, gpus: int,
 
 
 def mfu_from_bench(path: str | Path) -> tuple[float, str]:
-    """(MFU, source) from ``echo2 bench learner --json`` output: one JSON object per case, a line each
-    (or a list of them); the case with the most tokens that has an ``mfu`` (a GPU run)."""
+    """(MFU, source) from ``echo2 bench learner --json`` output: one JSON object per case, a line each (or a list of
+    them). A GPU's measurement only (a CPU's MFU says nothing of a GPU learner): the mixed case, the one whose
+    lengths look like RL, with attention's FLOPs counted where the bench gave them; else the case with the most
+    tokens."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -84,8 +83,15 @@ def mfu_from_bench(path: str | Path) -> tuple[float, str]:
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError:
             raise Echo2InputError(f"--mfu-from {path}: not the JSON `echo2 bench learner --json` prints") from None
-    cases = [r for r in rows if isinstance(r, dict) and isinstance(r.get("mfu"), (int, float)) and 0 < r["mfu"] <= 1]
+
+    def mfu_of(r: dict):
+        value = r.get("mfu_attention", r.get("mfu"))
+        return value if isinstance(value, (int, float)) and 0 < value <= 1 else None
+
+    cases = [r for r in rows if isinstance(r, dict) and mfu_of(r) is not None and r.get("device", "cuda") == "cuda"]
     if not cases:
-        raise Echo2InputError(f"--mfu-from {path}: no case with an `mfu` (run the bench with --device cuda)")
-    best = max(cases, key=lambda r: r.get("tokens") or 0)
-    return float(best["mfu"]), f"measured: {path.name}, case {best.get('case', '?')} ({best.get('tokens', '?')} tokens)"
+        raise Echo2InputError(f"--mfu-from {path}: no GPU case with an MFU (run the bench with --device cuda)")
+    best = next((r for r in cases if r.get("case") == "mixed"), None) or max(cases, key=lambda r: r.get("tokens") or 0)
+    what = "6N + attention" if "mfu_attention" in best else "6N"
+    return float(mfu_of(best)), (f"measured: {path.name}, case {best.get('case', '?')} ({best.get('tokens', '?')} "
+                                 f"tokens, {what}, {best.get('device_name', 'GPU')})")
