@@ -59,6 +59,8 @@ $(BIN)/.installed: pyproject.toml setup.py Makefile $(CONSTRAINTS)
 
 setup: $(BIN)/.installed
 
+TORCH_OWN := '^(-e |\#|torch==|nvidia-|cuda-|triton==|setuptools==)'
+
 # regenerate CONSTRAINTS after a change of dependencies: uv resolves this set in seconds (in a venv
 # of its own, so a broken CONSTRAINTS cannot stop it); torch is left out so TORCH=... still chooses
 lock:
@@ -67,7 +69,9 @@ lock:
 	printf -- '-e .[$(EXTRAS)]\n$(TORCH)\n' > $(VENV)-uv/lock.in
 	$(VENV)-uv/bin/uv pip compile $(VENV)-uv/lock.in --python-version 3.11 --no-header --no-annotate --quiet \
 		-o $(VENV)-uv/lock.txt
-	{ sed -n '/^#/p' $(CONSTRAINTS); grep -vE '^(-e |torch==|nvidia-|triton==|#)' $(VENV)-uv/lock.txt; } > $(CONSTRAINTS).new
+	# torch and its own CUDA packages (nvidia-*, cuda-*, triton) are left out: each torch build pins its own, so a
+	# CUDA build named by TORCH=... resolves against these constraints (tests/test_install.py checks the file)
+	{ sed -n '/^#/p' $(CONSTRAINTS); grep -vE $(TORCH_OWN) $(VENV)-uv/lock.txt; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 run: setup
