@@ -1,7 +1,8 @@
 # echo2 — set-up, quickstart and tests. `make run` and `make test` are all a newcomer needs.
 #
 # TORCH picks the torch build: the default is the CPU build 2.13.0 (on this machine's disk);
-# a GPU user sets e.g. TORCH='torch==2.9.1' (and TORCH_PIP_ARGS='--index-url ...' if needed).
+# a GPU user sets e.g. TORCH='torch==2.11.0' (PyPI's default build is CUDA 13; TORCH_PIP_ARGS='--index-url ...'
+# for another CUDA). The constraints leave torch's own packages to the build (`make lock`).
 
 PYTHON ?= python3
 VENV ?= .venv
