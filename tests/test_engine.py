@@ -172,3 +172,28 @@ def test_vllm_weights_file_holds_the_dtype_vllm_computes_in(tiny_model, tmp_path
 def test_vllm_engine_module_imports_vllm_only_when_an_engine_is_built():
     code = "import sys, echo2.rollout.engines.vllm; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_prompt_repeated_in_a_batch_is_prefilled_once_and_samples_the_same(tiny_model):
+    """GRPO asks for G completions of each prompt: the engine prefills each distinct prompt once and repeats its KV
+    cache for the rows that share it. Under the same seed the tokens are the same and the log-probabilities within
+    float order of a prefill per row."""
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    engine = TransformersEngine(tiny_model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    engine.load_weights(unique_state_dict(model).items())
+    distinct = [tok("What is 1 + 2?")["input_ids"], tok("What is 13 + 4? Think.")["input_ids"]]
+    prompts = [p for p in distinct for _ in range(3)] + [distinct[0]]  # repeats, and rows of unequal length
+    prefills = []
+    engine.model.register_forward_pre_hook(lambda _m, args, kwargs: prefills.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    out = {}
+    for share in (False, True):
+        engine.share_prefill = share
+        prefills.clear()
+        out[share] = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=6, temperature=0.8, seed=5))
+        first = prefills[0]
+        assert first[0] == (2 if share else len(prompts)) and first[1] > 1  # one prefill row per distinct prompt
+    for (a,), (b,) in zip(out[False], out[True]):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4

@@ -18,11 +18,18 @@ loads them.
 
 from __future__ import annotations
 
-from typing import Optional
+import os
 
-import typer
+# Idle OpenMP threads sleep instead of spinning (set before torch loads its OpenMP runtime): on a CPU the learner
+# and its local actors share the cores, and a process whose threads spin while they wait takes cycles from the
+# other (docs/benchmarks.md measures it); on a GPU nothing heavy runs in OpenMP. A user's own setting stands.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import echo2
+from typing import Optional  # noqa: E402
+
+import typer  # noqa: E402
+
+import echo2  # noqa: E402
 from echo2.cli import actor, bench, chaos, export, fleet, report, run
 from echo2.cli import eval as eval_
 

@@ -161,14 +161,14 @@ class TrainConfig(_Section):
     first-fit decreasing into micro-batches of at most this many tokens, several sequences to a row with no
     padding; gradients accumulate over the step (``learner/packing.py``). A sequence longer than this is
     never split: it gets a micro-batch of its own (so peak memory follows the longest sequence, not this).
-    With ``attention: varlen`` (the default on a GPU) attention runs per sequence; with sdpa (the CPU's) a pack's
-    attention is one dense masked product over all its tokens, so its cost grows with the square of the pack's
-    size. Replaces ``micro_batch_size`` (a count of rows)."""
+    With ``attention: varlen`` (the default) attention runs per sequence; with ``sdpa`` a pack's attention is one
+    dense masked product over all its tokens, so its cost grows with the square of the pack's size. Replaces
+    ``micro_batch_size`` (a count of rows)."""
     attention: Literal["auto", "sdpa", "varlen"] = "auto"
     """Attention in the learner's packed forwards (``learner/attention.py``). varlen: each sequence of a pack
     attends to itself alone, with no pack x pack mask (torch's variable-length flash attention on a GPU in bf16;
-    sdpa sequence by sequence elsewhere, exact). sdpa: transformers' own, a dense block-diagonal mask over the pack.
-    auto: varlen on CUDA devices, sdpa elsewhere."""
+    sdpa sequence by sequence elsewhere, exact). sdpa: transformers' own, a dense block-diagonal mask over the pack,
+    whose work grows with the square of the pack. auto: varlen."""
     clip_low: float = Field(0.2, ge=0, lt=1)
     """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
     clip_high: float = Field(0.28, ge=0)

@@ -144,6 +144,8 @@ def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float) ->
 class DistributedLearner(Learner):
     def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float):
         super().__init__(model_dir, config, temperature=temperature, sharded=True)
+        self._audit_weights: dict | None = None
+        """Rank 0, while an audit op runs: the version its copy loads (never sent with the announcement)."""
 
     # -- rank 0's side: announce, then take part ------------------------------------------------
     def _announce(self, op: str, payload=None):
@@ -172,9 +174,16 @@ class DistributedLearner(Learner):
 
     def behavior_gap(self, version: int, weights: dict[str, torch.Tensor], columns: StepColumns,
                      micro_batch_tokens: int) -> tuple[float, int]:
-        # the weights stay on rank 0: the audit's copy takes them from there only when its version changes
-        return self._announce("gap", (version, weights if self._audit_version != version else None, columns,
-                                      micro_batch_tokens))
+        # the weights stay on rank 0: the audit's copy takes them from there only when its version changes, once
+        # rank 0 has checked them (a refusal inside the op would leave the followers in its broadcast)
+        changing = self._audit_version != version
+        if changing:
+            self.check_weights(weights)
+        self._audit_weights = weights  # rank 0's alone: the announcement carries none
+        try:
+            return self._announce("gap", (version, changing, columns, micro_batch_tokens))
+        finally:
+            self._audit_weights = None
 
     def release(self) -> None:
         """Let the followers go (rank 0, once the run is over)."""
@@ -207,8 +216,10 @@ class DistributedLearner(Learner):
 
     def _op_gap(self, payload) -> tuple[float, int]:
         """The audit's arithmetic for one file: its packs dealt over the ranks like a step's (no backward)."""
-        version, weights, columns, micro_batch_tokens = payload
-        policy = self._audit_copy(version, weights)
+        version, changing, columns, micro_batch_tokens = payload
+        if changing:  # every rank loads the new version: rank 0 sends each tensor, the others keep their shards
+            self._audit_version = None
+        policy = self._audit_copy(version, self._audit_weights if self.rank == 0 else {})
         packs = pack_by_tokens(columns.sequence_lengths().tolist(), micro_batch_tokens)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         no_advantages = torch.zeros(columns.num_rows)
@@ -219,10 +230,6 @@ class DistributedLearner(Learner):
             self._gap_of(policy, self._pack(columns, pack, no_advantages))
         return self._sum_over_ranks(total.cpu())
 
-    def _audit_copy(self, version: int, weights):
-        if weights is None and self._audit_version != version:
-            raise RuntimeError(f"rank {self.rank}: the audit's copy holds v{self._audit_version}, not v{version}")
-        return Learner._audit_copy(self, version, weights)
 
     def _op_save_sharded(self, payload) -> list[dict]:
         """Every rank writes its shards (DCP; rank 0 its metadata last); rank 0 gets every rank's file entries."""

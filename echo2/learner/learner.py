@@ -16,7 +16,7 @@ fp32 either way. The learner shards with FSDP2 (``sharded``) when it runs on sev
 
 Models (``model_load.py``): a sharded learner builds its model on ``meta`` and receives its shards from rank 0,
 which alone reads the checkpoint, once, in the file's dtype. Packed attention (``attention.py``): with
-``train.attention`` varlen (auto on CUDA) each sequence of a pack attends to itself without an N x N mask.
+``train.attention`` varlen (auto) each sequence of a pack attends to itself without an N x N mask.
 """
 
 from __future__ import annotations
@@ -52,10 +52,9 @@ _TOTALS = ("loss", "clip_fraction", "ratio_mean", "kl_behavior")
 
 
 def attention_implementation(setting: str, device: torch.device) -> str:
-    """transformers' attention for the learner's packed forwards: ``train.attention`` (auto: varlen on CUDA)."""
-    if setting == "auto":
-        setting = "varlen" if device.type == "cuda" else "sdpa"
-    if setting == "varlen":
+    """transformers' attention for the learner's packed forwards: ``train.attention`` (auto: varlen, whose CPU form,
+    sdpa sequence by sequence, is exact and does no pack x pack work)."""
+    if setting in ("auto", "varlen"):
         from echo2.learner.attention import register
 
         return register()
@@ -364,18 +363,23 @@ class Learner:
         if self.device.type == "meta":
             return
         if self.sharded:
+            if self.world_size == 1:
+                self.check_weights(weights())
             broadcast_weights(copy.causal_lm, weights, rank=self.rank)
             return
         weights = weights()
-        # a tensor the model does not have (a LoRA adapter's, say) must not be skipped silently: the audit would
-        # run against other weights. Checked before anything is copied; strict=False for a tied head left out
-        known = set(copy.causal_lm.state_dict())
+        self.check_weights(weights)
+        copy.causal_lm.load_state_dict(weights, strict=False)  # a tied head may be left out
+        copy.causal_lm.tie_weights()
+
+    def check_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Refuse weights with a tensor the model does not have (a LoRA adapter's, say), before anything is copied:
+        skipped silently, the audit would run against other weights."""
+        known = set(self.published_names) | set(self.policy_lm(self.model).state_dict())
         unknown = [k for k in weights if k not in known]
         if unknown:
             raise ValueError(f"the weights given are not the model's: {len(unknown)} unknown tensors such as "
                              f"{unknown[0]!r} (a LoRA adapter must be merged first)")
-        copy.causal_lm.load_state_dict(weights, strict=False)
-        copy.causal_lm.tie_weights()
 
     # -- state -----------------------------------------------------------------------------
     def sharded_state(self) -> dict:

@@ -30,8 +30,10 @@ def load_whole(model_dir: Path, *, device: torch.device, dtype: torch.dtype, att
     """``from_pretrained`` onto ``device`` in ``dtype`` (weights left out on ``meta``), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map=str(device),
-                                                 attn_implementation=attention)
+    # the CPU loads as transformers does by default: with device_map "cpu" the learner's steps ran slower on the
+    # development machine (docs/benchmarks.md)
+    placement = {} if device.type == "cpu" else {"device_map": str(device)}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **placement)
     return model.eval()
 
 
@@ -66,23 +68,13 @@ def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-def broadcast_weights(model: torch.nn.Module, full: dict[str, torch.Tensor] | Callable[[], dict], *, rank: int,
-                      root: torch.nn.Module | None = None) -> None:
-    """Fill a sharded ``model`` from rank 0's full state dict (``full``, or a function that reads it, called on rank 0
-    only); every rank keeps its shards. ``root``: the module FSDP's root unit wraps, whose keys carry its prefix."""
+def broadcast_weights(model: torch.nn.Module, read: Callable[[], dict[str, torch.Tensor]], *, rank: int) -> None:
+    """Fill a sharded ``model`` from rank 0's full state dict (``read()``, called on rank 0 only): each tensor is sent
+    to every rank, which keeps its own shard of it (DCP's ``broadcast_from_rank0``); a tied head may be left out.
+    Whether ``read()``'s tensors are the model's is the caller's to check first (``Learner.check_weights``): a
+    refusal here, on rank 0 alone, would leave the other ranks waiting in the broadcast."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    state = (full() if callable(full) else full) if rank == 0 else {}
-    target = model if root is None else root
-    if root is not None and rank == 0:
-        prefix = _prefix_of(root, model)
-        state = {prefix + k: v for k, v in state.items()}
-    set_model_state_dict(target, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
-                                                                 strict=False))
-
-
-def _prefix_of(root: torch.nn.Module, model: torch.nn.Module) -> str:
-    for name, module in root.named_modules():
-        if module is model:
-            return f"{name}." if name else ""
-    raise ValueError("the model is not inside the root module")
+    state = read() if rank == 0 else {}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                strict=False))

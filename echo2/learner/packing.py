@@ -21,9 +21,9 @@ tokens, with no padding at all:
     mask[j]          completion_mask of that target where it is a completion token, else 0
     behavior[j]      the behavior log-probability of that target (0 where mask is 0)
     advantages[j]    the sequence's advantage (per token, so one loss call covers the whole pack)
-Attention never crosses a sequence boundary: with ``train.attention`` varlen (auto on CUDA) the learner passes
+Attention never crosses a sequence boundary: with ``train.attention`` varlen (the default) the learner passes
 the pack's sequence boundaries to ``attention.py``'s attention function, which runs each sequence causally on its
-own (torch's variable-length flash attention on a GPU; no mask at all). With sdpa (auto on the CPU), called with
+own (torch's variable-length flash attention on a GPU; sdpa per sequence elsewhere; no mask at all). With sdpa, called with
 ``position_ids`` and no ``attention_mask``, transformers (``masking_utils.find_packed_sequence_indices``) reads a
 new sequence wherever the position does not follow the previous one by 1 and builds a dense block-diagonal
 causal mask (exact, but N x N). Every position keeps the index it had when the actor

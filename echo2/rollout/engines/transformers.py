@@ -7,6 +7,10 @@ GPU where CUDA is available (bfloat16 there), else the CPU (float32). The model 
 incoming CPU tensor into its parameter in place, cast to the engine's dtype. float32 on a GPU runs its
 matmuls in TF32, as the learner does (``echo2.devices.prepare_device``).
 
+Prefill once per prompt: a GRPO batch holds each prompt G times, so the engine computes the KV cache of each distinct
+prompt (all but its last token) once, repeats it for the rows that share it, and lets ``generate`` go on from there
+(``_shared_prefill``): the same arithmetic as a prefill per row, G times less of it.
+
 Behavior log-probabilities: a logits processor (``SampledLogprobs``), first in ``generate``'s list, sees
 each step's raw logits, takes ``log_softmax(logits / temperature)`` in fp32 (exactly the distribution the
 token is drawn from: sampling runs with the temperature warper alone, no top-k/top-p truncation) and keeps
@@ -84,6 +88,8 @@ class TransformersEngine(Engine):
         self.eos = eos_token_id
         self.pad = pad_token_id
         self.batch_size = batch_size
+        self.share_prefill = True
+        """Prefill each distinct prompt of a batch once (``_shared_prefill``); off only to compare the two."""
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         state = dict(tensors)
@@ -107,20 +113,41 @@ class TransformersEngine(Engine):
             results.extend(self._generate_batch(flat[start : start + self.batch_size], params))
         return [results[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        width = max(len(p) for p in prompts)
-        # left padding, built on the host and sent to the device in one copy each
+    def _left_padded(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ids and attention mask of ``prompts`` left-padded to ``width``, built on the host and sent to the device in
+        one copy each."""
         ids = torch.tensor([[self.pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long,
                            device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
                             device=self.device)
+        return ids, mask
+
+    def _shared_prefill(self, prompts: list[list[int]], width: int):
+        """The KV cache of every prompt but its last token, computed once per distinct prompt and repeated for each
+        row that has it (a GRPO batch holds each prompt G times); None when no prompt repeats. ``generate`` then runs
+        each row's last prompt token and samples on: the same arithmetic as a prefill per row."""
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if len(distinct) == len(prompts) or width < 2 or min(len(p) for p in prompts) < 2:
+            return None
+        heads = [list(p)[:-1] for p in distinct]
+        ids, mask = self._left_padded(heads, width - 1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate numbers a left-padded row
+        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True).past_key_values
+        cache.reorder_cache(torch.tensor(rows, device=self.device))
+        return cache
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        width = max(len(p) for p in prompts)
+        ids, mask = self._left_padded(prompts, width)
         gen_config = GenerationConfig(
             do_sample=True, temperature=params.temperature, top_k=0, top_p=1.0,
             max_new_tokens=params.max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
         )
         recorder = SampledLogprobs(params.temperature)
+        cache = self._shared_prefill(prompts, width) if self.share_prefill else None
         sequences = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_config,
-                                        logits_processor=LogitsProcessorList([recorder]))
+                                        logits_processor=LogitsProcessorList([recorder]), past_key_values=cache)
         tokens = sequences[:, width:]
         logprobs = recorder.finish(tokens)
         completions = []
