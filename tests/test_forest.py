@@ -17,7 +17,7 @@ from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.manifest import verify_signature
-from echo2.data.store import open_store
+from echo2.data.store import StoreError, open_store
 from echo2.learner.publisher import Publisher
 
 
@@ -210,14 +210,15 @@ def test_the_publisher_plans_by_the_rates_in_the_peer_records(store):
 
 
 def test_a_liars_claim_cannot_put_a_failed_peer_at_the_root_twice(store):
-    """``a9`` claims 100 Gbit/s and is the root; it fails its children, who report it. One report (fan-out
+    """``a9`` claims 100 Gbit/s: never put to the test, its claim cannot make it the root, but puts it right
+    under the root with the rest hanging from it; it fails its children, who report it. One report (fan-out
     1: one child) demotes it to the leaves; two take it out; a report of a peer one never fetched from
     demotes nobody. Also across a resume: the new publisher reads the signed plans back from the store."""
     honest = {f"a{i}": 200.0 for i in range(5)}
     launch(store, {**honest, "a9": topology.MAX_RATE_MBIT})
     publisher = publisher_of(store, fanout=1)
     v1 = publish(publisher, 1)
-    assert depth(v1)["a9"] == 0
+    assert depth(v1)["a9"] == 1 and children(v1)["a9"] == 4
     child = next(a for a, p in parents(v1).items() if p == "a9")
     report(store, child, {"a9": 1})
     v2 = publish(publisher_of(store, fanout=1), 2)  # a resumed learner: v1's plan is read from the store
@@ -227,6 +228,61 @@ def test_a_liars_claim_cannot_put_a_failed_peer_at_the_root_twice(store):
     other = next(a for a in honest if a != child)
     report(store, other, {"a9": 5})  # a second reporter: out of the plan
     assert "a9" not in {p["id"] for p in publish(publisher, 6)["peers"]}
+
+
+def test_a_claim_not_put_to_the_test_never_makes_its_peer_the_only_root(store):
+    """Before: the largest claim (16x the median, here as capped) was the site's only root, every version; a
+    liar there held the whole site. Now a site's roots are chosen with the claims of peers that had no child
+    lately counted at most at the median (the hash order among equals), and a claim counts in full from the
+    version after its peer relayed to a child that did not report it."""
+    honest = {f"a{i}": 200.0 for i in range(5)}
+    rates = {**honest, "a9": topology.MAX_RATE_MBIT}
+    launch(store, rates)
+    publisher = publisher_of(store, fanout=1)
+    v1 = publish(publisher, 1)
+    assert v1["peers"][0]["id"] != "a9" and children(v1)["a9"] > 0  # under the root, with children: put to the test
+    v2 = publish(publisher, 2)
+    assert v2["peers"][0]["id"] == "a9"  # no child reported it: its claim counts
+    live = {a: f"http://127.0.0.1:{9000 + int(a[1:])}" for a in rates}
+    for version in range(1, 6):
+        untested = topology.plan(live, version, fanout=1, roots=1, rates=rates, measured=set())
+        at_median = topology.plan(live, version, fanout=1, roots=1, rates={**rates, "a9": 200.0})
+        assert untested["peers"][0]["id"] == at_median["peers"][0]["id"]  # the root: the hash order's
+        tested = topology.plan(live, version, fanout=1, roots=1, rates=rates, measured={"a9"})
+        assert tested["peers"][0]["id"] == "a9"
+
+
+class FlakyManifest:
+    """The run's store, except that the first read of one version's manifest fails as a store that drops a
+    request does (a test double of the store, not of the code under test)."""
+
+    def __init__(self, store, key):
+        self._store, self.key, self.failed = store, key, 0
+
+    def get_json(self, key):
+        if key == self.key and not self.failed:
+            self.failed += 1
+            raise StoreError(f"{key}: 503 SlowDown")
+        return self._store.get_json(key)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_plan_the_store_failed_to_read_once_is_read_again_not_taken_as_none(store):
+    """A resumed learner reads back the plan a report names; a transient store error on that read must not be
+    remembered as "no plan" (before: the report then never demoted its peer, for as long as it counted)."""
+    honest = {f"a{i}": 200.0 for i in range(5)}
+    launch(store, {**honest, "a9": topology.MAX_RATE_MBIT})
+    v1 = publish(publisher_of(store, fanout=1), 1)
+    child = next(a for a, p in parents(v1).items() if p == "a9")
+    report(store, child, {"a9": 1})
+    flaky = FlakyManifest(store, layout.manifest_key(layout.policy_dir(1)))
+    resumed = publisher_of(flaky, fanout=1)
+    publish(resumed, 2)
+    assert flaky.failed == 1
+    v3 = publish(resumed, 3)
+    assert depth(v3)["a9"] == max(depth(v3).values()) and children(v3)["a9"] == 0
 
 
 def test_a_report_of_a_peer_the_reporter_never_fetched_from_demotes_nobody(store):

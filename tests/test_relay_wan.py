@@ -196,9 +196,10 @@ def test_the_rate_a_parent_is_held_to():
 
 
 @pytest.mark.parametrize("share, need, left", [
-    (None, 20.0, False),  # a 12 Mbit/s parent, a child that needs 20: 0.2 x 20 < floor: kept
+    (None, 15.0, False),  # a 12 Mbit/s parent, a child that needs 15: held to 0.2 x 15, kept (and not reported:
+    # 12 is over half the need)
     (1000.0, None, True),  # it claims 1 Gbit/s and gives 12: held to 200, left
-    (1000.0, 20.0, False),  # the child's need caps what any claim can demand: kept
+    (1000.0, 15.0, False),  # the child's need caps what any claim can demand: kept
     (8.0, None, False),  # held to its own share (8 Mbit/s): kept; the fixed 0.2 x 200 would leave it
 ])
 def test_a_parent_is_judged_against_its_own_rate_and_the_childs_need(store, share, need, left):

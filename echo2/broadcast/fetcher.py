@@ -13,9 +13,10 @@ from typing import Callable, Iterator
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout
 
 from echo2.broadcast.protocol import (
-    ANSWER_GRACE_S,
+    HOLD_BYTES,
     MAX_STORE_REQUESTS,
     TAG_CHUNK,
+    TAG_HOLD,
     TAG_NOT_THERE,
     TAG_NOT_YET,
     FetchPolicy,
@@ -24,7 +25,7 @@ from echo2.broadcast.protocol import (
     SourceFailed,
     VersionBuffer,
 )
-from echo2.broadcast.rates import RateMeter, min_rate_mbit
+from echo2.broadcast.rates import RateMeter, RunBudget, min_rate_mbit
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.data.manifest import Chunk
 from echo2.data.relay_tokens import RelayAuth
@@ -77,8 +78,9 @@ class Fetcher:
                     on_left: Callable[[Peer, int, str], None] | None = None,
                     need_mbit: float | None = None) -> VersionBuffer:
         """Fill ``buffer``; ``on_left(peer, version, why)`` is called (on the relay's loop) for each peer of
-        the plan left because it failed to deliver (not for a 404); ``need_mbit``: the rate this node needs
-        the version at (``rates.min_rate_mbit``), None if unknown."""
+        the plan left because it failed to deliver (not for a 404), and for one that delivered the version too
+        slowly for this node's need (``_judge``); ``need_mbit``: the rate this node needs the version at
+        (``rates.min_rate_mbit``), None if unknown."""
         try:
             return await self._fill(buffer, peers, on_left, need_mbit)
         except BaseException as exc:  # failed or cancelled: requests held for its chunks are answered now
@@ -93,9 +95,11 @@ class Fetcher:
         async with ClientSession(timeout=timeout, headers={"Authorization": f"Bearer {self.token}"},
                                  auto_decompress=False) as session:
             for source in sources:  # each peer streams what is still missing, in order, until it fails
+                asked, got = asyncio.get_running_loop().time(), 0
                 try:
                     for first, last in _runs([i for i, d in enumerate(buffer.data) if d is None]):
-                        await self._stream(session, source, buffer, first, last, need_mbit)
+                        got += await self._stream(session, source, buffer, first, last, need_mbit)
+                    self._judge(source, buffer.version, got, asked, need_mbit, on_left)
                     return buffer
                 # ClientError: a peer that dies (ServerDisconnectedError, ClientPayloadError, ClientConnectorError
                 # for a refused connection): left at once, its children's next source takes over
@@ -106,6 +110,21 @@ class Fetcher:
                         on_left(source, buffer.version, why)
         await self._from_store(buffer)
         return buffer
+
+    def _judge(self, source: str | Peer, version: int, nbytes: int, asked: float, need_mbit: float | None,
+               on_left: Callable[[Peer, int, str], None] | None) -> None:
+        """Report a parent that delivered its part of the version (from the first byte asked for to the last,
+        holds included) at under ``version_need_fraction`` of what this node needs: it kept every run's pace,
+        yet this node could not keep up with publishing through it."""
+        if not isinstance(source, Peer) or not nbytes or not need_mbit or on_left is None:
+            return
+        seconds = max(asyncio.get_running_loop().time() - asked, 1e-6)
+        mbit = nbytes * 8 / seconds / 1e6
+        if mbit < self.policy.version_need_fraction * need_mbit:
+            why = (f"delivered v{version} at {mbit:.3g} Mbit/s ({nbytes} bytes in {seconds:.1f} s), under "
+                   f"{self.policy.version_need_fraction:g} of the {need_mbit:.3g} Mbit/s this node needs")
+            log.warning("v%d: reporting %s: %s", version, source, why)
+            on_left(source, version, why)
 
     async def _from_store(self, buffer: VersionBuffer) -> None:
         """What is still missing, ``FetchPolicy.store_requests`` chunks at a time (``window``, or enough to cover
@@ -179,40 +198,51 @@ class Fetcher:
                 await reader
 
     async def _stream(self, session: ClientSession, source: str | Peer, buffer: VersionBuffer, first: int,
-                      last: int, need_mbit: float | None) -> None:
-        """Chunks ``first`` .. ``last`` from ``source`` as one streamed run, each put (verified) as it comes.
-        Per chunk the peer has what a single request had: ``pipeline_wait_s`` + ``ANSWER_GRACE_S`` for its
-        first byte (the peer may be receiving it), then ``chunk_timeout`` at the rate it is held to."""
+                      last: int, need_mbit: float | None) -> int:
+        """Chunks ``first`` .. ``last`` from ``source`` as one streamed run, each put (verified) as it comes; the
+        bytes delivered. The peer is held to a rate over the whole run from the moment it was asked, holds it
+        declares with progress excused (``rates.RunBudget``), not per chunk."""
         base = source.url if isinstance(source, Peer) else source
         url = f"{base}/v1/versions/{buffer.version}/chunks/{first}?run={last - first + 1}"
         tls = {} if self.tls is None else {  # the certificate must name the plan's peer, whatever the address
             "ssl": self.tls.client_context, "server_hostname": RelayTLS.server_hostname(source.actor_id)}
-        answer_s = self.policy.pipeline_wait_s + ANSWER_GRACE_S
         loop = asyncio.get_running_loop()
-        index, waiting = first, True
+        share = source.share_mbit if isinstance(source, Peer) else None
+        rate = min_rate_mbit(fraction=self.policy.min_rate_fraction, floor_mbit=self.policy.floor_mbit,
+                             parent_mbit=share, need_mbit=need_mbit)
+        sizes = [c.size for c in buffer.chunks]
+        budget = RunBudget(loop.time(), rate_mbit=rate, floor_mbit=self.policy.floor_mbit,
+                           grace_s=self.policy.answer_grace_s,
+                           slack_s=self.policy.chunk_slack_s, start_s=self.policy.pipeline_wait_s,
+                           chunks=len(sizes), mean_chunk=sum(sizes) / max(1, len(sizes)))
+        index = first
         try:
-            async with asyncio.timeout(answer_s) as deadline:
+            async with asyncio.timeout_at(budget.due()) as deadline:
                 async with session.get(url, **tls) as resp:
                     if resp.status == 404:
                         raise NotThere(f"{url} answered 404")
                     if resp.status != 200:
                         raise SourceFailed(f"{url} answered {resp.status}")
-                    for index in range(first, last + 1):
+                    while index <= last:
                         chunk = buffer.chunks[index]
-                        waiting = True
-                        deadline.reschedule(loop.time() + answer_s)
+                        deadline.reschedule(budget.due())
                         tag = await resp.content.read(1)
+                        if tag == TAG_HOLD:  # not there yet at the parent: how far its own copy is
+                            try:
+                                held = int.from_bytes(await resp.content.readexactly(HOLD_BYTES), "big")
+                            except asyncio.IncompleteReadError:
+                                why = f"{source} ended the run in a hold notice at chunk {index}"
+                                raise SourceFailed(why) from None
+                            if (why := budget.hold(held, loop.time())) is not None:
+                                raise SourceFailed(f"{source} sent junk at chunk {index}: {why}")
+                            continue
                         if tag == TAG_NOT_THERE:
                             raise NotThere(f"{source} will not have chunk {index} of v{buffer.version}")
                         if tag != TAG_CHUNK:
                             what = {TAG_NOT_YET: "held it past its hold", b"": "ended the run"}.get(tag, "sent junk")
                             raise SourceFailed(f"{source} {what} at chunk {index}")
-                        waiting = False
-                        share = source.share_mbit if isinstance(source, Peer) else None
-                        rate = min_rate_mbit(fraction=self.policy.min_rate_fraction, floor_mbit=self.policy.floor_mbit,
-                                             parent_mbit=share, need_mbit=need_mbit)
-                        body_s = self.policy.chunk_timeout(chunk.size, rate)
-                        deadline.reschedule(loop.time() + body_s)
+                        budget.chunk(loop.time())
+                        deadline.reschedule(budget.due(chunk.size))
                         # timed from its tag to its verification: back to back, the next chunk's bytes arrive while
                         # this one is checked, so the periods join up; a hold before a tag is not counted
                         self.download.start()
@@ -224,11 +254,15 @@ class Fetcher:
                             buffer.put(index, data, str(source))
                         finally:
                             self.download.stop(len(data))
+                        budget.delivered(chunk.size)
+                        index += 1
         except TimeoutError:
-            if waiting:
-                raise SourceFailed(f"{source} held chunk {index} for {answer_s:.1f} s without sending it") from None
-            raise SourceFailed(f"{source} sent chunk {index} below {rate:.3g} Mbit/s "
-                               f"(not within {body_s:.1f} s)") from None
+            if budget.answered is None:
+                raise SourceFailed(f"{source} did not answer within {self.policy.answer_grace_s:.1f} s") from None
+            raise SourceFailed(f"{source} fell behind at chunk {index}: {budget.done} bytes in "
+                               f"{loop.time() - budget.started:.1f} s, below {rate:.3g} Mbit/s over the run "
+                               f"(holds with progress excused)") from None
+        return budget.done
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

@@ -48,25 +48,30 @@ chain (1.05 s). ``B`` is the median planning rate (the rates are uniform where t
 the smaller fan-out. The plan stays deterministic: the learner writes every parent into the signed manifest.
 
 Untrusted claims. Rates are what actors say they measured; a liar can claim 100 Gbit/s. What bounds it: a
-claim above ``RATE_SPREAD`` x the median counts as that; no parent gets more than ``MAX_CHILDREN`` children
-(or ``fanout``), so a liar at a root holds at most that many; those children report it (``failed_parents``,
+claim above ``RATE_SPREAD`` x the median counts as that; a claim never makes its peer a root unless it was
+put to the test (``measured``: the learner passes the peers that were a parent in a signed plan of the last
+``REPORT_VERSIONS`` versions, ``relayed_lately``; a reported one is demoted, below): the roots are chosen
+with every other claim counted at most at the median, so a liar is never its site's only root by its claim,
+and its children fall back to an honest root, not all to the store; below the roots every claim counts (a
+fast new peer gets children, and with them its test); no parent gets more than ``MAX_CHILDREN`` children
+(or ``fanout``), so a liar holds at most that many; those children report it (``failed_parents``,
 ``topology``); ``QUORUM`` reporters take it out of the plan, and a single report *demotes* it (``demoted``,
 which ``topology.relay_plan`` fills only with reports whose reporter had the reported peer among its sources
 in the signed plan of the version reported, so a report of a peer one never fetched from demotes nobody):
 a demoted peer's own claim never counts; it is planned at the slowest rate of its site's other peers and
 goes behind them, at the leaves (where no other rate in its site is known, at the median like every peer
-there: its hash place). So a failed peer's claim puts it at a root at most once per ``REPORT_VERSIONS``
-versions. What a lone liar can do
-to others: claim a high rate (one version at a root, at most ``MAX_CHILDREN`` children held
-once), or report its own parent and ancestors (they go to the leaves for ``REPORT_VERSIONS`` versions):
-it costs speed, never a byte's correctness (every chunk is checked against the signed manifest).
+there: its hash place). So a failed peer's claim gives it children at most once per ``REPORT_VERSIONS``
+versions. What a lone liar can do to others: claim a high rate (one version as a parent of at most
+``MAX_CHILDREN`` children, held once), or report its own parent and ancestors (they go to the leaves for
+``REPORT_VERSIONS`` versions): it costs speed, never a byte's correctness (every chunk is checked against
+the signed manifest).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 RATE_SPREAD = 16.0
 """A claimed rate counts at most this many times the median known rate of the plan."""
@@ -116,6 +121,13 @@ def _claim(rates: dict[str, float | None], peer: str, max_rate: float) -> float 
     return half_octave(min(float(r), max_rate)) if ok else None
 
 
+def _median_claim(ids: list[str], rates: dict[str, float | None], demoted: Collection[str],
+                  max_rate: float) -> float | None:
+    """The median of the known claims (capped, half-octaves) of the peers not demoted; None if none is known."""
+    known = [r for i in ids if i not in demoted and (r := _claim(rates, i, max_rate)) is not None]
+    return statistics.median_low(sorted(known)) if known else None
+
+
 def planning_rates(ids: list[str], rates: dict[str, float | None], demoted: Collection[str],
                    site: dict[str, str] | None, max_rate: float) -> tuple[dict[str, float], set[str]]:
     """The rate each peer is planned with (module docstring): capped, half-octaves, the median for the
@@ -123,9 +135,9 @@ def planning_rates(ids: list[str], rates: dict[str, float | None], demoted: Coll
     demoted in effect: those of ``demoted`` in a site where some other peer's rate is known."""
     where = site or {}
     known = {i: r for i in ids if i not in demoted and (r := _claim(rates, i, max_rate)) is not None}
-    if not known:
+    median = _median_claim(ids, rates, demoted, max_rate)
+    if median is None:
         return {i: 1.0 for i in ids}, set()
-    median = statistics.median_low(sorted(known.values()))
     out = {i: min(r, RATE_SPREAD * median) if i not in demoted and (r := _claim(rates, i, max_rate)) is not None
            else median for i in ids}  # a demoted peer's claim counts for nothing
     rated_sites = {where.get(i, "") for i in known}
@@ -154,13 +166,18 @@ def _fill(ids: list[str], slots: list[int], roots: int) -> list[tuple[str, str |
 
 
 def layout_site(ids: list[str], rate: dict[str, float], demoted: Collection[str], *, fanout: int,
-                roots: int) -> list[tuple[str, str | None]]:
-    """(peer, parent) of one site's forest, fastest first (module docstring); parent None = a root."""
-    ids = sorted(ids, key=lambda i: (-rate[i], i in demoted))  # stable: the hash order breaks ties
+                roots: int, root_rate: dict[str, float] | None = None) -> list[tuple[str, str | None]]:
+    """(peer, parent) of one site's forest, fastest first (module docstring); parent None = a root.
+    ``root_rate``: the rates the roots are chosen by, where they differ from ``rate`` (the claims not measured
+    yet count at most the median: module docstring)."""
+    hashed, ids = ids, sorted(ids, key=lambda i: (-rate[i], i in demoted))  # stable: the hash order breaks ties
     if not ids:
         return []
+    if root_rate is not None:
+        first = sorted(hashed, key=lambda i: (-root_rate[i], i in demoted))[:roots]
+        ids = first + [i for i in ids if i not in first]
     most = max(fanout, MAX_CHILDREN)
-    top = rate[ids[0]] / fanout
+    top = max(rate[i] for i in ids) / fanout
     links = sorted({r / c for r in {rate[i] for i in ids} for c in range(1, most + 1) if r / c <= top} | {top},
                    reverse=True)
     for link in links:  # the fastest link rate every peer can be carried at
@@ -172,15 +189,22 @@ def layout_site(ids: list[str], rate: dict[str, float], demoted: Collection[str]
 
 def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: int, site: dict[str, str] | None,
                  site_roots: dict[str, int] | None, rates: dict[str, float | None], demoted: Collection[str],
-                 max_rate: float, latency: tuple[int, int, float] | None = None) -> dict:
+                 max_rate: float, latency: tuple[int, int, float] | None = None,
+                 measured: Collection[str] | None = None) -> dict:
     """The relay section with explicit parents (``shape: parents``); ``ids`` in the version's hash order,
     ``site`` peer -> site name (None: one forest), ``site_roots`` roots per site. Each peer entry carries
     ``parent`` (None for a root) and, where its rate is known, ``up_mbit``: the rate it was planned by as
     reported (``topology.planning_rate``: its uplink, no more than its downlink), neither capped by the
     median nor rounded, which its children hold it to, shared among them (``receiver.py``). ``latency``:
     (version bytes, chunk bytes, round trip in s) where known: the fan-out is at least ``latency_fanout``'s for
-    the largest site, at the median planning rate (module docstring)."""
-    rate, demoted = planning_rates(ids, rates, {i for i in demoted if i in live}, site, max_rate)
+    the largest site, at the median planning rate (module docstring). ``measured``: the peers whose claims
+    their children have put to the test (``relayed_lately``); the roots are chosen with every other
+    claim counted at most at the median (None: every claim counts, as where the caller knows the rates)."""
+    asked = {i for i in demoted if i in live}
+    rate, demoted = planning_rates(ids, rates, asked, site, max_rate)
+    root_rate = None
+    if measured is not None and (median := _median_claim(ids, rates, asked, max_rate)) is not None:
+        root_rate = {i: rate[i] if i in measured else min(rate[i], median) for i in ids}
     known = [r for i in ids if _claim(rates, i, max_rate) is not None and (r := rate[i]) > 0]
     if latency is not None and known:
         largest = max(sum(1 for i in ids if (site or {}).get(i, "") == s) for s in {(site or {}).get(i, "")
@@ -193,7 +217,7 @@ def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: in
     for name in groups:
         members = [i for i in ids if site is None or site[i] == name]
         n_roots = roots if site_roots is None else site_roots[name]
-        for peer, parent in layout_site(members, rate, demoted, fanout=fanout, roots=n_roots):
+        for peer, parent in layout_site(members, rate, demoted, fanout=fanout, roots=n_roots, root_rate=root_rate):
             entry = {"id": peer, "url": live[peer], "parent": parent}
             if site is not None:
                 entry["site"] = name
@@ -205,3 +229,16 @@ def rated_forest(live: dict[str, str], ids: list[str], *, fanout: int, roots: in
         relay["site_roots"] = site_roots
     relay["peers"] = peers
     return relay
+
+
+def relayed_lately(plans: Callable[[int], dict | None], version: int, versions: int) -> set[str]:
+    """The peers named as a parent in the signed plan of one of the ``versions`` versions before ``version``:
+    their claims were put to the test by children that would have reported them (a parent too slow for its
+    child's need is reported too, ``fetcher.py``). ``plans(version)``: that plan's relay section, None when
+    unknown; a plan without explicit parents (before rates) names none."""
+    out: set[str] = set()
+    for v in range(max(0, version - versions), version):
+        relay = plans(v)
+        if isinstance(relay, dict) and relay.get("shape") == "parents" and isinstance(relay.get("peers"), list):
+            out |= {p["parent"] for p in relay["peers"] if isinstance(p, dict) and isinstance(p.get("parent"), str)}
+    return out

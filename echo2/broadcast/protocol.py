@@ -14,7 +14,8 @@ from typing import NamedTuple
 from echo2.data.manifest import Chunk
 
 ANSWER_GRACE_S = 2.0
-"""How much longer than the pipeline hold a child waits for a peer's answer (network and scheduling)."""
+"""How long a child waits for a peer's first answer to a run, a chunk or a hold notice (network and scheduling;
+an honest parent answers at once), and the grace a run's budget starts with (``rates.RunBudget``)."""
 MAX_STORE_REQUESTS = 32
 """No more chunk requests than this in flight to the store (threads: the store's client is blocking)."""
 TAG_CHUNK = b"C"
@@ -23,6 +24,12 @@ TAG_NOT_THERE = b"N"
 """In a run: the next chunk will not come here (superseded, failed); the run ends. The honest 404."""
 TAG_NOT_YET = b"H"
 """In a run: the next chunk was held ``pipeline_wait_s`` and did not arrive; the run ends. The 503."""
+TAG_HOLD = b"W"
+"""In a run: the next chunk is not here yet, so the parent holds the run, and says how far its own copy is:
+``HOLD_BYTES`` bytes, big-endian, the count of the version's chunks it holds verified (0: none yet, or it has
+not started the version). Sent as each hold begins; the run goes on with the chunk, or with its end. What a
+child excuses of a hold is in ``rates.RunBudget``."""
+HOLD_BYTES = 4
 
 
 class SourceFailed(Exception):
@@ -63,6 +70,8 @@ class VersionBuffer:
     """Set when the fetch stopped short (failed or cancelled): missing chunks will not come."""
     missing: int = 0
     """Chunks not in yet (kept as they are put: no scan of every chunk per chunk)."""
+    released: bool = False
+    """The relay dropped this version and let its bytes go (``release``)."""
 
     def __post_init__(self) -> None:
         n = len(self.chunks)
@@ -89,6 +98,17 @@ class VersionBuffer:
         self.failed = exc
         self.ended.set()
 
+    @property
+    def held(self) -> int:
+        """Chunks in, verified (what a hold notice says: ``TAG_HOLD``)."""
+        return len(self.chunks) - self.missing
+
+    def release(self) -> None:
+        """Let the chunks' bytes go now: the relay no longer serves this version, and whatever still refers to
+        the buffer (a request being answered, a future) must not keep a whole version in memory."""
+        self.released = True
+        self.data = [None] * len(self.chunks)
+
     def files(self) -> dict[str, bytes]:
         """Whole files, once every chunk is in (already verified chunk by chunk)."""
         out: dict[str, list[bytes]] = {}
@@ -104,12 +124,22 @@ class FetchPolicy:
     """Not used by the health rule any more (``rates.min_rate_mbit``: a parent is held to its measured rate and
     the child's need); kept so that callers that set it still work."""
     min_rate_fraction: float = 0.2
-    """A parent slower on a chunk than this fraction of the lesser of its own rate and the child's need is
-    left (``rates.min_rate_mbit``)."""
+    """A parent slower over a run than this fraction of the lesser of its own rate and the child's need is
+    left (``rates.min_rate_mbit``, ``rates.RunBudget``)."""
     floor_mbit: float = 5.0
-    """The rate no parent may fall below on a chunk, whatever is (not) known: a stalling parent is left."""
+    """The rate no parent may fall below over a run, whatever is (not) known: a stalling parent is left. Also
+    the rate a holding parent's own copy must fill at, and the one a child that stopped reading is held to
+    (the relay's write deadline, ``chunk_timeout``)."""
+    version_need_fraction: float = 0.5
+    """A parent that delivered the version (from the first byte asked for, holds included) at less than this
+    fraction of what the child needs is reported, though kept for the version: the learner then plans it at
+    the leaves. Half: the need is a median of recent intervals between versions, and an honest parent on a
+    version that came late must not be reported for that."""
     pipeline_wait_s: float = 30.0
     """How long a server holds a request for a chunk it is still receiving."""
+    answer_grace_s: float = ANSWER_GRACE_S
+    """How long a peer has to answer a run (a chunk, or a hold notice), which is also what a peer that never
+    answers costs a child, once per version."""
     window: int = 4
     """Chunk requests in flight to the store, at least (``store_requests``). From a peer, chunks come as one
     streamed run (module docstring)."""

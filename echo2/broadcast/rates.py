@@ -17,16 +17,29 @@ open, over the ticks in which anything was queued or left: a write returns once 
 a few MB of socket buffer), so timing the writes alone would count a 64 KB chunk as sent in no time. Rates
 are None until ``MIN_BYTES`` over ``MIN_SECONDS`` were seen.
 
+A stream whose queued bytes have not moved for ``STALL_S`` (a child that stopped reading) is idle: its
+ticks count neither as upload time nor hold a period open, so one child that never reads cannot drag down
+the rate a node measures (and reports, and is planned by).
+
 The rate a parent is held to (``min_rate_mbit``): ``min_rate_fraction`` of the lesser of what the parent
 can give this child (its share of its measured upload as the signed plan carries it: ``up_mbit`` over its
 children) and what the child needs (the version's bytes over the time between the learner's versions, as
 the receiver observes it), never below ``floor_mbit``, so a stalling parent is left even when nothing is
 known. A parent of unknown rate to a child of unknown need is held to the floor alone: a 30 Mbit/s peer
 is not "unhealthy" for missing a fixed 200 Mbit/s figure, and a fast peer is held to the rate it
-measured. What a parent delivered earlier in the same fetch is not used: in a stream a chunk's bytes may
-already wait in the socket when its tag is read, so one chunk's time can show memory speed, not the
-link's. The rates are self-reported and untrusted: a parent that claims more than it gives is only held
+measured. The rates are self-reported and untrusted: a parent that claims more than it gives is only held
 to more (and left sooner), and the child's need caps what any claim can demand.
+
+Over a whole run, not per chunk (``RunBudget``): timed per chunk, a parent could hold every chunk until just
+before its own deadline and then send it at full speed, one chunk per hold, for ever. So the rate is held
+over the run: the first answer (a chunk, or a hold notice) within ``answer_grace_s`` of the request; from
+that answer on, every byte by the time the run's bytes so far take at the held rate, plus one slack. A hold
+counts against it unless the parent says why (``protocol.TAG_HOLD``: it does not have the next chunk yet)
+and shows progress: it may wait up to ``pipeline_wait_s`` for its own copy of the version to start, and its
+copy must then fill at the floor rate at least (the chunks it says it holds, plus the one it waits for, at
+``floor_mbit``), which bounds what a parent that lies about its holds can cost: the version at the floor
+rate, once, plus the start-up wait, where before it was one hold per chunk. What a parent delivers over the
+whole version is judged too (``Fetcher``, ``FetchPolicy.version_need_fraction``).
 """
 
 from __future__ import annotations
@@ -46,6 +59,8 @@ SAMPLES = 16
 MIN_BYTES = 256 * 1024
 MIN_SECONDS = 0.01
 UPLOAD_TICK_S = 0.05
+STALL_S = 0.5
+"""A stream with bytes queued that did not move for this long is stalled: its time is idle, not upload time."""
 
 
 class RateMeter:
@@ -105,11 +120,12 @@ class UploadMeter:
 
     def __init__(self) -> None:
         self.meter = RateMeter()
-        self._streams: dict[int, list] = {}  # id -> [transport, bytes handed over, bytes that left, closed]
+        # id -> [transport, bytes handed over, bytes that left, closed, when its queue last moved]
+        self._streams: dict[int, list] = {}
         self._ticker: asyncio.Task | None = None
 
     def open(self, key: int, transport) -> None:
-        self._streams[key] = [transport, 0, 0, False]
+        self._streams[key] = [transport, 0, 0, False, time.monotonic()]
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
@@ -123,34 +139,42 @@ class UploadMeter:
         if key in self._streams:
             self._streams[key][3] = True
 
-    def _account(self) -> tuple[int, bool]:
-        """Bytes that left since the last look, and whether anything is still queued."""
-        left, queued = 0, False
+    def drop(self, key: int) -> None:
+        """The stream's connection was cut (a child that left, or one that stopped reading): what it had not
+        sent yet never leaves, so it is not counted; what left is counted already."""
+        self._streams.pop(key, None)
+
+    def _account(self, now: float) -> tuple[int, bool]:
+        """Bytes that left since the last look, and whether a stream still has bytes queued that are moving
+        (one whose queue stood still for ``STALL_S`` is a child that stopped reading: idle)."""
+        left, moving = 0, False
         for key, entry in list(self._streams.items()):
-            transport, written, counted, closed = entry
+            transport, written, counted, closed, moved_at = entry
             gone = max(counted, written - queued_bytes(transport))
+            if gone > counted:
+                entry[4] = moved_at = now
             left += gone - counted
             entry[2] = gone
             if gone < written:
-                queued = True
+                moving = moving or now - moved_at < STALL_S
             elif closed:
                 del self._streams[key]
-        return left, queued
+        return left, moving
 
     async def _tick(self) -> None:
         last = time.monotonic()
-        period, was_queued = [0, 0.0], False
+        period, was_moving = [0, 0.0], False
         while self._streams:
             await asyncio.sleep(UPLOAD_TICK_S)
             now = time.monotonic()
-            left, queued = self._account()
-            if left or was_queued:
+            left, moving = self._account(now)
+            if left or was_moving:
                 period[0] += left
                 period[1] += now - last
-            if not queued and period[0]:
+            if not moving and period[0]:
                 self.meter.add(*period)
                 period = [0, 0.0]
-            was_queued, last = queued, now
+            was_moving, last = moving, now
         if period[0]:
             self.meter.add(*period)
 
@@ -162,3 +186,71 @@ def min_rate_mbit(*, fraction: float, floor_mbit: float, parent_mbit: float | No
     if not known:
         return floor_mbit
     return max(floor_mbit, fraction * min(known))
+
+
+class RunBudget:
+    """What a parent is held to over one streamed run (module docstring), on the child's clock (the loop's
+    ``time()``). The fetcher asks ``due`` before each read; a read not done by then leaves the parent."""
+
+    def __init__(self, started: float, *, rate_mbit: float, floor_mbit: float, grace_s: float, slack_s: float,
+                 start_s: float, chunks: int, mean_chunk: float):
+        """``started``: when the run was asked for; ``rate_mbit``: what the parent is held to (``min_rate_mbit``);
+        ``start_s``: how long it may wait for its own copy of the version to start (``pipeline_wait_s``);
+        ``chunks``: the version's count, ``mean_chunk`` its mean chunk size in bytes (what a hold's progress
+        is counted in)."""
+        self.started, self.grace_s, self.slack_s, self.start_s = started, grace_s, slack_s, start_s
+        self.rate = rate_mbit * 1e6 / 8  # bytes/s
+        self.floor = floor_mbit * 1e6 / 8
+        self.chunks, self.mean_chunk = chunks, mean_chunk
+        self.done = 0
+        """Bytes of the chunks delivered in this run."""
+        self.sent = 0
+        """Chunks delivered in this run."""
+        self.answered: float | None = None
+        """When the first answer came (None: not yet)."""
+        self.claimed: int | None = None
+        """Chunks the parent said it holds in its newest hold notice (None: it sent none)."""
+        self.starting = False
+        """The run opened with a hold before the parent held any of the version: it may wait ``start_s``."""
+        self.waited = 0.0
+        """Seconds it waited for its copy to start (at most ``start_s``)."""
+
+    def due(self, pending: int = 0) -> float:
+        """When the next read must be done: the first answer within ``grace_s``; then every byte, ``pending``
+        (the chunk being read) included, by its time at the held rate from that answer, one ``slack_s``, the
+        wait for the parent's copy to start, and its copy's progress at the floor rate."""
+        if self.answered is None:
+            return self.started + self.grace_s
+        waited = self.start_s if self.starting else self.waited
+        progress = 0.0 if self.claimed is None else (self.claimed + 1) * self.mean_chunk / self.floor
+        return self.answered + self.slack_s + waited + (self.done + pending) / self.rate + progress
+
+    def hold(self, held: int, now: float) -> str | None:
+        """A hold notice saying the parent holds ``held`` chunks; why it is junk, or None. Progress never goes
+        back, counts at least what this run delivered, and leaves a chunk to wait for."""
+        if not self.sent <= held < self.chunks or (self.claimed is not None and held < self.claimed):
+            return (f"a hold notice of {held} chunks held (of {self.chunks}; {self.claimed} said before, "
+                    f"{self.sent} sent in this run)")
+        if self.answered is None:
+            self.answered = now
+            self.starting = held == 0
+        elif self.starting and held > 0:
+            self._started(now)
+        self.claimed = held
+        return None
+
+    def chunk(self, now: float) -> None:
+        """A chunk's tag arrived."""
+        if self.answered is None:
+            self.answered = now
+        elif self.starting:
+            self._started(now)
+
+    def delivered(self, nbytes: int) -> None:
+        self.done += nbytes
+        self.sent += 1
+
+    def _started(self, now: float) -> None:
+        assert self.answered is not None
+        self.waited = min(self.start_s, now - self.answered)
+        self.starting = False

@@ -33,8 +33,9 @@ version is logged and rejected for good (a manifest is written once). Neither ev
 while LATEST names a rejected version the receiver takes the newest version folder it has not
 rejected, so a forged pointer cannot hold it back either.
 
-A parent of the plan that failed to deliver (``relay.py``: held a request past its timeout, refused,
-died, sent bad bytes) is remembered with the version it failed: the receiver asks it for nothing for
+A parent of the plan that failed to deliver (``relay.py``: fell behind the rate it is held to over a run,
+refused, died, sent bad bytes), or that delivered a version at under half this actor's need, is remembered
+with the version it failed: the receiver asks it for nothing for
 ``topology.REPORT_VERSIONS`` versions, whatever later plans say, and reports it in its peer record
 (``failed_parents``), from which the learner plans around it (``topology.plan``).
 
@@ -106,7 +107,7 @@ class PolicyReceiver:
         self.staleness = staleness
         policy = FetchPolicy(expected_mbit=config.expected_mbit, min_rate_fraction=config.min_rate_fraction,
                              floor_mbit=config.floor_mbit, pipeline_wait_s=config.pipeline_wait_s,
-                             window=config.window)
+                             answer_grace_s=config.answer_grace_s, window=config.window)
         self.auth = RelayAuth(public_key, run_id)
         # only an ObjectStore that says it streams: a stand-in that wraps one (overriding get_range, delegating
         # the rest) would otherwise have its chunk reads go around its get_range

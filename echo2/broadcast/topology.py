@@ -37,8 +37,9 @@ name itself. Liveness is judged by the store's own clock: the time the store com
 keep a dead peer live. A plan holds only actors the fleet launched (``LaunchedActors``, from the
 ledger, which actors cannot write) and that are not revoked.
 
-A child whose parent failed to deliver (held a request past its timeout, refused, died, sent bad bytes;
-not a 404, the honest "I will not have it") says so in its record: ``failed_parents: {parent: version}``.
+A child whose parent failed to deliver (fell behind what it is held to over a run, refused, died, sent bad
+bytes, or delivered a version at under half the child's need; not a 404, the honest "I will not have it")
+says so in its record: ``failed_parents: {parent: version}``.
 The reporter itself asks that parent for nothing for ``REPORT_VERSIONS`` versions (``receiver.py``),
 whatever the plans say. A parent reported by ``QUORUM`` distinct live children of the fleet is left out
 of the plan (it then reads the store, as a root would, and relays for nobody) until the reports are
@@ -68,7 +69,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-from echo2.broadcast.forest import half_octave, rated_forest
+from echo2.broadcast.forest import half_octave, rated_forest, relayed_lately
 from echo2.data import layout
 from echo2.data.store import NotFound, ObjectStore, StoreError
 
@@ -220,7 +221,8 @@ def sources(relay: dict, actor_id: str) -> list[str]:
 def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
          reports: dict[str, set[str]] | None = None, placement: dict[str, tuple[str, str]] | None = None,
          store_site: tuple[str, str] | None = None, rates: dict[str, float | None] | None = None,
-         demoted: Collection[str] | None = None, latency: tuple[int, int, float] | None = None) -> dict:
+         demoted: Collection[str] | None = None, latency: tuple[int, int, float] | None = None,
+         measured: Collection[str] | None = None) -> dict:
     """The relay section of a manifest: ordered peers (id, url[, site][, parent]) and the shape of the forest.
 
     ``reports``: parent -> the children that reported it failed (``standing_reports``); a parent with
@@ -230,7 +232,9 @@ def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
     unknown); given, the forest is bandwidth-aware and carries each peer's ``parent`` (``_rated_forest``), with
     ``demoted`` the peers planned at the leaves (None: every peer with a standing report below quorum), and
     ``latency`` = (version bytes, chunk bytes, round trip in s), where the caller knows them: the fan-out is at
-    least what ``forest.latency_fanout`` models fastest."""
+    least what ``forest.latency_fanout`` models fastest, and ``measured`` the peers whose claims count in full
+    when the roots are chosen (``forest.relayed_lately``; None: every claim does, as where the caller knows
+    the rates)."""
     out = {p for p, who in (reports or {}).items() if len(who) >= QUORUM}
     ids = [i for i in order(list(live), version) if i not in out]
     site = {i: site_name(*placement[i]) if i in placement else "" for i in ids} if placement else None
@@ -241,7 +245,7 @@ def plan(live: dict[str, str], version: int, *, fanout: int, roots: int,
         if demoted is None:
             demoted = {p for p, who in (reports or {}).items() if 0 < len(who) < QUORUM}
         return rated_forest(live, ids, fanout=fanout, roots=roots, site=site, site_roots=site_roots, rates=rates,
-                            demoted=demoted, max_rate=MAX_RATE_MBIT, latency=latency)
+                            demoted=demoted, max_rate=MAX_RATE_MBIT, latency=latency, measured=measured)
     if site is None:
         return {"fanout": fanout, "roots": roots, "peers": [{"id": i, "url": live[i]} for i in ids]}
     ids = [i for s in sites for i in ids if site[i] == s]  # grouped by site, hash order within
@@ -467,7 +471,9 @@ def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max
     fleet to ask, as in tests of the relay alone) and that are not revoked, planned with their reports and
     the rates in their records (``forest.py``), one forest per site where ``placement`` is given (``plan``).
     ``plans``: version -> the relay section the learner signed for it (None if unknown), to check that a
-    report's reporter fetched from whom it reports (``verified_demotions``); None: no report demotes."""
+    report's reporter fetched from whom it reports (``verified_demotions``) and whose claims were put to the
+    test (``forest.relayed_lately``: only those choose a site's roots above the median); None: no report demotes, and
+    every claim counts."""
     records = read_peers(store, max_age_s=max_age_s)
     strangers = {a for a in records if known is not None and a not in known}
     for actor in sorted(strangers):
@@ -479,12 +485,13 @@ def relay_plan(store: ObjectStore, version: int, *, fanout: int, roots: int, max
             log.warning("v%d: %s is left out of the relay plan: %s report it failed to deliver", version, parent,
                         ", ".join(sorted(who)))
     demoted = verified_demotions(records, reports, plans) if plans is not None else set()
+    measured = relayed_lately(plans, version, REPORT_VERSIONS) if plans is not None else None
     for parent in sorted(demoted):
         log.info("v%d: %s is planned at the leaves: %s reported it failed to deliver", version, parent,
                  ", ".join(sorted(reports[parent])))
     return plan({a: r.url for a, r in records.items()}, version, fanout=fanout, roots=roots, reports=reports,
                 placement=placement, store_site=store_site,
-                rates={a: planning_rate(r) for a, r in records.items()}, demoted=demoted)
+                rates={a: planning_rate(r) for a, r in records.items()}, demoted=demoted, measured=measured)
 
 
 def unregister(store: ObjectStore, actor_id: str) -> None:

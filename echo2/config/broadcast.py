@@ -38,6 +38,10 @@ class BroadcastConfig(_Section):
     """The rate (Mbit/s) below which a parent is left whatever is known of it: a stalling parent is left."""
     pipeline_wait_s: float = Field(30.0, gt=0)
     """How long a relay holds a request for a chunk it is still receiving."""
+    answer_grace_s: float = Field(2.0, gt=0)
+    """How long a parent has to answer a request for a run of chunks (the first chunk, or a notice that it
+    holds): the network's round trips and scheduling, since an honest parent answers at once. A parent that
+    does not answer costs each of its children this much, once per version (``broadcast/rates.py``)."""
     window: int = Field(4, ge=1)
     """Chunk requests in flight to the store (from a peer, chunks come as one streamed run per request)."""
     host: str = "127.0.0.1"

@@ -144,12 +144,19 @@ class Publisher:
 
     def _plan_of(self, version: int) -> dict | None:
         """The relay section this run signed for ``version`` (from the store once, after a resume); None if
-        it has none (never published, collected). Only the learner writes ``policy/``: no peer can forge it."""
+        it has none (never published, collected). Only the learner writes ``policy/``: no peer can forge it.
+        Only answers are remembered (a committed manifest, or none there): a store error is None for this
+        publish alone and asked again at the next, or one dropped request would turn the reports of that
+        version into no demotion for as long as they count."""
         if version not in self._plans:
             try:
                 manifest = self.store.get_json(layout.manifest_key(layout.policy_dir(version)))
-            except (NotFound, StoreError, OSError, ValueError):
+            except (NotFound, ValueError):  # none there, or committed and not JSON: asking again gives the same
                 manifest = None
+            except (StoreError, OSError) as exc:
+                log.warning("the relay plan of v%d could not be read (%s); reports of it wait for the next publish",
+                            version, exc)
+                return None
             relay = manifest.get("relay") if isinstance(manifest, dict) else None
             self._plans[version] = relay if isinstance(relay, dict) else None
         return self._plans[version]

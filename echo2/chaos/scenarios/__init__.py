@@ -33,6 +33,7 @@ from echo2.chaos.scenarios import (
     learner_reclaim,
     load,
     reclaims,
+    slow_peers,
     store_faults,
 )
 
@@ -48,6 +49,7 @@ SCENARIOS = {
     "dishonest-actors": dishonest_actors.dishonest_actors,
     "relay-tls": dishonest_actors.relay_tls,
     "hostile-store": hostile_store.hostile_store,
+    "slow-peers": slow_peers.slow_peers,
     "load": load.load,
 }
 """Every scenario, in the chaos issue's order (``echo2 chaos --scenario NAME`` runs one)."""
