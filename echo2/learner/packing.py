@@ -23,8 +23,8 @@ tokens, with no padding at all:
     advantages[j]    the sequence's advantage (per token, so one loss call covers the whole pack)
 Attention never crosses a sequence boundary: with ``train.attention`` varlen (the default) the learner passes
 the pack's sequence boundaries to ``attention.py``'s attention function, which runs each sequence causally on its
-own (torch's variable-length flash attention on a GPU; sdpa per sequence elsewhere; no mask at all). With sdpa, called with
-``position_ids`` and no ``attention_mask``, transformers (``masking_utils.find_packed_sequence_indices``) reads a
+own (torch's variable-length flash attention on a GPU; sdpa per sequence elsewhere; no mask at all).
+With sdpa, called with ``position_ids`` and no ``attention_mask``, transformers (``masking_utils.find_packed_sequence_indices``) reads a
 new sequence wherever the position does not follow the previous one by 1 and builds a dense block-diagonal
 causal mask (exact, but N x N). Every position keeps the index it had when the actor
 generated it (0 at the prompt's first token), so rotary embeddings see what the actor saw.
