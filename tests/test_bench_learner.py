@@ -71,12 +71,15 @@ def test_the_bench_drives_the_real_learner_at_the_configs_defaults(tiny_model):
     assert not all(torch.equal(p, b) for p, b in zip(learner.model.parameters(), before))  # the step moved weights
 
 
-def test_attention_flops_count_each_sequence_causally():
+def test_attention_flops_count_each_piece_causally():
     from transformers import Qwen3Config
 
     config = Qwen3Config(num_hidden_layers=2, num_attention_heads=4, head_dim=8, hidden_size=32)
-    columns = make_columns(3, [2, 5], 2, 97, seed=0)  # sequences of 3 + 2 - 1 = 4 and 3 + 5 - 1 = 7 tokens
-    assert attention_flops(columns, config) == 6 * 2 * 4 * 8 * (4**2 + 7**2)
+    columns = make_columns(3, [2, 5], 2, 97, seed=0)  # one group: sequences of 3 + 2 - 1 = 4 and 3 + 5 - 1 = 7 tokens
+    assert attention_flops(columns, config, share_prompts=False) == 6 * 2 * 4 * 8 * (4**2 + 7**2)
+    # the shared prompt's prefix (2 tokens) once, each segment (2 and 5 tokens) over it and itself
+    pairs = 2**2 / 2 + (2 * 2 + 2**2 / 2) + (5 * 2 + 5**2 / 2)
+    assert attention_flops(columns, config, share_prompts=True) == 12 * 2 * 4 * 8 * pairs
 
 
 def test_targets_say_pass_fail_or_not_run():

@@ -91,6 +91,7 @@ def flow_env(tiny_model, tmp_path, monkeypatch):
             def train_step(tables, _real=real, _run=self):
                 if plan.get("step") == _run.step + 1 and plan.get("where") == "step":
                     plan.pop("where")
+                    plan.get("before", lambda: None)()  # what happens before the signal is sent (a cancel)
                     os.kill(os.getpid(), signal.SIGTERM)
                 return _real(tables)
 
@@ -104,6 +105,8 @@ def flow_env(tiny_model, tmp_path, monkeypatch):
 
     def signal_in(step: int, where: str) -> None:
         plan.update(step=step, where=where)
+
+    signal_in.plan = plan  # a test may add what happens just before the signal ("before")
 
     def run_store(run_id: str):
         return open_store(str(tmp_path / "store")).child(layout.RUNS).child(run_id)
@@ -268,3 +271,39 @@ def test_a_resumed_learner_leaves_the_tokens_of_the_actors_it_may_adopt_good(tin
     config = _config(tmp_path, "adoptable", "spot")
     config.fleet.adopt_on_resume = False
     assert LearnerRun(config, runs, resume=True).revoked == {"actor0-aa", "actor1-bb"}
+
+
+def test_a_prefect_cancel_of_a_spot_learner_stops_it_and_its_fleet_and_is_no_reclaim(tmp_path, flow_env):
+    """Prefect cancels a flow run by setting it CANCELLING, then sending SIGTERM: with ``train.market: spot`` that
+    SIGTERM is a cancel, not a notice: checkpoint, the fleet stopped, the signal handed to the handler the notice
+    replaced (``echo2 run``'s: exit 143), never ``LearnerReclaimed`` (exit 75, which a managed job relaunches)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Cancelling
+
+    signal_in, run_store = flow_env
+    cfg = _config(tmp_path, "spot-cancel", "spot", sigterm_notice_s=60)
+
+    def cancelling():  # what Prefect's cancel does before it signals the process
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelling(), force=True)
+
+    signal_in(3, "step")
+    signal_in.plan["before"] = cancelling
+    stopped = []
+
+    def stop(signum, frame):  # what `echo2 run` installs (cli/common.py's CtrlC), without its bookkeeping
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(BaseException) as err:
+            train_flow.train(config=cfg.model_dump(mode="json"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not isinstance(err.value, LearnerReclaimed), err.value
+    store = run_store("spot-cancel")
+    assert _Fleet.made[0].stopped, "a cancelled spot learner left its fleet billing"
+    assert stopped == [signal.SIGTERM]
+    assert _events(store, "interrupted") and not _events(store, "learner_left")

@@ -54,6 +54,7 @@ from echo2.bench.learner_steps import (
     _signal,
     attention_flops,
     bench_learner,
+    computed_tokens,
     make_columns,
     save_random_model,
 )
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                     chk.bound("packing", "fp32_packed_vs_alone_max", float(d.max()), (TF32 if cuda else FP32)["pack"],
                               attention=learner.attention)
                     changed = learner._pack(columns, rows, torch.zeros(len(rows)))
-                    first = int(changed.sequence_lengths[0])
+                    prefix, segments = changed.layout[0]
+                    first = prefix + segments[0]  # the shared prefix and the first row's segment
                     changed.input_ids[0, :first] = torch.randint(0, V, (first,), generator=gen).to(device)
                     other = _all_logprobs(learner, changed)
                     chk.bound("packing", "fp32_no_leak_max", float((other[first:] - packed[first:]).abs().max()),
@@ -407,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             seconds = timed(lambda: learner.step_on_columns(columns), device, 1, 3 if cuda else 1)
-            tokens = int(columns.sequence_lengths().sum())
-            dense, attention = 6.0 * active * tokens, attention_flops(columns, lm.config)
+            tokens = computed_tokens(learner, columns)  # what the model ran on: a group's shared prompt once
+            dense = 6.0 * active * tokens
+            attention = attention_flops(columns, lm.config, share_prompts=learner.shares_prompts)
             median = sorted(seconds)[len(seconds) // 2]
             values = dict(tokens=tokens, seconds_median=median, seconds_min=min(seconds),
                           tokens_per_s=tokens / median, attention_share=attention / (dense + attention))

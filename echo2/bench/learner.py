@@ -40,9 +40,11 @@ learner's defaults are 8,192 and 1,024): sdpa's block-diagonal mask over a pack 
 logits are chunk x vocabulary x 4 bytes, so both set memory here. On a GPU: the learner's defaults.
 ``--micro-batch-tokens`` and ``--chunk-tokens`` change them; the output names those used.
 
-MFU (echo2's step): ``mfu`` = 6 x active parameters (``learner_steps.active_parameters``) x tokens / seconds / the
-device's peak, and ``mfu_attention`` adds causal attention's own FLOPs (``learner_steps.attention_flops``, sequence by
-sequence), both at the median step (``_best``: at the fastest). The peak is the GPU's dense bf16 datasheet figure
+MFU (echo2's step): ``mfu`` = 6 x active parameters (``learner_steps.active_parameters``) x the tokens the model ran
+on (``computed_tokens``: a group's shared prompt once) / seconds / the device's peak, and ``mfu_attention`` adds causal
+attention's own FLOPs (``learner_steps.attention_flops``, piece by piece), both at the median step (``_best``: at the
+fastest); ``tokens_per_s`` counts the step's sequences' tokens, as the baseline's does. The peak is the GPU's
+dense bf16 datasheet figure
 (``echo2.devices.PEAK_BF16_TFLOPS``), or on a CPU the rate of a dense matmul measured in the compute dtype
 (``peak_source`` says which; ``device_name`` names the card). The GPU path imports torch, transformers, accelerate,
 pyarrow, the standard library and echo2's learner, nothing else (tests/test_bench_learner.py runs it with the others
@@ -222,17 +224,18 @@ def baseline_state(opts: Options):
 def flops_figures(learner, case: Case, opts: Options, result: dict) -> dict:
     """MFU of a measured echo2 step: 6 x active parameters x tokens, and with attention's FLOPs too, at the median
     and at the fastest step, against the device's dense peak (``peak_of``)."""
-    from echo2.bench.learner_steps import active_parameters, attention_flops, make_columns
+    from echo2.bench.learner_steps import active_parameters, attention_flops, computed_tokens, make_columns
 
     lm = learner.policy_lm(learner.model)
     active = active_parameters(lm)
     columns = make_columns(case.prompt_tokens, case.completion_lengths, case.group_size,
                            opts.model_config["vocab_size"], opts.seed)
-    dense = 6.0 * active * case.tokens
-    attention = attention_flops(columns, lm.config)
+    tokens = computed_tokens(learner, columns)  # what the model ran on: a group's shared prompt once
+    dense = 6.0 * active * tokens
+    attention = attention_flops(columns, lm.config, share_prompts=learner.shares_prompts)
     peak, source, name = peak_of(learner.device, learner.dtype)
     out = {"device_name": name, "peak_tflops": peak, "peak_source": source, "active_params": active,
-           "attention_flops_share": attention / (dense + attention)}
+           "computed_tokens": tokens, "attention_flops_share": attention / (dense + attention)}
     for suffix, seconds in (("", result["seconds"]), ("_best", result["seconds_min"])):
         out[f"mfu{suffix}"] = dense / seconds / (peak * 1e12) if peak else None
         out[f"mfu_attention{suffix}"] = (dense + attention) / seconds / (peak * 1e12) if peak else None

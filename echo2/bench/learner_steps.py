@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
-from echo2.learner.packing import Ragged, StepColumns, pack_by_tokens
+from echo2.learner.packing import Ragged, StepColumns, pack_rows, pack_tokens, prompt_groups
 
 LEARNER_DEFAULTS = {
     "device": "auto", "dtype": "auto", "attention": "auto", "lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 1.0,
@@ -135,20 +135,39 @@ def bench_learner(model_dir: Path, *, device: str, dtype: str, micro_batch_token
 def echo2_step(learner, columns: StepColumns) -> StepStats:
     """One optimizer step of the real learner (``Learner.step_on_columns``)."""
     metrics = learner.step_on_columns(columns)
+    # a packed row is exactly its pieces' tokens: no position is padding
+    return StepStats(padding_fraction=0.0, micro_batches=len(learner_packs(learner, columns)), loss=metrics["loss"])
+
+
+def learner_packs(learner, columns: StepColumns) -> list[list[int]]:
+    """The packs the learner makes of the rows it trains on (those of groups with signal)."""
     _, keep, _ = _signal(columns)
-    lengths = columns.sequence_lengths()[keep].tolist()
-    packs = len(pack_by_tokens(lengths, learner._pack_budget(sum(lengths))))
-    # a packed row is exactly its sequences' tokens: no position is padding
-    return StepStats(padding_fraction=0.0, micro_batches=packs, loss=metrics["loss"])
+    return pack_rows(columns, keep, learner._pack_budget, share_prompts=learner.shares_prompts)
 
 
-def attention_flops(columns: StepColumns, config) -> float:
+def computed_tokens(learner, columns: StepColumns) -> int:
+    """Tokens the learner's model runs on in a step: each shared prompt once (``packing.py``)."""
+    return sum(pack_tokens(columns, pack, share_prompts=learner.shares_prompts)
+               for pack in learner_packs(learner, columns))
+
+
+def attention_flops(columns: StepColumns, config, *, share_prompts: bool) -> float:
     """FLOPs of causal attention's two matmuls (scores and weighted values) in a training step (forward and
-    backward, 3x the forward), sequence by sequence: 6 x layers x heads x head dim x sum of squared lengths."""
+    backward, 3x the forward): 12 x layers x heads x head dim x query-key pairs attended, the pairs of each piece of a
+    pack (a sequence alone: L^2 / 2; with a shared prompt its prefix once, L0^2 / 2, and each segment over it and
+    itself, L0 L_i + L_i^2 / 2)."""
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    squares = float((columns.sequence_lengths().double() ** 2).sum())
-    return 6.0 * config.num_hidden_layers * heads * head_dim * squares
+    _, keep, _ = _signal(columns)
+    pairs = 0.0
+    for group in (prompt_groups(columns, keep) if share_prompts else [[r] for r in keep]):
+        prefix = int(columns.prompt.lengths[group[0]]) - 1
+        segments = [int(columns.completion.lengths[r]) for r in group]
+        if len(group) == 1:
+            pairs += (prefix + segments[0]) ** 2 / 2
+        else:
+            pairs += prefix**2 / 2 + sum(c * prefix + c * c / 2 for c in segments)
+    return 12.0 * config.num_hidden_layers * heads * head_dim * pairs
 
 
 def baseline_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, columns: StepColumns, *,

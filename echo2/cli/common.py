@@ -38,7 +38,9 @@ class CtrlC:
     timeout): both stop the run the same way. Prefect can turn the KeyboardInterrupt into another
     error (a ValueError when it lands while a task run is being created), so the exception alone
     cannot tell. During a flow run Prefect puts its own SIGTERM handler in place (it marks the flow
-    run crashed, then sends the signal again to the handler it replaced: this one)."""
+    run crashed, then sends the signal again to the handler it replaced: this one). Inside a learner's
+    step the handler runs only at the step's safe points, or once its version has moved
+    (``learner/notice.py``, "Safe points"), so a stop never lands inside an optimizer update."""
 
     pressed = False
     signum = signal.SIGINT

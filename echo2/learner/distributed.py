@@ -62,7 +62,11 @@ that checkpoint needs them, and end on ``stop`` or when the group breaks (rank 0
 fails on gloo; NCCL may not notice, and torchrun's SIGKILL after its grace ends them). A signal that reaches rank 0
 while an announced op is in flight is acted on once the op has ended
 (``stop_signals_deferred``): raised in the middle, rank 0 would leave the followers inside the op's
-collectives and announce the checkpoint to ranks still waiting there. torchrun's ``--shutdown-timeout``
+collectives and announce the checkpoint to ranks still waiting there. A step is the exception: at each of its safe
+points (between packs, before the optimizer step; ``notice.py``) every rank all-reduces whether rank 0 holds a
+deferred signal, and if so rank 0 hands it to its handler there; when the handler abandons the step (a notice that
+the step cannot finish within, Ctrl-C) every rank leaves the step at that same point, before any weight changed,
+the followers back to ``follow()`` and rank 0 with the handler's exception. torchrun's ``--shutdown-timeout``
 (``torchrun.STOP_GRACE_S``) bounds the whole: after it, torchrun SIGKILLs whatever is left.
 """
 
@@ -71,8 +75,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -81,13 +83,12 @@ from echo2.config import Config, TrainConfig
 from echo2.devices import resolve_device
 from echo2.learner.columns import step_columns
 from echo2.learner.learner import Learner
-from echo2.learner.packing import StepColumns, pack_by_tokens
+from echo2.learner.notice import STOP_SIGNALS, deferred_pending, deliver_deferred, signals_deferred
+from echo2.learner.packing import StepColumns, pack_rows, pack_tokens
 from echo2.learner.process_group import backend_for, control_group, world
 from echo2.learner.process_group import init_process_group as join_group
 
 log = logging.getLogger("echo2.learner")
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 __all__ = ["DistributedLearner", "deal_by_tokens", "init_process_group", "make_learner", "release_followers",
            "share_config", "start_process", "stop_signals_deferred", "world"]
@@ -122,7 +123,9 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
 
     start = config_from_dict(json.loads(start_file.read_text()), str(start_file))
     rank, _ = init_process_group(start.train)
-    shared = share_config(start.model_dump(mode="json") if rank == 0 else None)
+    from echo2.learner.torchrun import for_followers
+
+    shared = share_config(for_followers(start.model_dump(mode="json")) if rank == 0 else None)
     joined(start_file)
     if rank == 0:
         return start
@@ -203,8 +206,29 @@ class DistributedLearner(Learner):
                 return
             getattr(self, f"_op_{op}")(payload)
 
-    def _op_step(self, columns: StepColumns) -> dict:
-        return self.step_on_columns(columns)
+    def _op_step(self, columns: StepColumns) -> dict | None:
+        try:
+            return self.step_on_columns(columns)
+        except _StepAbandoned:  # a follower: rank 0's handler abandoned the step at a safe point
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+
+    def _safe_point(self) -> None:
+        """Every rank at once: whether rank 0 holds a deferred signal (all-reduced over the control group), and if it
+        does, whether its handler abandoned the step; an abandoned step ends on every rank here."""
+        pending = torch.tensor([1.0 if self.rank == 0 and deferred_pending() else 0.0], dtype=torch.float64)
+        if not self._sum_over_ranks(pending)[0]:
+            return
+        abandoned: BaseException | None = None
+        if self.rank == 0:
+            try:
+                deliver_deferred()
+            except BaseException as exc:  # NoticeInterrupt, KeyboardInterrupt: raised once every rank knows
+                abandoned = exc
+        verdict = torch.tensor([0.0 if abandoned is None else 1.0], dtype=torch.float64)
+        if not self._sum_over_ranks(verdict)[0]:
+            return  # the handler let the step finish
+        raise abandoned if abandoned is not None else _StepAbandoned()
 
     def _op_gathered(self, payload) -> dict[str, torch.Tensor]:
         """Every rank gathers each tensor on its device in turn; only rank 0 keeps the host copies."""
@@ -220,7 +244,8 @@ class DistributedLearner(Learner):
         if changing:  # every rank loads the new version: rank 0 sends each tensor, the others keep their shards
             self._audit_version = None
         policy = self._audit_copy(version, self._audit_weights if self.rank == 0 else {})
-        packs = pack_by_tokens(columns.sequence_lengths().tolist(), micro_batch_tokens)
+        packs = pack_rows(columns, range(columns.num_rows), lambda _: micro_batch_tokens,
+                          share_prompts=self.shares_prompts)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         no_advantages = torch.zeros(columns.num_rows)
         mine, fillers = self._my_packs(columns, packs)
@@ -262,8 +287,7 @@ class DistributedLearner(Learner):
     def _my_packs(self, columns: StepColumns, packs: list[list[int]]) -> tuple[list[list[int]], list[list[int]]]:
         """This rank's packs (``deal_by_tokens``), and the filler passes it runs to match the rank with the most
         (each the step's smallest pack, at zero weight)."""
-        lengths = columns.sequence_lengths()
-        tokens = [int(lengths[pack].sum()) for pack in packs]
+        tokens = [pack_tokens(columns, pack, share_prompts=self.shares_prompts) for pack in packs]
         dealt = deal_by_tokens(tokens, self.world_size)
         smallest = packs[min(range(len(packs)), key=lambda j: (tokens[j], j))]
         return [packs[j] for j in dealt[self.rank]], [smallest] * (max(map(len, dealt)) - len(dealt[self.rank]))
@@ -273,8 +297,10 @@ class DistributedLearner(Learner):
         sums = torch.zeros(4, dtype=torch.float32, device=self.device)
         mine, fillers = self._my_packs(columns, packs)
         for pack in mine:
+            self._safe_point()
             self._backward(self._pack(columns, pack, advantages), n_tokens, sums)
         for pack in fillers:  # FSDP's collectives need every rank
+            self._safe_point()
             terms = self._micro_batch(self._pack(columns, pack, advantages), n_tokens)
             (terms.loss * 0.0).backward()
         return sums
@@ -305,24 +331,14 @@ def deal_by_tokens(tokens: list[int], ranks: int) -> list[list[int]]:
     return dealt
 
 
-@contextmanager
+class _StepAbandoned(Exception):
+    """A follower's step ended at a safe point because rank 0's handler abandoned it."""
+
+
 def stop_signals_deferred():
-    """SIGINT and SIGTERM received inside the block reach the handlers in place (``echo2.cli.common.CtrlC``,
-    Prefect's) once it has ended, each once. Python runs a handler in the main thread only, so elsewhere this changes
-    nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
-                for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        for signum in dict.fromkeys(received):
-            signal.raise_signal(signum)
+    """SIGINT and SIGTERM received inside the block reach the handlers in place once it has ended (or at a step's
+    safe point): ``notice.signals_deferred``, whose open blocks a step's safe points see."""
+    return signals_deferred()
 
 
 _released = False

@@ -14,6 +14,11 @@ fp32 either way. The learner shards with FSDP2 (``sharded``) when it runs on sev
 (``process_group.py`` says why one GPU shards too): every unit computes in bf16 through its
 ``MixedPrecisionPolicy``; a process that does not shard (the CPU, LoRA) autocasts instead.
 
+Signals (``notice.py``, "Safe points"). A step runs with SIGTERM and SIGINT deferred: they reach their handlers
+only between packs and before the optimizer step (``_safe_point``), where no weight has changed, or once the version
+has moved; the clip, the optimizer step and the version bump are never interrupted by one. ``torn`` says that
+something escaped from inside the update anyway, so the weights in memory are no step's: never checkpointed.
+
 Models (``model_load.py``): a sharded learner builds its model on ``meta`` and receives its shards from rank 0,
 which alone reads the checkpoint, once, in the file's dtype. Packed attention (``attention.py``): with
 ``train.attention`` varlen (auto) each sequence of a pack attends to itself without an N x N mask.
@@ -39,7 +44,8 @@ from echo2.learner.columns import step_columns
 from echo2.learner.logprobs import PolicyLogprobs
 from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
 from echo2.learner.model_load import broadcast_weights, load_whole, materialize, read_checkpoint, skeleton
-from echo2.learner.packing import PackedBatch, StepColumns, assemble_packed, pack_by_tokens
+from echo2.learner.notice import deliver_deferred, signals_deferred
+from echo2.learner.packing import PackedBatch, StepColumns, assemble_packed, pack_rows
 from echo2.learner.process_group import one_rank_group, world
 
 if TYPE_CHECKING:  # the learner reads its settings by name: the GPU check builds it without pydantic
@@ -96,6 +102,8 @@ class Learner:
             model, buffers = skeleton(model_dir, dtype=torch.float32, attention=self.attention)
         else:
             model = load_whole(model_dir, device=self.device, dtype=torch.float32, attention=self.attention)
+        self._plain_names = set(model.state_dict())
+        """The transformers model's own tensor names (a tied head's too): what a version or an audit's weights name."""
         self.base_tensors: dict[str, torch.Tensor] = {}
         """LoRA: the frozen base, as plain HF names (shares storage with the model: no copy)."""
         if self.lora:
@@ -130,6 +138,9 @@ class Learner:
         self._audit_policy: PolicyLogprobs | None = None
         self._audit_version: int | None = None
         self.version = 0
+        self.torn = False
+        """Something escaped from inside an optimizer update: the weights and moments in memory are partly updated,
+        no step's, and must never be checkpointed (``LearnerRun.checkpoint``)."""
 
     @functools.cached_property
     def tokenizer(self):
@@ -219,12 +230,18 @@ class Learner:
             return policy(batch.input_ids, batch.targets, position_ids=batch.position_ids, where=batch.weighed,
                           **self._attention_kwargs(batch))
 
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether rows that share a prompt share its tokens in a pack: only the learner's own attention knows a
+        shared prefix (transformers' masked sdpa reads a pack from restarting positions)."""
+        return self.attention != "sdpa"
+
     def _attention_kwargs(self, batch: PackedBatch) -> dict:
         if self.attention == "sdpa":
             return {}
-        from echo2.learner.attention import sequence_boundaries
+        from echo2.learner.attention import pack_attention
 
-        return sequence_boundaries(batch.sequence_lengths, self.device)
+        return pack_attention(batch.layout, self.device)
 
     def _compute_dtype(self):
         """bf16 autocast around a forward whose parameters are fp32 (one process that does not shard); a sharded
@@ -235,7 +252,7 @@ class Learner:
 
     def _pack(self, columns: StepColumns, rows: list[int], advantages: torch.Tensor) -> PackedBatch:
         """A pack laid out on the CPU, then moved to the device."""
-        return assemble_packed(columns, rows, advantages).to(self.device)
+        return assemble_packed(columns, rows, advantages, share_prompts=self.shares_prompts).to(self.device)
 
     # -- training --------------------------------------------------------------------------
     def train_step(self, tables: list[pa.Table]) -> dict:
@@ -243,7 +260,16 @@ class Learner:
         return self.step_on_columns(step_columns(tables))
 
     def step_on_columns(self, columns: StepColumns) -> dict:
-        """One optimizer step on the rows of a step's rollout files (``columns.step_columns``, on the CPU)."""
+        """One optimizer step on the rows of a step's rollout files (``columns.step_columns``, on the CPU); signals
+        reach their handlers only at the step's safe points or after it (see the module docstring)."""
+        with signals_deferred():
+            return self._step_on_columns(columns)
+
+    def _safe_point(self) -> None:
+        """Where a step may be abandoned: no weight or moment has changed yet. A handler that abandons it raises."""
+        deliver_deferred()
+
+    def _step_on_columns(self, columns: StepColumns) -> dict:
         t0 = time.time()
         cfg = self.config
         rewards, group_index = columns.reward.float(), columns.group_index
@@ -263,16 +289,16 @@ class Learner:
         n_tokens = int(columns.policy_tokens()[keep].sum())
         totals = dict.fromkeys(_TOTALS, 0.0)
         self.optimizer.zero_grad(set_to_none=True)
-        grad_norm = 0.0
+        grad_norm, torn = 0.0, self.torn
         if len(keep):
-            keep = keep.tolist()
-            lengths = columns.sequence_lengths()[keep].tolist()
-            packs = [[keep[i] for i in pack] for pack in pack_by_tokens(lengths, self._pack_budget(sum(lengths)))]
+            packs = pack_rows(columns, keep.tolist(), self._pack_budget, share_prompts=self.shares_prompts)
             sums = self._accumulate(columns, packs, advantages, n_tokens)
+            self._safe_point()  # the last one: from here to the version bump, signals wait
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
             # the step's one read back: its sums (over every rank) and the clipped gradient's norm
             totals, grad_norm = self._read_totals(sums, norm)
             if math.isfinite(grad_norm) and math.isfinite(totals["loss"]):
+                self.torn = True  # until the version has moved: an escape from in between leaves it set
                 self.optimizer.step()
             else:
                 log.error("step %d: non-finite loss %s / gradient norm %s; weights left unchanged",
@@ -282,6 +308,7 @@ class Learner:
                 totals = dict.fromkeys(_TOTALS, 0.0)
                 grad_norm = 0.0
         self.version += 1
+        self.torn = torn  # (once torn, always: later steps start from those weights)
         metrics.update(totals, grad_norm=grad_norm, train_tokens=n_tokens, step_seconds=time.time() - t0)
         return metrics
 
@@ -295,6 +322,7 @@ class Learner:
         tensor on the device, this rank's share."""
         sums = torch.zeros(len(_TOTALS), dtype=torch.float32, device=self.device)
         for pack in packs:
+            self._safe_point()
             self._backward(self._pack(columns, pack, advantages), n_tokens, sums)
         return sums
 
@@ -337,7 +365,8 @@ class Learner:
         policy = self._audit_copy(version, weights)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         no_advantages = torch.zeros(columns.num_rows)
-        for pack in pack_by_tokens(columns.sequence_lengths().tolist(), micro_batch_tokens):
+        for pack in pack_rows(columns, range(columns.num_rows), lambda _: micro_batch_tokens,
+                              share_prompts=self.shares_prompts):
             total += self._gap_of(policy, self._pack(columns, pack, no_advantages))
         gap, count = total.tolist()
         return gap, int(count)
@@ -375,8 +404,7 @@ class Learner:
     def check_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Refuse weights with a tensor the model does not have (a LoRA adapter's, say), before anything is copied:
         skipped silently, the audit would run against other weights."""
-        known = set(self.published_names) | set(self.policy_lm(self.model).state_dict())
-        unknown = [k for k in weights if k not in known]
+        unknown = [k for k in weights if k not in self._plain_names]
         if unknown:
             raise ValueError(f"the weights given are not the model's: {len(unknown)} unknown tensors such as "
                              f"{unknown[0]!r} (a LoRA adapter must be merged first)")

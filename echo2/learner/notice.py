@@ -2,24 +2,41 @@
 
 Only with ``train.market: spot``; an on-demand learner keeps SIGTERM as a stop (checkpoint, fleet stopped).
 
-Where a notice comes from. SIGTERM, on any machine (a spot VM's shutdown, SkyPilot's or Kubernetes' stop, Prefect's
-cancellation): it gives ``train.sigterm_notice_s`` seconds (the provider's grace; the learner-reclaim scenario sends
-2). The machine's metadata, polled by the actors' watcher (``echo2/preemption.py``, ``train.preemption_source``,
-``$ECHO2_PREEMPTION_SOURCE``): AWS ``spot/instance-action`` (its ``time`` field is the deadline; about 120 s when it
-has none), GCP ``instance/preempted`` (about 30 s). The watcher's thread hands its notice to the main thread as a
-SIGTERM sent to that thread (``signal.pthread_kill``: it also ends a sleep there), so both ways meet in one handler.
+Where a notice comes from. SIGTERM, on any machine (a spot VM's shutdown, SkyPilot's or Kubernetes' stop; not
+Prefect's cancellation, below): it gives ``train.sigterm_notice_s`` seconds (the provider's grace; the learner-
+reclaim scenario sends 2). The machine's metadata, polled by the actors' watcher (``echo2/preemption.py``,
+``train.preemption_source``, ``$ECHO2_PREEMPTION_SOURCE``): AWS ``spot/instance-action`` (its ``time`` field is the
+deadline; about 120 s when it has none), GCP ``instance/preempted`` (about 30 s). The watcher's thread hands its
+notice to the main thread as a SIGTERM sent to that thread (``signal.pthread_kill``: it also ends a sleep there), so
+both ways meet in one handler.
 
 What the handler does, in the main thread (``SpotNotice.on_signal``):
 
 * outside a training step (collecting rollouts, evaluating, reconciling the fleet, starting): ``NoticeInterrupt`` at
   once. No trained work is lost; the files collected for the next step are used again after the resume.
-* inside a step (``LearnerRun.update``: the optimizer step, its publish and any scheduled checkpoint): the step is let
-  finish when what it has left plus a checkpoint fits in the notice, with a margin of 10 % of the notice; else it is
-  abandoned (``NoticeInterrupt`` now; its files are not settled, so the resumed run uses them again). What a step has
-  left: the slowest of the last 5 measured steps (``StepClock``) minus how long this one has run; with no step
-  measured yet in this process, the step is abandoned. A checkpoint: the slowest of the last 5 measured, or half the
-  notice when none was measured in this process. A step let finish is still interrupted by a timer at the moment
-  past which its checkpoint would no longer fit (estimates can be wrong), and ``check()`` ends the run after it.
+* inside a step (``LearnerRun.update``: the optimizer step, its publish and any scheduled checkpoint): the step is
+  let finish when what it has left plus a checkpoint fits in the notice, with a margin of 10 % of the notice; else
+  it is abandoned (``NoticeInterrupt`` at its next safe point, below; its files are not settled, so the resumed run
+  uses them again). What a step has left: the slowest of the last 5 measured steps (``StepClock``) minus how long
+  this one has run; with no step measured yet in this process, the step is abandoned. A checkpoint: the slowest of
+  the last 5 measured, or half the notice when none was measured in this process. A step let finish is still
+  interrupted by a timer at the moment past which its checkpoint would no longer fit (estimates can be wrong), and
+  ``check()`` ends the run after it.
+
+Safe points. A handler runs in the main thread at whatever bytecode it lands on; raised inside ``optimizer.step()``,
+some parameters and moments would be updated and others not, and that state must never be checkpointed. So a
+learner's step runs with SIGTERM and SIGINT deferred (``signals_deferred``) and hands what it received to the
+handlers only at its safe points (``deliver_deferred``: between packs and before the optimizer step, where no weight
+has changed); the clip, the optimizer step and the version bump run with the signals deferred throughout, and a
+signal received there reaches its handler once the version has moved. A torchrun learner's rank 0 tells the other
+ranks at every safe point whether a deferred signal abandoned the step (``distributed.py``), so all of them stop
+there. What still escapes from inside the update (an error of the optimizer itself) leaves the learner ``torn``,
+and a torn learner is never checkpointed (``LearnerRun.checkpoint``): the newest committed checkpoint stands.
+
+A cancel is not a notice. With ``train.market: spot`` a SIGTERM is a notice unless the flow's ``cancelled`` check
+says the flow run is being cancelled (Prefect sets it CANCELLING before it sends the signal): then the run stops as
+an on-demand one does (checkpoint, the fleet stopped, the SIGTERM handed to the handler it replaced), so a cancel
+neither leaves the fleet billing nor exits 75. SIGINT (Ctrl-C) is never a notice.
 
 The flow (``flows/train.py``) then writes ``learner_notice``, checkpoints (``LearnerRun.leave_on_notice``), writes
 ``learner_left`` and raises ``LearnerReclaimed`` without stopping the fleet: the actors wait for the relaunched
@@ -37,7 +54,8 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from echo2.preemption import Notice, PreemptionWatcher, start_watcher
@@ -52,6 +70,66 @@ KEEP = 5
 """Measured steps and checkpoints the estimates look at (the slowest of them)."""
 MARGIN = 0.1
 """Share of the notice kept free when a step is let finish."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""What stops a learner (Ctrl-C, a notice or a stop): deferred inside a step and an announced op."""
+
+
+@dataclass
+class _Deferral:
+    """One ``signals_deferred`` block: the handlers it replaced and the signals it received."""
+
+    previous: dict = field(default_factory=dict)
+    received: list[int] = field(default_factory=list)
+
+
+_deferrals: list[_Deferral] = []
+"""The blocks open in the main thread, outermost first (a step inside a torchrun op nests two)."""
+
+
+@contextmanager
+def signals_deferred():
+    """SIGINT and SIGTERM received inside the block reach the handlers in place (``echo2.cli.common.CtrlC``,
+    ``SpotNotice.on_signal``, Prefect's) once it has ended, each once, or earlier at a safe point
+    (``deliver_deferred``). Python runs a handler in the main thread only, so elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    block = _Deferral()
+    for signum in STOP_SIGNALS:
+        block.previous[signum] = signal.signal(signum, lambda signum, _frame: block.received.append(signum))
+    _deferrals.append(block)
+    try:
+        yield
+    finally:
+        _deferrals.remove(block)
+        for signum, handler in block.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(block.received):
+            signal.raise_signal(signum)
+
+
+def deferred_pending() -> bool:
+    """Whether a signal was received inside the open deferrals and has not reached its handler yet."""
+    return any(block.received for block in _deferrals)
+
+
+def deliver_deferred() -> None:
+    """At a safe point: hand the signals received so far to the handlers outside every deferral, now. A handler may
+    raise (a notice that abandons the step, Ctrl-C): it does so here, where no weight has changed; one that lets the
+    step go on returns, and the deferrals stay in force."""
+    if not _deferrals:
+        return
+    received = list(dict.fromkeys(signum for block in _deferrals for signum in block.received))
+    for block in _deferrals:
+        block.received.clear()
+    outer = _deferrals[0].previous
+    for signum in received:
+        handler = outer.get(signum)
+        if callable(handler):
+            handler(signum, None)
+        elif handler in (signal.SIG_DFL, None):  # the default action (end the process): at a safe point, at once
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
 
 class NoticeInterrupt(BaseException):
@@ -138,8 +216,11 @@ def aws_deadline_s(detail: str, now: float | None = None) -> float:
 class SpotNotice:
     """The notice handling of one spot learner process (``install`` ... ``close``)."""
 
-    def __init__(self, sigterm_notice_s: float, *, preemption_source: str | None = None, poll_s: float = 5.0):
+    def __init__(self, sigterm_notice_s: float, *, preemption_source: str | None = None, poll_s: float = 5.0,
+                 cancelled=lambda: False):
+        """``cancelled()``: whether the flow run is being cancelled (asked once, when the run must end)."""
         self.sigterm_notice_s = sigterm_notice_s
+        self.cancelled = cancelled
         self.preemption_source = preemption_source
         self.poll_s = poll_s
         self.heard: Heard | None = None
@@ -229,6 +310,28 @@ class SpotNotice:
         if self.heard is not None and not self.leaving:
             self.leaving = True
             raise NoticeInterrupt(f"{self.heard.source} notice")
+
+    def is_cancel(self) -> bool:
+        """Whether what was heard is a cancel, not a notice: a SIGTERM while the flow run is being cancelled. A
+        metadata notice is always a reclaim; a check that fails counts as a notice (the fleet then waits for a
+        relaunch, and stops by itself after ``fleet.learner_silence_s``)."""
+        if self.heard is None or self.heard.source != "sigterm":
+            return False
+        try:
+            return bool(self.cancelled())
+        except Exception as exc:
+            log.warning("could not tell whether the flow run is being cancelled (%s): taking the SIGTERM as a notice",
+                        exc)
+            return False
+
+    def stop_as_cancel(self) -> None:
+        """A cancel: the SIGTERM goes to the handler this one replaced (``CtrlC``: exit 143; Prefect's), which
+        raises; KeyboardInterrupt where that handler does not."""
+        self.leaving = True
+        previous = self._previous
+        if callable(previous):
+            previous(signal.SIGTERM, None)
+        raise KeyboardInterrupt("the flow run was cancelled")
 
     def abandoned(self, step: int) -> bool:
         """Whether the notice abandoned a step (its version did not move: ``step`` is still where it began)."""

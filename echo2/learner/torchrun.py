@@ -22,6 +22,15 @@ rank but 0 over the process group (``distributed.share_config``). The node's fir
 once the group has formed (``joined``), so a file still there after torchrun failed means the rendezvous
 never completed.
 
+What the rendezvous protects, and what not. torchrun's static rendezvous store (a TCPStore on node 0's
+HOST:PORT) and the process groups built on it are not authenticated: whoever reaches that port while the nodes meet
+can join as a missing rank, and a rank receives whatever rank 0 broadcasts over the group (pickled, so a joiner
+posing as rank 0 would also run code in the others). What keeps it closed is the network alone: the port must be
+reachable from the learner's nodes only (a security group or firewall rule of their own, never one shared with
+actors or other machines; SkyPilot's cluster network does this, ``infra/skypilot/learner.yaml``). What a joiner
+would get is bounded: the config rank 0 shares leaves out the store's options (``for_followers``: endpoint,
+credentials), since no rank but 0 opens the store, and the run's signing key never crosses the group.
+
 Stopping: torchrun passes a SIGTERM or SIGINT it gets to every rank, then SIGKILLs the ranks still running
 after its ``--shutdown-timeout``. Its default, 30 s, is too short for rank 0's final checkpoint (``distributed``:
 the followers wait for it); ours is ``STOP_GRACE_S``, or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` where set. torchrun
@@ -135,6 +144,14 @@ def write_rank_file(data: dict) -> Path:
         os.chmod(f.name, 0o600)
         json.dump(data, f)
     return Path(f.name)
+
+
+def for_followers(config: dict) -> dict:
+    """The run's config as rank 0 shares it with the other ranks (``distributed.share_config``): without the store's
+    options, which may hold credentials and which no rank but 0 reads (it alone opens the store)."""
+    store = dict(config.get("store") or {})
+    store["options"] = {}
+    return {**config, "store": store}
 
 
 def joined(rank_file: Path) -> None:
