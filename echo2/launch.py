@@ -18,6 +18,7 @@ from echo2.data.store import StoreError
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.errors import Echo2InputError, StoreUnreachable
 from echo2.models import resolve_model
+from echo2.tasks import check_machine
 
 
 def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, *, dry_run: bool = False) -> Config:
@@ -31,6 +32,8 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, 
     if resume:
         config = resume_config(store.child(layout.RUNS), config.run.id, overrides)
     check_devices(config)
+    if not dry_run:
+        check_machine(config.task)  # a task's own needs (the code task's sandbox): one line, before anything starts
     resolve_model(config.model.name, convert=not dry_run)  # fail before starting anything; converts the default once
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)

@@ -31,6 +31,9 @@ from echo2.config.tasks import (
     ArithmeticTaskConfig,
     CallStationOpponentConfig,
     CheckpointOpponentConfig,
+    CodeColumnsConfig,
+    CodeLimitsConfig,
+    CodeTaskConfig,
     EquityOpponentConfig,
     MathColumnsConfig,
     MathTaskConfig,
@@ -42,7 +45,8 @@ from echo2.config.tasks import (
 
 __all__ = [
     "ArithmeticTaskConfig", "AwsPricesConfig", "BroadcastConfig", "CallStationOpponentConfig",
-    "CheckpointOpponentConfig", "Config", "ConfigError", "EngineConfig", "EquityOpponentConfig", "EvalConfig",
+    "CheckpointOpponentConfig", "CodeColumnsConfig", "CodeLimitsConfig", "CodeTaskConfig", "Config", "ConfigError",
+    "EngineConfig", "EquityOpponentConfig", "EvalConfig",
     "FleetConfig", "FleetConfigBase", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig",
     "OpponentConfig", "PokerTaskConfig",
     "PriceSourceConfig", "RandomOpponentConfig", "RolloutConfig", "RunConfig", "SkyPilotFleetConfig",

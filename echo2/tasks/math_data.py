@@ -18,7 +18,7 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from echo2.errors import Echo2InputError
 
@@ -78,11 +78,11 @@ def _cell(row: dict, column: str) -> Any:
     return value
 
 
-def _read_bytes(source: str) -> bytes:
+def _read_bytes(source: str, what: str = "math dataset") -> bytes:
     if "://" not in source:
         path = Path(source).expanduser()
         if not path.is_file():
-            raise MathDataError(f"math dataset {source} does not exist")
+            raise MathDataError(f"{what} {source} does not exist")
         return path.read_bytes()
     import fsspec
 
@@ -90,10 +90,10 @@ def _read_bytes(source: str) -> bytes:
         with fsspec.open(source, "rb") as f:
             return f.read()
     except (OSError, ValueError, ImportError) as exc:
-        raise MathDataError(f"cannot read math dataset {source}: {type(exc).__name__}: {str(exc)[:200]}") from None
+        raise MathDataError(f"cannot read {what} {source}: {type(exc).__name__}: {str(exc)[:200]}") from None
 
 
-def _records(source: str, data: bytes) -> list[dict]:
+def _records(source: str, data: bytes, what: str = "math dataset") -> list[dict]:
     name = source.split("?", 1)[0].lower()
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
@@ -108,7 +108,7 @@ def _records(source: str, data: bytes) -> list[dict]:
                 except ValueError:
                     raise MathDataError(f"{source} line {number} is not JSON") from None
         return rows
-    raise MathDataError(f"math dataset {source}: give a .jsonl, .json (JSON lines) or .parquet file, or ORG/NAME")
+    raise MathDataError(f"{what} {source}: give a .jsonl, .json (JSON lines) or .parquet file, or ORG/NAME")
 
 
 def _hf_files(dataset_id: str, split: str, subset: str | None) -> list[str]:
@@ -130,20 +130,28 @@ def _hf_files(dataset_id: str, split: str, subset: str | None) -> list[str]:
                         + (f" of subset {subset!r}" if subset else ""))
 
 
-def load_rows(source: str, *, question: str, answer: str, answer_format: str, hf_split: str = "train",
-              hf_subset: str | None = None, limit: int | None = None) -> list[tuple[str, str]]:
-    """``(question, gold)`` of every row of ``source`` (at most ``limit``), in order."""
+def dataset_records(source: str, *, hf_split: str = "train", hf_subset: str | None = None,
+                    what: str = "math dataset") -> Iterator[dict]:
+    """Every row (an object) of ``source``, in order: a file, an fsspec URI of one, or a Hugging Face id's Parquet
+    files (the module docstring). ``what`` names the source in errors."""
     is_local = "://" not in source and Path(source).expanduser().exists()
     files = [source] if is_local or "://" in source or not _HF_ID.fullmatch(source) else \
         _hf_files(source, hf_split, hf_subset)
-    out: list[tuple[str, str]] = []
     for f in files:
-        for row in _records(f, _read_bytes(f)):
+        for row in _records(f, _read_bytes(f, what), what):
             if not isinstance(row, dict):
                 raise MathDataError(f"{f}: a row is not an object")
-            out.append((str(_cell(row, question)).strip(), gold_answer(str(_cell(row, answer)), answer_format)))
-            if limit is not None and len(out) >= limit:
-                return out
+            yield row
+
+
+def load_rows(source: str, *, question: str, answer: str, answer_format: str, hf_split: str = "train",
+              hf_subset: str | None = None, limit: int | None = None) -> list[tuple[str, str]]:
+    """``(question, gold)`` of every row of ``source`` (at most ``limit``), in order."""
+    out: list[tuple[str, str]] = []
+    for row in dataset_records(source, hf_split=hf_split, hf_subset=hf_subset):
+        out.append((str(_cell(row, question)).strip(), gold_answer(str(_cell(row, answer)), answer_format)))
+        if limit is not None and len(out) >= limit:
+            return out
     if not out:
         raise MathDataError(f"math dataset {source} has no rows")
     return out
