@@ -200,10 +200,12 @@ def test_an_adopted_actors_files_are_judged_by_the_manifest_they_name(tmp_path):
         return commit_rollouts(store, version, seq, actor="adopted0", data=data)
 
     good = commit(1, 0, new_v1)
-    good2 = commit(1, 3, new_v1)
+    good2 = commit(1, 7, new_v1)  # after the garbage: the step fills with it
     stale_timeline = commit(1, 1, old_v1)
     no_field = commit(1, 2, None)
     future = commit(3, 4, {"version": 3})  # still on the dead learner's v3 when it committed
+    garbage = commit_rollouts(store, 1, 5, actor="adopted0", data=b"not an arrow file")
+    torn = commit_rollouts(store, 3, 6, actor="adopted0", data=commit_bytes(store, good)[:200])
     limits = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
                            reward_range=(0.0, 1.0))
     collector = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=4, limits=limits,
@@ -213,7 +215,49 @@ def test_an_adopted_actors_files_are_judged_by_the_manifest_they_name(tmp_path):
     dropped = {d["key"]: d["reason"] for d in sel.dropped}
     assert set(dropped) == {stale_timeline, no_field, future}, dropped
     assert all(r.startswith("lost timeline") for r in dropped.values())
-    assert not sel.quarantined and not collector.invalid_files  # the future file is no mark against the actor
+    # well-formed files of the lost timeline are no mark against the actor; a file that does not even decode is
+    # malformed whatever its timeline (it was dropped as "lost timeline", uncounted: a free junk channel)
+    assert {q["key"] for q in sel.quarantined} == {garbage, torn}, sel.quarantined
+    assert collector.invalid_files == {"adopted0": 2}
+
+
+def commit_bytes(store, key: str) -> bytes:
+    return store.get(key)
+
+
+def test_only_a_file_naming_the_lost_timelines_manifest_earns_the_drop_and_only_so_many(tmp_path):
+    """The resume recorded the lost timeline's manifests: a well-formed file naming a manifest neither timeline
+    signed is malformed; and an actor gets as many free drops as files it could have made while that timeline
+    lived (here one version, a step of four single-group files, and a backlog of two), no more."""
+    from echo2.learner.collector import RolloutCollector
+    from echo2.learner.run import lost_timelines
+
+    store = open_store(str(tmp_path / "runs" / "run"))
+    lost_v1 = {"version": 1, "signature": "lost"}
+    write_event(store, "launch", "adopted0")
+    write_event(store, "resume", "learner", step=0, lost_latest=1, lost_digests={"1": policy_digest(lost_v1)})
+
+    def commit(seq, manifest, actor="adopted0"):
+        data = encode_rollouts(make_rollouts(n_groups=1, salt=f"{actor}-{seq}"), run_id="run", actor_id=actor,
+                               policy_version=1, task="arithmetic",
+                               policy_digest=policy_digest(manifest) if manifest else None)
+        return commit_rollouts(store, 1, seq, actor=actor, data=data)
+
+    forged = commit(0, {"version": 1, "signature": "neither timeline's"})
+    lost = [commit(seq, lost_v1 if seq % 2 else None) for seq in range(1, 31)]
+    fresh = [commit(seq, None, actor="b") for seq in range(4)]
+    limits = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, max_prompt_tokens=16,
+                           reward_range=(0.0, 1.0), max_groups=1)
+    collector = RolloutCollector(store, run_id="run", staleness=1, groups_per_step=4, limits=limits,
+                                 lost_timelines=lost_timelines(read_events(store)))
+    sel = collector.collect(step=2, learner_version=1, timeout_s=30)
+    assert {u["key"] for u in sel.used} == set(fresh)
+    reasons = {q["key"]: q["reason"] for q in sel.quarantined}
+    assert "that neither this timeline nor the one lost at the resume from step 0 signed" in reasons[forged]
+    allowance = 1 * 4 + 2
+    assert [d["key"] for d in sel.dropped] == lost[:allowance]
+    assert all("than actor adopted0 could have made (6)" in reasons[k] for k in lost[allowance:allowance + 2])
+    assert "adopted0" in collector.banned and not set(lost[allowance + 2:]) & sel.keys  # the rest: its ban
 
 
 def test_a_file_beyond_the_lost_timelines_newest_version_is_from_the_future(tmp_path):

@@ -143,7 +143,10 @@ def test_a_lying_actor_is_banned_by_the_collector_and_its_later_files_are_quaran
     commit_rollouts(store, 1, 1, actor="a2-honest",
                     data=rollout_bytes(1, rollouts=honest_rows(setup, seed=1, groups=2, n=2), actor="a2-honest"))
     sel = col.collect(step=3, learner_version=1, timeout_s=10)
-    assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor a1-liar is banned")
+    # the ban record stands for its later files: neither used nor quarantined one by one; the janitor deletes them
+    assert later not in {u["key"] for u in sel.used} | {q["key"] for q in sel.quarantined}
+    col.janitor.drain()
+    assert not store.exists(later)
 
 
 def test_the_fleet_expels_a_banned_actor_once_and_replaces_it(tmp_path):
@@ -247,3 +250,28 @@ def test_with_the_audit_off_no_file_is_audited_and_a_lying_one_is_used(setup, tm
     run, key, sel = results[1.0]  # the same file is caught where the audit is on: the test can tell
     assert run.audit_summary()["files_audited"] == 2 and set(run.collector.banned) == {"a1-liar"}  # each first file
     assert [q["key"] for q in sel.quarantined] == [key]
+
+
+def test_a_resumed_run_audits_the_versions_before_its_checkpoint(setup, tmp_path, monkeypatch):
+    """A resume restores version c only; files of c - 1 (within S) are still judged: the auditor reads the version
+    back from its signed folder. Before, it held c alone and passed every file of c - 1 unaudited (blind)."""
+    model_dir, tok, _, _, _ = setup
+    run = learner_run(model_dir, tmp_path, monkeypatch, resume=False, audit_fraction=1.0, lr=1e-2)
+    weights = {}
+    for seed in range(2):  # two real steps, each published
+        run.learner.train_step([decode_rollouts(rollout_bytes(0, salt=str(seed)))])
+        run.publish()
+        weights[run.step] = run.learner.full_tensors()
+    run.checkpoint()
+    run.sink.close()
+    resumed = learner_run(model_dir, tmp_path, monkeypatch, resume=True, audit_fraction=1.0, lr=1e-2)
+    assert resumed.step == 2 and set(resumed.auditor.versions) == {2}
+    engine = TransformersEngine(model_dir, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    engine.load_weights(weights[1].items())  # an honest actor still on version 1
+    honest = honest_rows(setup, engine=engine)
+    gap = resumed.auditor.check(table_of(honest), 1, "honest")
+    assert gap is not None and gap < 1e-4
+    made_up = [dataclasses.replace(r, behavior_logprobs=[-0.05] * len(r.behavior_logprobs)) for r in honest]
+    with pytest.raises(Dishonest, match="behavior logprobs are"):
+        resumed.auditor.check(table_of(made_up), 1, "liar")
+    resumed.sink.close()

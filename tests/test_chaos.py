@@ -200,9 +200,13 @@ def test_echo2_chaos_prints_one_json_object_per_scenario_and_exits_by_the_result
 def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_model, tmp_path):
     """``hostile-store`` at its small size: one actor with its own scoped credentials on moto's S3 (IAM
     enforced) writes GLACIER rollout and peer objects, a huge object and peer record, replies that hang the
-    grader, files far beyond LATEST+1, a junk flood and a planted checkpoint. The run and its resume finish,
-    every honest actor's files are still used, the attacker is banned and revoked, nothing planted is loaded,
-    and every kind is detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
+    grader, files far beyond LATEST+1, a junk flood and a planted checkpoint; checkpoints with a forged manifest
+    and with a pickle payload in their DCP metadata are planted before the resume. On a local store, a learner
+    killed past its checkpoint is resumed over a thousand empty future-folder files, and meets a real batch
+    padded with byte-for-byte copies and malformed files of the lost timeline. The runs and their resumes finish,
+    every honest actor's files are still used, the attackers are banned (the S3 one revoked), nothing planted is
+    loaded or run, the first collection after the local resume returns within a minute, and every kind is
+    detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
     from echo2.chaos.scenarios.hostile_store import KINDS, hostile_store
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)
@@ -234,3 +238,15 @@ def test_bad_peers_hostile_peer_with_a_launched_actors_credentials_is_left_and_n
     assert row["detected"] == row["injected"] and not row["broken"], row["detail"]
     assert row["finished"] and row["lost"] == 0 and row["bad_loaded"] == 0 and not row["leaks"], row["detail"]
     assert not failed(row)
+
+
+def test_the_pickle_hostile_store_plants_would_run_a_command_if_anything_loaded_it(tmp_path):
+    """What makes the scenario's "the marker never appears" mean something: plain ``pickle.loads`` of the payload it
+    plants as a checkpoint's ``dcp-metadata`` runs its command (in a process of its own here)."""
+    from echo2.chaos.store_junk import pickle_payload
+
+    marker = tmp_path / "ran"
+    payload = pickle_payload(f"touch {marker}")
+    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+                   input=payload, check=True, timeout=120)
+    assert marker.exists()

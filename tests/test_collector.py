@@ -132,14 +132,18 @@ def test_prompts_are_re_derived_and_rewards_re_scored(tmp_path, tiny_model):
     assert "held-out" in reasons[keys["held"]]
     assert "the task scores the completion 0" in reasons[keys["reward"]]
     assert set(col.banned) == {"a1-prompt", "a2-held", "a3-reward"}
-    # a later file of a banned actor is quarantined unread, however honest it looks
+    # a later file of a banned actor is never judged, however honest it looks: its ban record in the ledger stands
+    # for it and the janitor deletes it, off the collection's path
     col.settle(sel)
     later = commit_rollouts(store, 2, 1, actor="a3-reward",
                             data=rollout_bytes(2, rollouts=_task_rollouts(tok, task, train, salt=2), actor="a3-reward"))
     commit_rollouts(store, 2, 1, actor="a4-honest",
                     data=rollout_bytes(2, rollouts=_task_rollouts(tok, task, train, salt=3), actor="a4-honest"))
     sel = col.collect(step=3, learner_version=2, timeout_s=5)
-    assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor a3-reward is banned")
+    assert later not in sel.keys and sel.banned == ["a1-prompt", "a2-held", "a3-reward"]
+    col.janitor.drain()
+    assert not store.exists(later)
+    assert "the task scores the completion 0" in store.get_json(layout.ban_key("a3-reward"))["reason"]
 
 
 def test_the_same_content_under_two_names_is_used_once(tmp_path):
@@ -187,7 +191,7 @@ def test_a_poll_lists_only_the_version_folders_a_step_can_use(tmp_path):
         collector.settle(collector.collect(step=step, learner_version=t, timeout_s=5))
         listed = {p for p in counting.prefixes if p.startswith(layout.ROLLOUTS) and p != layout.ROLLOUTS}
         if step == 1:  # the first collection sweeps every folder once: the 60 old files are dropped as stale
-            assert len(listed) == 7
+            assert len(listed) == 8  # the 7 folders, and the window's next one (v7) by name
         else:  # then only the window t - S .. t + 1 (plus the folder that just fell out of it; at t + 1 a file
             # committed before its version exists is quarantined as from the future at once)
             assert listed <= {f"{layout.ROLLOUTS}{layout.version_name(v)}/" for v in range(t - 2, t + 2)}, listed

@@ -10,6 +10,7 @@ of the table or of the pricing rule shows here."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.manifest import verify_signature
 from echo2.data.store import open_store
+from echo2.data.weights import published_versions
 from echo2.fleet import egress
 from echo2.fleet.costs import cost_markdown, cost_report, write_cost_reports
 from echo2.learner.publisher import Publisher
@@ -195,7 +197,7 @@ def test_malformed_counters_are_not_billed_never_raise_and_never_change_the_plan
     store.put_pointer(layout.peer_key("other"), json.dumps({"id": "honest", "read_bytes": {"store": 7}}).encode())
     broadcast = BroadcastConfig(mode="relay", peer_timeout_s=3600)
     publisher = Publisher(store, train=TrainConfig(), broadcast=broadcast, key=KEY, extra_files={})
-    manifest, _ = publisher.publish(0, {"w": torch.ones(8)}, {"weights": "full"})
+    manifest, _ = publisher.publish(0, {"w": torch.ones(1000)}, {"weights": "full"})  # more than the claims below
     # the bill's field is not the plan's business: every record with a good url is planned as before
     assert {p["id"] for p in manifest["relay"]["peers"]} >= set(HOSTILE) | {"honest", "shrinking"}
     snapshots = egress.read_snapshots(store)
@@ -203,7 +205,7 @@ def test_malformed_counters_are_not_billed_never_raise_and_never_change_the_plan
     # an actor that reports less later cannot lower what the learner saw; one that reports more raises it
     topology.register(store, "shrinking", "http://127.0.0.1:9", None, read_bytes={"store": 1, "peers": {}})
     topology.register(store, "honest", "http://127.0.0.1:9", None, read_bytes={"store": 20, "peers": {"": 3}})
-    publisher.publish(1, {"w": torch.ones(8)}, {"weights": "full"})
+    publisher.publish(1, {"w": torch.ones(1000)}, {"weights": "full"})
     assert egress.read_snapshots(store) == {"honest": egress.ReadBytes(20, {"": 3}),
                                             "shrinking": egress.ReadBytes(1000, {})}
     assert all(isinstance(egress.parse_read_bytes(v), str) for v in HOSTILE.values())
@@ -323,3 +325,29 @@ def test_placement_comes_only_from_well_formed_fleet_events(store):
     launched = topology.LaunchedActors(store)
     assert launched() == {"a0", "a1", "a2"}
     assert launched.placement == {"a0": ("aws", "us-east-1")}
+
+
+def test_a_counter_is_capped_by_what_the_actor_could_have_read(store, caplog):
+    """A claim of a terabyte under the old bound (a petabyte) was billed in full; now each counter is cut to twice
+    the bytes the run published, kept across collected versions and learners (``ledger/published-bytes.json``)."""
+    write_event(store, "launch", "liar", provider="aws", region="us-east-1")
+    write_event(store, "launch", "honest", provider="aws", region="us-east-1")
+    publisher = Publisher(store, train=TrainConfig(keep_versions=1, staleness=0), broadcast=BroadcastConfig(),
+                          key=KEY, extra_files={})
+    manifest, _ = publisher.publish(0, {"w": torch.ones(1000)}, {"weights": "full"})
+    v0 = sum(e["size"] for e in manifest["files"])
+    topology.register(store, "liar", "http://127.0.0.1:9", None,
+                      read_bytes={"store": 10**12, "peers": {"aws/us-east-1": 10**12}})
+    topology.register(store, "honest", "http://127.0.0.1:9", None, read_bytes={"store": v0, "peers": {}})
+    with caplog.at_level(logging.WARNING, logger="echo2.fleet"):
+        manifest, _ = publisher.publish(1, {"w": torch.zeros(1000)}, {"weights": "full"})
+    published = v0 + sum(e["size"] for e in manifest["files"])
+    assert egress.read_snapshots(store) == {"liar": egress.ReadBytes(2 * published, {"aws/us-east-1": 2 * published}),
+                                            "honest": egress.ReadBytes(v0, {})}
+    assert sum("billing at most" in r.getMessage() and "liar" in r.getMessage() for r in caplog.records) == 1
+    # versions are collected, yet what they weighed still counts: a later learner's fold caps no lower
+    for version in (2, 3):
+        publisher.publish(version, {"w": torch.full((1000,), float(version))}, {"weights": "full"})
+    assert 0 not in published_versions(store) and 1 not in published_versions(store)
+    cap = egress.EgressLedger(store).could_read()
+    assert cap >= 2 * (published + 2 * v0) and store.get_json(layout.PUBLISHED_BYTES)["total"] == cap // 2

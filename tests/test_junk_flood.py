@@ -187,7 +187,7 @@ def test_files_beyond_the_last_version_are_quarantined_when_the_run_finishes(tmp
 
 # -- expulsion after a few invalid files ------------------------------------------------------------
 
-def test_an_actor_with_a_few_invalid_or_future_files_is_banned_and_later_files_quarantined_unread(tmp_path):
+def test_an_actor_with_a_few_invalid_or_future_files_is_banned_and_later_files_never_judged(tmp_path):
     store = open_store(str(tmp_path))
     counting = Counting(store)
     collector = _collector(counting, max_invalid_files=3)
@@ -202,12 +202,15 @@ def test_an_actor_with_a_few_invalid_or_future_files_is_banned_and_later_files_q
     assert "3 invalid or future-version files" in collector.banned["evil"]
     collector.settle(sel)
 
-    later = commit_rollouts(store, 2, 1, actor="evil")  # a well-formed file: still quarantined, unread
+    later = commit_rollouts(store, 2, 1, actor="evil")  # a well-formed file: never judged, nor moved one by one
     commit_rollouts(store, 2, 0, actor="honest")
     counting.read.clear()
     sel = collector.collect(step=3, learner_version=2, timeout_s=5)
-    assert {q["key"]: q["reason"] for q in sel.quarantined}[later].startswith("actor evil is banned")
+    assert later not in sel.keys and sel.banned == ["evil"]  # the entry names the ban, not the file
     assert later not in counting.read
+    collector.janitor.drain()
+    assert not store.exists(later)  # deleted off the collection's path
+    assert "3 invalid or future-version files" in store.get_json(layout.ban_key("evil"))["reason"]
     assert "evil" in collector.banned  # what the flow expels and the next version revokes
 
 
@@ -215,7 +218,7 @@ def test_two_invalid_files_do_not_ban(tmp_path):
     store = open_store(str(tmp_path))
     collector = _collector(store, max_invalid_files=3)
     commit_rollouts(store, 1, 0, actor="clumsy", data=b"garbage")
-    commit_rollouts(store, 1, 1, actor="clumsy", data=b"garbage")
+    commit_rollouts(store, 1, 1, actor="clumsy", data=b"other garbage")  # (the same bytes twice would be a copy)
     commit_rollouts(store, 1, 2, actor="clumsy")
     sel = collector.collect(step=2, learner_version=1, timeout_s=5)
     assert len(sel.quarantined) == 2 and len(sel.used) == 1 and not collector.banned

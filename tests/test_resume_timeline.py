@@ -93,10 +93,15 @@ def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_f
 
 def test_lost_timelines_are_read_from_every_resume_of_the_ledger():
     from echo2.learner.run import lost_timelines
+    from echo2.learner.timelines import LostTimeline
 
     events = [{"ts": 1, "kind": "launch", "actor_id": "a"},
               {"ts": 2, "kind": "resume", "actor_id": "learner", "step": 4},
               {"ts": 3, "kind": "launch", "actor_id": "b"},
-              {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9, "lost_latest": 11}]
-    assert lost_timelines(events) == [(4, {"a"}, None), (9, {"a", "b"}, 11)]
+              {"ts": 4, "kind": "resume", "actor_id": "learner", "step": 9, "lost_latest": 11,
+               "lost_digests": {"10": "d10", "11": "d11", "x": "junk"}},
+              # the same resume run again after it was interrupted past its boundary (LATEST re-pointed at 9)
+              {"ts": 5, "kind": "resume", "actor_id": "learner", "step": 9, "lost_latest": 9, "lost_digests": {}}]
+    assert lost_timelines(events) == [LostTimeline(4, frozenset({"a"}), None),
+                                      LostTimeline(9, frozenset({"a", "b"}), 11, {10: "d10", 11: "d11"})]
 

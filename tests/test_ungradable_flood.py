@@ -32,6 +32,7 @@ class HangingGrader:
     the math task does when one reply runs past ``grade_timeout_s``. Counts the files it grades."""
 
     verifiable = True
+    rescore_fraction, rescore_max_rows = 1.0, None  # re-scores every row, as ``tasks.base.Task`` does by default
 
     def __init__(self):
         self.graded: list[str] = []
@@ -63,10 +64,10 @@ def test_an_actor_whose_files_keep_hanging_the_grader_is_banned(tmp_path):
     sel = col.collect(step=2, learner_version=1, timeout_s=5)  # evil's files sort first: all judged before honest's
     assert [u["key"] for u in sel.used] == [good]
     reasons = {q["key"]: q["reason"] for q in sel.quarantined}
-    assert set(reasons) == set(hanging)
+    assert set(reasons) == set(hanging[:6])
     assert all("ungradable, set aside" in reasons[k] for k in hanging[:6])
-    assert "6 of its 6 files could not be graded" in col.banned["evil"]  # the sixth ungradable file bans
-    assert all(reasons[k].startswith("actor evil is banned") for k in hanging[6:])  # quarantined unread
+    assert "6 of its files could not be graded, against 0 novel files" in col.banned["evil"]  # the sixth bans
+    assert not set(hanging[6:]) & sel.keys  # never judged: the ban stands for them, the janitor deletes them
     assert sum(HANG in g for g in grader.graded) == 6  # the learner paid for six, not nine
     assert store.exists(layout.quarantine_key(hanging[0]))
 

@@ -131,6 +131,22 @@ actors' flow control stops counting them at once (``ledger.ConsumedIndex``). Not
 step's entry records the same files when it is written."""
 
 
+LEDGER_BANS = "ledger/bans/"
+"""One record per banned actor (``ban_key``), written the moment the learner bans it: a resumed learner bans it
+again, and the record stands for every later file of that actor (none is judged or moved one by one)."""
+
+PUBLISHED_BYTES = "ledger/published-bytes.json"
+"""What the run's versions weigh in all, as the learner's egress fold last counted them (``fleet/egress.py``):
+the most an actor could have read, which caps its byte counters."""
+
+
+def ban_key(actor_id: str) -> str:
+    """``ledger/bans/<actor>.json``; only for an actor id of the layout (``valid_actor_id``)."""
+    if not valid_actor_id(actor_id):
+        raise ValueError(f"not an actor id: {actor_id[:80]!r}")
+    return f"{LEDGER_BANS}{actor_id}.json"
+
+
 def step_of_consumed_key(key: str) -> int | None:
     """``ledger/consumed/step-000043.json`` (or an amendment of it) -> 43; None for other keys."""
     m = _CONSUMED_RE.match(key.rsplit("/", 1)[-1]) if key.startswith(LEDGER_CONSUMED) else None

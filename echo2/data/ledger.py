@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from echo2.data import layout
 from echo2.data.rollouts import MEASURED_PREFIX
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 
 SECTIONS = ("used", "dropped", "quarantined")
 
@@ -56,13 +56,39 @@ def used_measurements(table: pa.Table) -> dict[str, float]:
     return out
 
 
-def write_final(store: ObjectStore, step: int, leftovers: list[str], quarantined: list[dict] = ()) -> None:
+def write_final(store: ObjectStore, step: int, leftovers: list[str], quarantined: list[dict] = (),
+                dropped: list[dict] = ()) -> None:
     """What the run leaves unused when it finishes, so that every committed file is in the ledger, and
-    what it set aside then (files from versions it never reached: ``RolloutCollector.final_leftovers``)."""
+    what it set aside then (files from versions it never reached, files of banned actors not cleared yet:
+    ``RolloutCollector.final_leftovers``)."""
     store.put_json(layout.FINAL_CONSUMED, {"step": step, "written_at": time.time(), "used": [],
                                            "quarantined": list(quarantined),
                                            "dropped": [{"key": k, "reason": "unused when the run finished"}
-                                                       for k in leftovers]})
+                                                       for k in leftovers] + list(dropped)})
+
+
+def write_ban(store: ObjectStore, actor_id: str, reason: str, step: int) -> None:
+    """Record the ban of ``actor_id`` at once (``layout.ban_key``): one line that stands for every later file of
+    it. Written once; a second ban of the same actor (a resumed learner's) keeps the first record."""
+    try:
+        store.put_json(layout.ban_key(actor_id), {"actor_id": actor_id, "reason": reason, "step": step,
+                                                  "at": time.time()})
+    except AlreadyExists:
+        pass
+
+
+def read_bans(store: ObjectStore) -> dict[str, str]:
+    """actor -> why, from every ban record (a record that does not parse is skipped: only the learner writes them)."""
+    out = {}
+    for key in store.list(layout.LEDGER_BANS):
+        try:
+            record = store.get_json(key)
+        except (NotFound, ValueError):
+            continue
+        actor = record.get("actor_id") if isinstance(record, dict) else None
+        if isinstance(actor, str) and layout.valid_actor_id(actor) and key == layout.ban_key(actor):
+            out[actor] = str(record.get("reason", "?"))
+    return out
 
 
 def consumed_keys(store: ObjectStore) -> list[str]:
@@ -120,8 +146,9 @@ def collecting_record(step: int, selection: dict[str, list[dict]]) -> dict[str, 
 
 def _junk_verdicts(record: dict[str, Any]) -> dict[str, bool]:
     """Per actor named in a ledger record: whether the record found its files junk (a file quarantined,
-    or dropped as a copy of one already used) rather than usable (only used or stale files)."""
-    verdicts: dict[str, bool] = {}
+    or dropped as a copy of one already used, or the actor banned: its later files are in no entry) rather
+    than usable (only used or stale files)."""
+    verdicts: dict[str, bool] = {str(a): True for a in record.get("banned", []) or [] if isinstance(a, str)}
     for section in SECTIONS:
         for item in record.get(section, []):
             parsed = layout.parse_rollout_key(str(item.get("key", "")))

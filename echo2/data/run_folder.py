@@ -4,7 +4,8 @@ for resume, and move aside what a killed learner made after its last checkpoint.
 Resume continues from the newest committed checkpoint c. Everything the dead learner made after
 c belongs to a timeline that no longer exists: policy versions > c, rollouts generated with them,
 ledger entries of steps > c, and checkpoint folders > c (a manifest-less one is a checkpoint the
-learner was killed writing). They are moved, never deleted, to ``orphaned/<time>/``, with one
+learner was killed writing). What the learner wrote is moved, never deleted, to ``orphaned/<time>/``
+(rollout files stay where they are, judged by the boundary the resume records: ``orphan_after``), with one
 exception: an object the store refuses to copy or return to anyone (``store.is_unreadable_object``: a
 GLACIER or customer-key-encrypted object, which anyone with write access to ``checkpoints/`` or
 ``policy/`` can plant; IAM should deny it, the learner does not rely on that) cannot be moved, and
@@ -139,17 +140,24 @@ def weights_key(record: dict) -> Ed25519PublicKey:
     return key.public_key()
 
 
-def orphan_after(store: ObjectStore, step: int) -> list[str]:
+def orphan_after(store: ObjectStore, step: int, *, rollouts: bool = True) -> list[str]:
     """Move everything of the lost timeline (after checkpoint ``step``) to ``orphaned/<time>/``; returns the keys.
 
     A move copies server-side and reads nothing. A rollout file the store cannot copy (an actor wrote it
     as GLACIER, say) is quarantined by reference instead (``data/quarantine.py``): it stays, is not
     among the keys returned, and the next ledger entry records it as quarantined. Any other object the
     store refuses to everyone is deleted (``set_aside``; the module's docstring says why) and not returned.
+
+    Without ``rollouts`` (what a resume does) no rollout file is listed or moved: actors write ``rollouts/``, as
+    many files as their credentials let them, so moving them would cost three requests a file before the run
+    could go on. The resume records the lost timeline's boundary in its ledger event instead, and the collector
+    judges each file by it when it meets it (``learner/timelines.py``); only what the learner itself wrote
+    (versions, checkpoints, ledger entries) is moved.
     """
     dest = layout.orphaned_prefix(f"{time.time():.0f}")
     late = []
-    for prefix in (layout.POLICY, layout.ROLLOUTS, layout.CHECKPOINTS):  # folders numbered by version or step
+    prefixes = (layout.POLICY, layout.ROLLOUTS, layout.CHECKPOINTS) if rollouts else (layout.POLICY, layout.CHECKPOINTS)
+    for prefix in prefixes:  # folders numbered by version or step
         for key in store.list(prefix):
             n = layout.version_of_folder_key(key, prefix)
             if n is not None and n > step:

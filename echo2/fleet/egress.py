@@ -19,9 +19,13 @@ The counters are untrusted input, and they only ever affect the bill: nothing pl
 A record is read with one ranged GET of at most ``MAX_RECORD_BYTES`` + 1 bytes; one that cannot be read,
 is larger, is not JSON, names another actor, or whose ``read_bytes`` is not the shape above (non-negative
 integers up to ``MAX_COUNTER``, at most ``MAX_SITES`` sites of the site pattern) is skipped, logged once
-per (actor, reason), and never raises. An actor can inflate its own bill up to ``MAX_COUNTER`` bytes per
-counter, or report less than it read (its own bill, never below what the learner saw before: snapshots only
-grow); it cannot change another actor's.
+per (actor, reason), and never raises. Each counter is then capped by what the actor could have read:
+``READS_PER_BYTE`` times every byte of every version the run published (``layout.PUBLISHED_BYTES``, which each
+fold brings up to date from the signed manifests in ``policy/``: versions are collected later, so the sum is
+kept), logged once where a claim is cut. An actor can inflate its own bill up to that cap, or report less than
+it read (its own bill, never below what the learner saw before: snapshots only grow); it cannot change another
+actor's. A store where no version was ever published (no manifest, no sum) has nothing to bound by: there the
+cap is ``MAX_COUNTER``.
 
 Assumption: a GB is 10^9 bytes (cloud providers bill per GB; the report prices bytes / 1e9).
 """
@@ -37,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from echo2.data import layout
+from echo2.data.rollouts import policy_digest
 from echo2.data.store import NotFound, ObjectStore, StoreError
 
 log = logging.getLogger("echo2.fleet")
@@ -51,6 +56,8 @@ MAX_SITES = 8
 """Peer sites one record may name (``broadcast/receiver.py`` keeps at most this many, the rest under "")."""
 MAX_COUNTER = 2**50
 """The largest counter taken (about 1.1 PB): an absurd claim is refused, not billed."""
+READS_PER_BYTE = 2
+"""How often an actor may read one published byte: from a peer, and again from the store after a bad chunk."""
 READ_THREADS = 8
 GB = 1e9
 
@@ -71,6 +78,10 @@ class ReadBytes(NamedTuple):
 
     def as_json(self) -> dict:
         return {"store": self.store, "peers": dict(self.peers)}
+
+    def capped(self, cap: int) -> "ReadBytes":
+        """Each counter at most ``cap``."""
+        return ReadBytes(min(self.store, cap), {s: min(n, cap) for s, n in self.peers.items()})
 
 
 def egress_key(actor_id: str) -> str:
@@ -112,13 +123,13 @@ class _Once:
         self.seen: set[tuple[str, str]] = set()
         self.limit = limit
 
-    def warn(self, actor: str, why: str) -> None:
+    def warn(self, actor: str, why: str, what: str = "not billing the read_bytes of") -> None:
         if (actor, why) in self.seen:
             return
         if len(self.seen) >= self.limit:
             self.seen.clear()
         self.seen.add((actor, why))
-        log.warning("not billing the read_bytes of %s: %s", actor, why)
+        log.warning("%s %s: %s", what, actor, why)
 
 
 _once = _Once()
@@ -186,14 +197,55 @@ class EgressLedger:
     def __init__(self, store: ObjectStore):
         self.store = store
         self.written: dict[str, ReadBytes] | None = None
+        self._published: dict | None = None  # what ``layout.PUBLISHED_BYTES`` holds, as last read or written
+        self._manifests: dict[str, tuple[str, int]] = {}  # version folder -> (its manifest's digest, its bytes)
+
+    def could_read(self) -> int:
+        """The most bytes one actor could have read, per counter (see the module docstring); brings the sum of
+        published bytes up to date first (a listing of ``policy/`` and one GET per version not seen before)."""
+        if self._published is None:
+            try:
+                record = self.store.get_json(layout.PUBLISHED_BYTES)
+            except (NotFound, ValueError):
+                record = {}
+            record = record if isinstance(record, dict) else {}
+            total, counted = record.get("total"), record.get("counted")
+            self._published = {"total": total if _counter(total) else 0,
+                               "counted": {str(k): str(v) for k, v in counted.items()} if isinstance(counted, dict)
+                               else {}}
+        names = [n for n in self.store.list_folders(layout.POLICY) if layout.parse_version_dir(n) is not None]
+        total, counted = self._published["total"], dict(self._published["counted"])
+        for name in names:
+            if name not in self._manifests:
+                try:
+                    manifest = self.store.get_json(layout.manifest_key(layout.POLICY + name))
+                except (NotFound, ValueError):
+                    continue  # not committed yet
+                files = manifest.get("files") if isinstance(manifest, dict) else None
+                size = sum(e["size"] for e in files or [] if isinstance(e, dict) and _counter(e.get("size")))
+                self._manifests[name] = (policy_digest(manifest), size)
+            digest, size = self._manifests[name]
+            if counted.get(name) != digest:  # a new version, or a number a resumed learner published again
+                total, counted[name] = total + size, digest
+        counted = {n: d for n, d in counted.items() if n in names}  # collected versions are summed already
+        if (total, counted) != (self._published["total"], self._published["counted"]):
+            self._published = {"total": total, "counted": counted}
+            self.store.put_pointer(layout.PUBLISHED_BYTES, json.dumps(self._published).encode())
+        return min(MAX_COUNTER, READS_PER_BYTE * total) if total else MAX_COUNTER
 
     def fold(self, actors: Collection[str]) -> dict[str, ReadBytes]:
-        """Fold the records of ``actors`` (those the fleet launched) in; returns every snapshot. A failure
-        of the store is logged, not raised: it only delays the bill to the next fold."""
+        """Fold the records of ``actors`` (those the fleet launched) in, each counter capped by ``could_read``;
+        returns every snapshot. A failure of the store is logged, not raised: it only delays the bill to the
+        next fold."""
         try:
             if self.written is None:
                 self.written = read_snapshots(self.store)
+            cap = self.could_read()
             for actor, reported in read_reported(self.store, actors).items():
+                if reported.capped(cap) != reported:
+                    _once.warn(actor, "it claims more than it could have read",
+                               f"billing at most {cap} bytes a counter (what the run published, twice) for")
+                    reported = reported.capped(cap)
                 before = self.written.get(actor)
                 now = reported if before is None else before.merged(reported)
                 if now != before:

@@ -10,7 +10,8 @@ out for good:
     the first file of every actor, and every further file with probability ``train.audit_fraction``
         (drawn from the learner's own unseeded RNG, so an actor cannot tell which files are checked)
     recompute log mu(token) of the file's policy tokens under the version the file claims, with the
-        weights the learner published as that version (kept for the S + 1 newest versions), as the learner
+        weights the learner published as that version (kept for the S + 1 newest versions; one it does not hold, as
+        after a resume, read back from its signed folder in the store: ``load``), as the learner
         computes them (``Learner.behavior_gap``): on the learner's device, in its compute dtype, with a frozen
         copy of the model that holds one version at a time (sharded over the ranks like the policy), the file's
         rows packed into micro-batches of ``train.micro_batch_tokens`` (``packing.py``), log-probabilities by
@@ -53,8 +54,11 @@ class Dishonest(InvalidRollouts):
 
 class BehaviorAuditor:
     def __init__(self, gap_of: GapOf, *, fraction: float, max_gap: float, keep_versions: int,
-                 micro_batch_tokens: int = 8192):
+                 micro_batch_tokens: int = 8192, load: Callable[[int], dict | None] | None = None):
+        """``load(version)``: the weights actors ran as a version this auditor does not hold (after a resume it holds
+        only the checkpoint's), read back from the store's signed folder; None where the version is gone."""
         self.gap_of = gap_of
+        self.load = load
         self.fraction = fraction
         self.max_gap = max_gap
         self.keep_versions = keep_versions
@@ -80,8 +84,15 @@ class BehaviorAuditor:
         return actor_id not in self.audited_actors or self._rng.random() < self.fraction
 
     def check(self, table: pa.Table, version: int, actor_id: str) -> float | None:
-        """The file's gap (None when its version is no longer held); raises ``Dishonest`` over the threshold."""
+        """The file's gap (None when its version is gone from the store too: no rollout of it can still be used);
+        raises ``Dishonest`` over the threshold."""
         weights = self.versions.get(version)
+        if weights is None and self.load is not None:
+            weights = self.load(version)
+            if weights is not None:
+                self.versions[version] = weights  # kept like a published one (the newest keep_versions stay)
+                for v in sorted(self.versions)[: -self.keep_versions]:
+                    self.versions.pop(v)
         if weights is None:
             return None
         self.sampled += 1

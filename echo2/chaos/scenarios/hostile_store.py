@@ -11,13 +11,23 @@ learner trains the math task with two honest actors:
    beyond LATEST+1, a flood of junk files, and a planted checkpoint (its credentials must not allow it).
 
 Then, as anyone with wider write access could (a leaked operator key, a store without per-actor scoping), a
-checkpoint ``step-999999`` with a forged manifest is planted, and the run is resumed.
+checkpoint ``step-999999`` with a forged manifest is planted, and ``step-999998`` whose DCP metadata
+(``dcp-metadata``) is a pickle that would create a marker file if anything loaded it (``store_junk.pickle_payload``,
+naming ``os.system`` through a module the metadata may name); then the run is resumed.
+
+A second leg on a local store (``store_junk.py``) kills a learner past its checkpoint, floods future folders with
+empty files (ten thousand; a thousand in ``quick``) before the resume, and while the resumed learner trains pads a
+real batch with byte-for-byte copies and writes malformed files of the lost timeline in a launched actor's name;
+the first collection after that resume must return within a minute.
 
 The row: ``injected`` counts the kinds; a kind is ``detected`` only on evidence that the system caught it:
-a quarantine reason in the ledger that names it, the actor's ban, or a log line naming the object. The run
-must finish (and its resume), each honest actor must have files used after the first hostile upload, the
-hostile actor must be banned and revoked, and nothing planted may be loaded (``broken`` lists what did not
-hold). ``quick``: the size ``tests/test_chaos.py`` runs.
+a quarantine reason in the ledger that names it, the actor's ban, or a log line naming the object. The runs
+must finish (and their resumes), each honest actor must have files used after the first hostile upload, the
+hostile actor must be banned and revoked, nothing planted may be loaded or run (the marker never appears), and
+the first collection after the local resume must return in time (``broken`` lists what did not hold). Files of a
+banned actor are no longer judged one by one: its ban record stands for them and the learner's janitor deletes
+them, so such a file counts as caught when it is quarantined, dropped by the ban, or deleted while its actor is
+banned. ``quick``: the size ``tests/test_chaos.py`` runs.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ import time
 from pathlib import Path
 
 from echo2.chaos import harness as h
+from echo2.chaos import store_junk
 from echo2.chaos.rows import audit_row, bad_loads, result_row
 from echo2.data import layout
 
@@ -44,8 +55,10 @@ HOSTILE = "a0-hostile"
 HANG = r"\boxed{9^{9^{9^{9^{9}}}}}"
 """A reply sympy works on for as long as it is let (``tasks/math_grader.py``)."""
 PLANTED_STEP = 999_999
+PICKLE_STEP = 999_998
+"""A planted checkpoint whose DCP metadata is a pickle that runs a command."""
 KINDS = ("glacier-rollout", "glacier-peer", "huge-object", "huge-peer", "hanging-math", "future-versions",
-         "junk-flood", "planted-checkpoint")
+         "junk-flood", "planted-checkpoint", "pickle-payload", *store_junk.KINDS)
 ROLLOUT_KINDS = ("glacier-rollout", "huge-object", "hanging-math", "future-versions", "junk-flood")
 """The kinds written as rollout files (the collector judges each)."""
 
@@ -228,6 +241,37 @@ def plant_checkpoint(admin, bucket: str, root: str) -> str:
     return f"copied from {steps[-1]}"
 
 
+def plant_pickle(admin, bucket: str, root: str, command: str) -> str:
+    """``checkpoints/step-999998/``: the newest checkpoint's files with ``dcp-metadata`` replaced by a pickle that runs
+    ``command`` when loaded, its manifest naming that file's hash, signed by the attacker's key."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from echo2.data.manifest import SIGNATURE, sign
+    from echo2.learner.sharded import METADATA, store_name
+
+    payload = store_junk.pickle_payload(command)
+    steps = [step for step in _checkpoint_steps(admin, bucket, root) if step < PICKLE_STEP]  # the run's own
+    if not steps:
+        return "no checkpoint to copy"
+    source, target = layout.checkpoint_dir(steps[-1]) + "/", layout.checkpoint_dir(PICKLE_STEP) + "/"
+    for obj in admin.list_objects_v2(Bucket=bucket, Prefix=root + source).get("Contents", []):
+        name = obj["Key"][len(root + source):]
+        if name not in (layout.MANIFEST, store_name(METADATA)):
+            admin.copy_object(Bucket=bucket, Key=root + target + name, CopySource={"Bucket": bucket, "Key": obj["Key"]})
+    admin.put_object(Bucket=bucket, Key=root + target + store_name(METADATA), Body=payload)
+    genuine = json.loads(admin.get_object(Bucket=bucket, Key=root + source + layout.MANIFEST)["Body"].read())
+    body = {k: v for k, v in genuine.items() if k != SIGNATURE}
+    body["step"] = PICKLE_STEP
+    for entry in body.get("files", []):
+        if entry.get("name") == store_name(METADATA):
+            entry.update(size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    admin.put_object(Bucket=bucket, Key=root + target + layout.MANIFEST,
+                     Body=json.dumps(sign(body, Ed25519PrivateKey.generate())).encode())
+    return f"copied from step {steps[-1]}, {store_name(METADATA)} a {len(payload)}-byte pickle"
+
+
 def mirror(admin, bucket: str, prefix: str, into: Path) -> None:
     """The bucket as local files, for the ledger audit and the judging: an object that cannot be read
     (GLACIER) or is huge becomes an empty file of the same name (the audit reads names and the ledger)."""
@@ -274,15 +318,20 @@ def _used_after(run_dir: Path, after_step: int, until: int) -> dict[str, int]:
     return counts
 
 
-def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, resume_code: int) -> dict:
+def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, resume_code: int,
+          marker: Path) -> dict:
     """Per kind: (detected, evidence). ``logs``: the learner's and actors' logs of both runs."""
     ledger = _ledger(run_dir)
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) \
         if (run_dir / "reports" / "summary.json").exists() else {}
     ban = summary.get("audit", {}).get("banned", {}).get(HOSTILE, "")
+    ban_record = (run_dir / layout.ban_key(HOSTILE)).exists()
 
     def reasons(kind: str) -> list[tuple[str, str]]:
-        return [ledger.get(k, ("not judged", "")) for k in attacker.keys[kind]]
+        """(status, reason) per key; a key neither in the ledger nor in the store was deleted by the janitor, which
+        deletes only the files of a banned actor (so it counts only where the ban is recorded)."""
+        return [ledger.get(k, ("cleared by the ban", "banned") if ban_record and not (run_dir / k).exists()
+                           else ("not judged", "")) for k in attacker.keys[kind]]
 
     def quarantined_as(kind: str, pattern: re.Pattern) -> tuple[bool, str]:
         got = reasons(kind)
@@ -304,13 +353,16 @@ def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, res
                            and bool(_GRADING.search(ban) or all(_GRADING.search(r) and "banned" not in r
                                                                 for _, r in hanging)),
                            f"ban: {ban[:90] or 'none'}; " + "; ".join(f"{s}: {r[:90]}" for s, r in hanging[:1]))
+    settled = ("quarantined", "dropped", "cleared by the ban")
     future = reasons("future-versions")
-    out["future-versions"] = (bool(future) and all(s in ("quarantined", "dropped") for s, _ in future)
+    out["future-versions"] = (bool(future) and all(s in settled for s, _ in future)
                               and any(_FUTURE.search(r) or "banned" in r for _, r in future),
                               "; ".join(f"{s}: {r[:70]}" for s, r in future[:2]))
     junk = reasons("junk-flood")
-    out["junk-flood"] = (bool(junk) and all(s == "quarantined" for s, _ in junk),
+    out["junk-flood"] = (bool(junk) and all(s in settled and s != "dropped" or r.startswith("banned")
+                                            for s, r in junk),
                          f"{sum(s == 'quarantined' for s, _ in junk)}/{len(junk)} quarantined, "
+                         f"{sum(s != 'quarantined' and s in settled for s, _ in junk)} cleared by the ban, "
                          f"{sum(s == 'used' for s, _ in junk)} used, "
                          f"{sum(s == 'not judged' for s, _ in junk)} not judged")
     planted = [line for line in resume_log.splitlines() if str(PLANTED_STEP) in line]
@@ -318,6 +370,11 @@ def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, res
                                                      r"not signed|skipp", line, re.I)]
     out["planted-checkpoint"] = (bool(refused) and (resume_code in (0, 2)),
                                  (refused or planted or ["no log line names it"])[0][-160:])
+    pickled = [line for line in resume_log.splitlines() if str(PICKLE_STEP) in line
+               and re.search(r"not loaded|not signed|signature|skipp|refus", line, re.I)]
+    out["pickle-payload"] = (bool(pickled) and not marker.exists(),
+                             ("the payload RAN: " if marker.exists() else "")
+                             + (pickled or ["no log line names it"])[0][-160:])
     return out
 
 
@@ -329,6 +386,7 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
     from echo2.tasks import make_task
 
     model = h.tiny_model(workdir)
+    marker = workdir / "planted-payload-ran"  # what the planted pickle would create
     run_id = f"hostile-{secrets.token_hex(3)}"  # its local logs go to ./echo2-logs/<run>: one per scenario run
     bucket, prefix = "echo2-hostile", "chaos"
     root = f"{prefix}/{layout.RUNS}/{run_id}/"
@@ -350,6 +408,7 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
         revoked = _revoked_in(admin, bucket, root)
         steps = _checkpoint_steps(admin, bucket, root)
         planted = plant_checkpoint(admin, bucket, root)
+        pickled = plant_pickle(admin, bucket, root, f"touch {marker}")
         resume_code = h.run_cli(args + h.sets(f"train.max_steps={max(steps, default=0) + 3}", "fleet.actors=1")
                                 + ["--resume"], workdir, workdir / "hostile-resume.log", env=env, timeout=300)
         mirror(admin, bucket, root, workdir / "mirror")
@@ -363,9 +422,14 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
     row = audit_row("hostile-store", run_dir, resume_code)
     learner_log, resume_log = ((workdir / n).read_text(errors="replace") for n in ("hostile.log", "hostile-resume.log"))
     actor_logs = "\n".join(p.read_text(errors="replace") for p in (run_dir / layout.LOGS).glob("*.log"))
-    kinds = judge(attacker, run_dir, learner_log + "\n" + resume_log + "\n" + actor_logs, resume_log, resume_code)
+    kinds = judge(attacker, run_dir, learner_log + "\n" + resume_log + "\n" + actor_logs, resume_log, resume_code,
+                  marker)
+    leg = store_junk.resume_leg(workdir, model, tok, task, math_config=MATH, sets=[*h.TINY, *MATH_TINY], quick=quick)
+    kinds.update(leg["kinds"])
 
-    broken = []
+    broken = list(leg["broken"])
+    if marker.exists():
+        broken.append(f"the pickle planted in checkpoint step-{PICKLE_STEP} ran")
     if attacker.wave < 3:
         broken.append(f"the run ended before the attacker's wave {attacker.wave + 1} of 3")
     resumed_at = min([e["ts"] for e in _events(run_dir) if e.get("kind") == "resume"], default=float("inf"))
@@ -384,14 +448,16 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
     planted_loaded = any(e.get("step") == PLANTED_STEP for e in resumed) or any(
         (layout.parse_version_dir(p.name) or 0) >= PLANTED_STEP for p in (run_dir / "policy").glob("v*"))
     detected = sum(ok for ok, _ in kinds.values())
-    return result_row("hostile-store", injected=len(KINDS), detected=detected, lost=row["lost"],
-                      bad_loaded=bad_loads(run_dir) + int(planted_loaded),
-                      finished=code == 130 and resume_code == 0 and row["finished"], broken=broken,
-                      leaks=h.leaks(workdir, [workdir / "mirror"], extra=[learner_keys["AWS_SECRET_ACCESS_KEY"],
-                                                                         scoped["AWS_SECRET_ACCESS_KEY"]]),
+    return result_row("hostile-store", injected=len(KINDS), detected=detected, lost=row["lost"] + leg["lost"],
+                      bad_loaded=bad_loads(run_dir) + int(planted_loaded) + int(marker.exists()),
+                      finished=code == 130 and resume_code == 0 and row["finished"] and leg["finished"],
+                      broken=broken, first_collection_s=leg["first_collection_s"],
+                      leaks=h.leaks(workdir, [workdir / "mirror", workdir / "local-store"],
+                                    extra=[learner_keys["AWS_SECRET_ACCESS_KEY"], scoped["AWS_SECRET_ACCESS_KEY"]]),
                       kinds={k: {"detected": ok, "evidence": why} for k, (ok, why) in kinds.items()},
                       detail=f"run exit {code} (130: interrupted as planned at step {attacker.interrupted_at}), "
-                             f"checkpoint step-{PLANTED_STEP} planted ({planted}), resume exit {resume_code}; "
+                             f"checkpoint step-{PLANTED_STEP} planted ({planted}), step-{PICKLE_STEP} ({pickled}), "
+                             f"resume exit {resume_code}; {leg['detail']}; "
                              f"detected: "
                              f"{', '.join(k for k, (ok, _) in kinds.items() if ok) or 'none'}; missed: "
                              + "; ".join(f"{k} ({why})" for k, (ok, why) in kinds.items() if not ok)
