@@ -13,7 +13,11 @@
                      is told to stop (both inside Prefect's grace: 30 s from its SIGTERM to SIGKILL)
     on a spot learner's notice (train.market: spot; SIGTERM or the machine's metadata): finish the step
                      if it ends in time, else abandon it; checkpoint, and leave the fleet running for the
-                     relaunched learner (echo2/learner/notice.py); the flow run fails with LearnerReclaimed
+                     relaunched learner (echo2/learner/notice.py); the flow run fails with LearnerReclaimed.
+                     A SIGTERM while Prefect cancels the flow run (its state CANCELLING) is a cancel, not a
+                     notice: checkpoint and stop the fleet, as on-demand
+    when a newer learner incarnation took the run (LeaseLost, echo2/data/lease.py): leave at once, writing
+                     nothing and stopping nothing (the fleet is the new incarnation's now)
     else, always: stop the fleet
     evaluate after training, write the reports and the cost report artifact
 
@@ -40,6 +44,7 @@ from prefect.runtime import flow_run as this_flow_run
 
 from echo2.config import Config, config_from_dict, load_config
 from echo2.data import layout
+from echo2.data.lease import LeaseLost
 from echo2.data.ledger import read_events, write_event
 from echo2.data.store import open_store
 from echo2.fleet.make import make_fleet
@@ -103,7 +108,12 @@ def evaluate(run: LearnerRun, label: str) -> dict:
 # rerunning its flow run (it continues from its last checkpoint).
 @task(cache_policy=NO_CACHE, persist_result=False, task_run_name="collect-rollouts-{step}")
 def collect_rollouts(run: LearnerRun, fleet: FleetManager, step: int) -> Selection:
-    return run.collect(should_abort=fleet.reconcile)
+    def between_polls():  # a wait for rollouts may be long: the lease shows this learner lives all along
+        if run.lease is not None:
+            run.lease.renew()
+        return fleet.reconcile()
+
+    return run.collect(should_abort=between_polls)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="update-policy-{step}")
@@ -169,6 +179,24 @@ def _stop_interrupted(run: LearnerRun, fleet: FleetManager) -> None:
         teardown.join()
 
 
+def flow_run_cancelling() -> bool:
+    """Whether Prefect is cancelling this flow run: it sets CANCELLING before it sends the process SIGTERM."""
+    flow_run_id = this_flow_run.id
+    if not flow_run_id:
+        return False
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return state is not None and state.type.value in ("CANCELLING", "CANCELLED")
+
+
+def _left_to_newer(made: list) -> None:
+    """A newer incarnation took the run: this one's fleet is not stopped at exit (its actors serve the new one)."""
+    for fleet in made:
+        atexit.unregister(fleet.stop)
+
+
 def _leave_on_notice(run: LearnerRun | None, made: list, notice: SpotNotice) -> dict | None:
     """A spot learner's notice: the fleet is left running (not even stopped at exit), the run checkpointed with its
     ``learner_notice`` and ``learner_left`` events (``LearnerRun.leave_on_notice``); None before the run exists."""
@@ -197,7 +225,7 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
     notice = None
     if cfg.train.market == "spot":  # SIGTERM and the metadata notice: leave the fleet running (notice.py)
         notice = SpotNotice(cfg.train.sigterm_notice_s, preemption_source=cfg.train.preemption_source,
-                            poll_s=cfg.train.preemption_poll_s).install()
+                            poll_s=cfg.train.preemption_poll_s, cancelled=flow_run_cancelling).install()
     try:
         return _train(cfg, resume, notice)
     finally:
@@ -231,16 +259,26 @@ def _train(cfg: Config, resume: bool, notice: SpotNotice | None) -> dict:
             watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
             if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
                 watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
+    except LeaseLost:
+        _left_to_newer(made)
+        left = True
+        raise
     except BaseException:
-        if notice is not None and notice.heard is not None:
+        cancel = notice is not None and notice.heard is not None and notice.is_cancel()
+        if notice is not None and notice.heard is not None and not cancel:
             notice.leaving = True  # a second SIGTERM must not interrupt the checkpoint
             _leave_on_notice(run, made, notice)
             left = True
             watch.stopped()
             raise LearnerReclaimed(cfg.run.id, run.step if run is not None else 0, notice.heard.source) from None
+        if cancel:
+            notice.leaving = True
+            log.warning("the flow run is being cancelled: the SIGTERM stops the run and its fleet (not a notice)")
         if fleet is not None:
             _stop_interrupted(run, fleet)
             watch.stopped()
+        if cancel:
+            notice.stop_as_cancel()
         raise
     finally:
         if fleet is not None and not left:

@@ -36,10 +36,15 @@ def _checkpoint(tmp_path, tiny_model, *, signed: bool = True):
     return run / layout.checkpoint_dir(3)
 
 
-def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_model):
+def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))  # no key of run r1 on this machine
     ckpt = _checkpoint(tmp_path, tiny_model)
-    result = CliRunner().invoke(app, ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=6",
-                                      "--set", "eval.k=3", "--set", "eval.max_new_tokens=4", "--json"])
+    args = ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=6", "--set", "eval.k=3",
+            "--set", "eval.max_new_tokens=4", "--json"]
+    refused = CliRunner().invoke(app, args)  # only run.json's key verifies it: whoever writes the store could sign
+    assert refused.exit_code == 2 and "--trust-run-json-key" in refused.output
+    assert refused.output.count("\n") == 1, refused.output
+    result = CliRunner().invoke(app, [*args, "--trust-run-json-key"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["task"] == "arithmetic" and out["n"] == 6 and out["k"] == 3
@@ -52,7 +57,8 @@ def test_eval_of_a_checkpoint_prints_pass_at_1_and_pass_at_k(tmp_path, tiny_mode
 def test_eval_refuses_a_checkpoint_its_run_did_not_sign_in_one_line(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))  # no key of run r1 on this machine
     ckpt = _checkpoint(tmp_path, tiny_model, signed=False)
-    result = CliRunner().invoke(app, ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=2"])
+    result = CliRunner().invoke(app, ["eval", str(ckpt), "--task", "arithmetic", "--set", "task.eval_size=2",
+                                      "--trust-run-json-key"])  # trusting run.json's key still needs a signature
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and "error:" in result.output and "step-000003" in result.output
     assert "sign" in result.output, result.output

@@ -6,6 +6,8 @@ every start (``--start-or-resume``). ``_Jobs`` is a test double of the one call 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sky
 from typer.testing import CliRunner
@@ -21,14 +23,32 @@ from echo2.launch import run_exists
 
 
 class _Jobs:
-    """Test double of ``sky.jobs.launch``: records what reached the "API server"."""
+    """Test double of ``sky.jobs.launch``: records what reached the "API server", and the files of the workdir it
+    would have uploaded (SkyPilot packs the workdir within the launch request)."""
 
     def __init__(self):
         self.launched: list[tuple[sky.Task, str]] = []
+        self.uploaded: list[set[str]] = []
 
     def launch(self, task, name):
         self.launched.append((task, name))
+        root = Path(task.workdir)
+        self.uploaded.append({str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()})
         return 7
+
+
+class _SecretsDouble:
+    """Test double of a secret store (``learner_job.KeySecrets``; AWS Secrets Manager in use)."""
+
+    def __init__(self):
+        self.entries: dict[str, str] = {}
+
+    def put(self, name, value):
+        if self.entries.setdefault(name, value) != value:
+            raise Echo2InputError(f"the secret {name} holds another key")
+
+    def get(self, name):
+        return self.entries[name]
 
 
 @pytest.fixture
@@ -61,7 +81,7 @@ def test_the_learner_job_is_a_spot_managed_job_that_recovers_and_carries_the_key
     assert task.secrets["ECHO2_RUN_KEY"].get_secret_value() == key
     assert key not in str(task.envs) and key not in str(task.to_yaml_config(use_user_specified_yaml=True))
     assert "--start-or-resume" in task.run and '--set "run.id=$ECHO2_RUN_ID"' in task.run
-    assert task.workdir == str(workdir)
+    assert Path(task.workdir).name.startswith("echo2-learner-source-")  # staged, never the launch folder
     # a second launch of the same run (a job cancelled by hand, launched again) takes the same key
     again = learner_job.launch_learner_job("configs/spot.yaml", [], run_id=job.run_id, workdir=workdir, api=jobs)
     assert not again.created_key and jobs.launched[1][0].secrets["ECHO2_RUN_KEY"].get_secret_value() == key
@@ -108,3 +128,55 @@ def test_echo2_fleet_learner_job(workdir, monkeypatch):
     bad = CliRunner().invoke(app, ["fleet", "learner-job", "configs/spot.yaml", "--workdir", str(workdir),
                                    "--set", "store.url=/tmp/x"])
     assert bad.exit_code == 2 and "error: store.url" in bad.output
+
+
+def test_the_job_uploads_echo2_s_source_staged_alone_never_the_folder_it_was_launched_from(workdir):
+    """Launched from a folder that also holds cloud credentials and run keys (as $HOME does): what the job uploads is
+    echo2's own code, configs and task files, and the config named."""
+    (workdir / ".aws").mkdir()
+    (workdir / ".aws" / "credentials").write_text("[default]\naws_secret_access_key = hunter2\n")
+    (workdir / ".config" / "echo2" / "keys").mkdir(parents=True)
+    (workdir / ".config" / "echo2" / "keys" / "old-run.key").write_text("00" * 32)
+    (workdir / "notes.txt").write_text("private")
+    jobs = _Jobs()
+    learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: True)
+    [files] = jobs.uploaded
+    assert "configs/spot.yaml" in files and "echo2/__init__.py" in files and "flows/train.py" in files
+    assert "infra/skypilot/actor.yaml" in files and "pyproject.toml" in files
+    leaked = [f for f in files if f.startswith(".") or "/." in f or f.endswith(".key") or f == "notes.txt"]
+    assert not leaked, leaked
+    assert not Path(jobs.launched[0][0].workdir).exists()  # removed once the launch request went
+
+
+def test_the_run_key_travels_through_a_secret_store_entry_and_never_in_the_request(workdir, monkeypatch):
+    """With $ECHO2_RUN_KEY_SECRET the key goes to the secret store (a test double: no cloud is reachable here) and
+    the task carries the entry's name only, on that store's cloud; the node reads it back at every start."""
+    monkeypatch.setenv(learner_job.KEY_SECRET_ENV, "aws-sm:us-east-1/echo2/spotty")
+    jobs, secrets = _Jobs(), _SecretsDouble()
+    job = learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, secrets=secrets,
+                                         api_is_local=lambda: False)
+    [(task, _)] = jobs.launched
+    key = key_path(job.run_id).read_text().strip()
+    assert secrets.entries == {"echo2/spotty": key}
+    assert "ECHO2_RUN_KEY" not in (task.secrets or {})
+    assert task.envs[learner_job.KEY_SECRET_ENV] == "aws-sm:us-east-1/echo2/spotty"
+    assert key not in str(task.to_yaml_config()) and key not in str(task.envs)
+    assert {str(r.cloud).lower() for r in task.resources} == {"aws"}  # where the entry can be read
+    assert "fetch-key" in task.run
+    assert learner_job.fetch_key("aws-sm:us-east-1/echo2/spotty", secrets=secrets) == key
+    with pytest.raises(Echo2InputError, match="another key"):  # an entry of another run is never overwritten
+        secrets.entries["echo2/spotty"] = "ab" * 32
+        learner_job.launch_learner_job("configs/spot.yaml", [], run_id=job.run_id, workdir=workdir, api=jobs,
+                                       secrets=secrets, api_is_local=lambda: False)
+
+
+def test_a_remote_api_server_is_refused_the_key_unless_told(workdir, monkeypatch):
+    """Without a secret store, the key would sit in SkyPilot's request log: only an API server on this machine (which
+    holds the key already) gets it, or one the user names with ECHO2_ALLOW_KEY_IN_SKYPILOT=1."""
+    jobs = _Jobs()
+    with pytest.raises(Echo2InputError, match="not on this machine"):
+        learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: False)
+    assert not jobs.launched
+    monkeypatch.setenv(learner_job.ALLOW_KEY_ENV, "1")
+    learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: False)
+    assert jobs.launched[0][0].secrets["ECHO2_RUN_KEY"].get_secret_value()

@@ -221,9 +221,16 @@ def test_cli_prices_bad_input_is_one_line_and_exit_2(args, words):
 
 # --- worker profiles overridden by measurement -------------------------------------------------------------
 
+START = 1_700_000_000.0
+"""When the synthetic runs' fleets asked for their actors; each file is committed 10 s after the one before."""
+
+
 def _synthetic_run(root, files: list[tuple[str, int, int, float]], events: list[dict]):
     """A run folder: rollout files (actor, version, completion tokens per row x 4 rows, seconds), each used by
-    a step whose ledger entry records its figures as the learner does, and events."""
+    a step whose ledger entry records its figures as the learner does, and committed (by the store's clock, the
+    files' modification times) 10 s after the one before, from ``START``; and events, at ``START`` unless they say."""
+    import os
+
     from echo2.data import layout
     from echo2.data.ledger import used_measurements, write_consumed, write_event
     from echo2.data.rollouts import Rollout, decode_rollouts, encode_rollouts
@@ -238,10 +245,11 @@ def _synthetic_run(root, files: list[tuple[str, int, int, float]], events: list[
         data = encode_rollouts(rows, run_id="r", actor_id=actor, policy_version=version, task="arithmetic")
         key = layout.rollout_key(version, actor, seq)
         store.put(key, data)
+        os.utime(root / key, (START + 10 * (seq + 1),) * 2)
         write_consumed(store, seq + 1, {"used": [{"key": key, "policy_version": version,
                                                   "measured": used_measurements(decode_rollouts(data))}]})
     for e in events:
-        write_event(store, e.pop("kind"), e.pop("actor_id"), **e)
+        write_event(store, e.pop("kind"), e.pop("actor_id"), **{"ts": START, **e})
     return store
 
 
@@ -276,7 +284,8 @@ def test_a_measurement_of_unknown_size_is_reported_but_not_applied(tmp_path):
     from echo2.fleet.sizing.measured import measure_run, with_measurements
 
     store = _synthetic_run(tmp_path / "run", [("a0", 1, 10, 2.0)],
-                           [{"kind": "running", "actor_id": "a0", "gpu": "NEWGPU", "gpu_count": 1}])
+                           [{"kind": "launch", "actor_id": "a0"},
+                            {"kind": "running", "actor_id": "a0", "gpu": "NEWGPU", "gpu_count": 1}])
     [m] = measure_run(store)
     assert m.model_params_b is None and m.tokens_per_second == 20.0
     profiles = {"L4": Profile("L4", {1.0: 10.0}, "test")}

@@ -192,9 +192,13 @@ def test_export_without_the_run_key_checks_weights_with_run_jsons_key(tiny_model
     run.sink.close()
     plant(run.store, 999_999, key=Ed25519PrivateKey.generate())
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "elsewhere"))
-    assert export(run.store, tmp_path / "ok", "--step", "2").exit_code == 0
+    # a checkpoint only run.json's own key verifies is refused in one line unless the user says to trust it
+    refused = export(run.store, tmp_path / "refused", "--step", "2")
+    assert refused.exit_code == 2 and "--trust-run-json-key" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and not (tmp_path / "refused").exists()
+    assert export(run.store, tmp_path / "ok", "--step", "2", "--trust-run-json-key").exit_code == 0
     assert export(run.store, tmp_path / "ok2").exit_code == 0  # the latest policy version, signed too
-    result = export(run.store, tmp_path / "bad", "--step", "999999")
+    result = export(run.store, tmp_path / "bad", "--step", "999999", "--trust-run-json-key")
     assert result.exit_code == 2 and "not signed with the run's key" in result.output
     # a copy of the policy folder without run.json is no run: nothing to check its signatures with
     bare = open_store(str(tmp_path / "bare"))

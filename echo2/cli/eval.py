@@ -19,6 +19,9 @@ def eval_policy(
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config whose task and eval sections are used."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set eval.k=8 (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    trust_run_json_key: bool = typer.Option(
+        False, "--trust-run-json-key", help="Evaluate a checkpoint that only the store's own run.json key verifies "
+                                            "(this machine holds no key of the run): trusts whoever can write it."),
 ) -> None:
     """Held-out metrics of a model or checkpoint: pass@1 (greedy) and pass@k (eval.k samples); poker:
     bb/100 per opponent with a 95% interval over duplicate deals, and the illegal-action rate."""
@@ -34,7 +37,7 @@ def eval_policy(
             data["task"] = {"name": task}  # another task than the config's: its defaults
         cfg = config_from_dict(apply_overrides(data, set_ or []), str(config or "(defaults)"))
         with tempfile.TemporaryDirectory(prefix="echo2-eval-") as tmp:
-            result = _evaluate_model(model, cfg, Path(tmp))
+            result = _evaluate_model(model, cfg, Path(tmp), trust_run_json_key=trust_run_json_key)
     except Echo2InputError as exc:
         fail(str(exc))
     if as_json:
@@ -53,7 +56,7 @@ def eval_policy(
     Console().print(table)
 
 
-def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
+def _evaluate_model(model: str, cfg, tmp: Path, *, trust_run_json_key: bool = False) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from echo2.cli.export import download_weights
@@ -74,7 +77,7 @@ def _evaluate_model(model: str, cfg, tmp: Path) -> dict:
             store = open_store(run_root, store_options_from_env())
             if not store.exists(f"{kind}/{name}/{layout.MANIFEST}"):
                 fail(f"{model} is not a committed weights folder (no {layout.MANIFEST})")
-            download_weights(store, f"{kind}/{name}", tmp)
+            download_weights(store, f"{kind}/{name}", tmp, trust_run_json_key=trust_run_json_key)
         except (StoreError, NotFound, ManifestRejected, CorruptWeights) as exc:
             fail(str(exc))
         model_dir = tmp

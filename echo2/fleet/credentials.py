@@ -22,14 +22,24 @@ and hands each actor an STS session of it narrowed by a session policy (``actor_
 grants the intersection, and the session expires. ``infra/iam/`` ships both documents as templates
 generated from these functions (a test keeps them in sync). The GCS equivalent is documented there
 only. Every ARN is built from ``data/layout.py``, the one module that spells keys.
+
+An expelled actor (``FleetManager.expel``: caught lying) must not keep its session for the hours it has left: the
+learner denies it at once (``SessionDenier``), with an inline policy on the role itself that denies every action to
+that session's name (``aws:userid`` of an assumed role ends with ``:<session name>``) until the session would have
+expired anyway. AWS evaluates a role's policies at every request, so the deny holds from the next one; the learner's
+principal needs ``iam:GetRolePolicy`` and ``iam:PutRolePolicy`` on that role (``infra/iam/README.md``). AWS caps a
+role's inline policies at 10,240 characters in all, about 40 denials at once; a denial past its session's expiry is
+dropped at the next one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from echo2.data import layout
@@ -190,6 +200,102 @@ def scoped_credentials(sts_client: Any, role_arn: str, policy: dict[str, Any], a
         env={"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
              "AWS_SESSION_TOKEN": creds["SessionToken"]},
     )
+
+
+DENY_POLICY_PREFIX = "echo2-expelled-"
+"""The role's inline policy that denies a run's expelled actors: ``echo2-expelled-<run>``."""
+
+
+def denial_statement(actor_id: str, until: float) -> dict[str, Any]:
+    """Deny everything to ``actor_id``'s session of the role until ``until`` (seconds since the epoch): the
+    condition on ``aws:userid`` names the session (``ROLEID:<session name>``), the one on time lets it lapse."""
+    stamp = datetime.fromtimestamp(until, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"Sid": "Deny" + re.sub(r"[^A-Za-z0-9]", "", actor_id)[:100], "Effect": "Deny", "Action": "*",
+            "Resource": "*", "Condition": {"StringLike": {"aws:userid": f"*:{session_name(actor_id)}"},
+                                           "DateLessThan": {"aws:CurrentTime": stamp}}}
+
+
+def _until(statement: dict) -> float | None:
+    try:
+        stamp = statement["Condition"]["DateLessThan"]["aws:CurrentTime"]
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class SessionDenier:
+    """Deny expelled actors' sessions of the credentials role at once (see the module docstring). ``iam_client``: a
+    boto3 IAM client of the learner's principal (the tests give a test double, or moto's)."""
+
+    def __init__(self, role_arn: str, run_id: str, *, iam_client: Any = None, endpoint_url: str | None = None,
+                 session_s: float = MAX_DURATION_S, clock=time.time):
+        self.role_name = role_arn.rsplit("/", 1)[-1]
+        self.policy_name = f"{DENY_POLICY_PREFIX}{run_id}"[:128]
+        self.session_s = session_s
+        self.clock = clock
+        if iam_client is None:
+            import boto3
+
+            iam_client = boto3.client("iam", endpoint_url=endpoint_url)
+        self.iam = iam_client
+        self.pending: list[str] = []
+        """Actors whose denial AWS refused so far (``retry``)."""
+
+    def request(self, actor_id: str) -> None:
+        """Deny ``actor_id``'s session now, or as soon as AWS takes it (``retry``): never raises."""
+        self.pending.append(actor_id)
+        self.retry()
+
+    def retry(self) -> None:
+        """Deny the sessions still pending (every reconcile pass); a failure is logged and asked again later."""
+        if not self.pending:
+            return
+        try:
+            self.deny(list(self.pending))
+        except Exception as exc:
+            logging.getLogger("echo2.fleet").warning("could not deny the store sessions of %s yet (%s); asking "
+                                                     "again at the next pass", ", ".join(self.pending), exc)
+            return
+        self.pending = []
+
+    @classmethod
+    def of_fleet(cls, config: Any, launch: Any) -> "SessionDenier | None":
+        """The denier of a fleet that mints scoped store credentials (``fleet.credentials_role_arn``), else None."""
+        role_arn = getattr(config, "credentials_role_arn", None)
+        if not role_arn or launch is None:
+            return None
+        return cls(role_arn, launch.run_id, endpoint_url=getattr(config, "sts_endpoint_url", None),
+                   session_s=getattr(config, "credentials_hours", MAX_DURATION_S / 3600) * 3600)
+
+    def _current(self) -> list[dict]:
+        try:
+            reply = self.iam.get_role_policy(RoleName=self.role_name, PolicyName=self.policy_name)
+        except Exception as exc:
+            if type(exc).__name__ == "NoSuchEntityException" or "NoSuchEntity" in str(exc):
+                return []
+            raise
+        doc = reply["PolicyDocument"]
+        doc = json.loads(doc) if isinstance(doc, str) else doc
+        statements = doc.get("Statement", [])
+        return statements if isinstance(statements, list) else [statements]
+
+    def deny(self, actor_ids: list[str]) -> None:
+        """Deny every session of ``actor_ids`` from now until it would expire (a resumed learner's denials of
+        this run are kept: the policy is read first). FleetApiError when AWS should be asked again later."""
+        now = self.clock()
+        try:
+            kept = {s.get("Sid"): s for s in self._current() if (_until(s) or 0) > now}
+            for actor_id in actor_ids:
+                statement = denial_statement(actor_id, now + self.session_s)
+                kept[statement["Sid"]] = statement
+            doc = {"Version": "2012-10-17", "Statement": list(kept.values())}
+            self.iam.put_role_policy(RoleName=self.role_name, PolicyName=self.policy_name, PolicyDocument=compact(doc))
+        except Exception as exc:
+            if transient_aws_error(exc):
+                raise FleetApiError(f"IAM could not deny the sessions of {', '.join(actor_ids)}: {exc}") from exc
+            raise
+        logging.getLogger("echo2.fleet").warning("denied the store sessions of %s (role %s, policy %s)",
+                                                 ", ".join(actor_ids), self.role_name, self.policy_name)
 
 
 THROTTLING_CODES = frozenset({"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",

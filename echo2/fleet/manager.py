@@ -8,8 +8,9 @@
     every reconcile (between learner steps, and while the learner waits for rollouts):
         poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
             backend tears down what is left of it) and replaced (a crash counts against
-            fleet.max_restarts per slot; a reclaim or a clean exit never does: a reclaim is the
-            provider's doing, and the replacement is the point of running on spot)
+            fleet.max_restarts per slot for CRASH_WINDOW_S only, so rare crashes of a long run never add
+            up to its end; a reclaim or a clean exit never counts: a reclaim is the provider's doing, and
+            the replacement is the point of running on spot)
         a provider or STS call that keeps failing transiently (FleetApiError, after the backend's
             bounded retries) skips the rest of the pass, logged; the next pass asks again, and a
             replacement it could not launch is owed to its slot (crash count kept)
@@ -27,7 +28,8 @@
            chooser's mix for the fitted workload, the run's measured speeds and (where they differ beyond
            chance from the assumed ones) its ledger's reclaim rates in place; without catalog offers,
            resize(n) to the count the capacity model asks for; resize(n): grow, or retire the newest actors
-    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it; the flow
+    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it, and deny its
+           scoped store session at once where the fleet minted one (``credentials.SessionDenier``); the flow
            hands reconcile the learner's banned actors, and reconcile returns every actor that ended or was
            retired, whose relay tokens the next published version revokes
     stop: terminate every actor
@@ -62,6 +64,7 @@ from echo2.fleet.backends import (
     LaunchContext,
 )
 from echo2.fleet.costs import fleet_usd
+from echo2.fleet.credentials import SessionDenier
 from echo2.fleet.egress import EgressLedger
 from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix
 from echo2.fleet.sizing.autosize import due as autosize_due
@@ -81,17 +84,31 @@ CREDENTIAL_MARGIN_S = 600.0
 MAX_REPLANS_PER_PASS = 4
 """Times one pass asks the chooser again after offers ran out of capacity (each caps what it found full)."""
 
+CRASH_WINDOW_S = 3600.0
+"""A crash counts against ``fleet.max_restarts`` for this long: a slot whose actors crash that often is broken."""
+
+
+def recent(crash_times: tuple[float, ...], now: float) -> tuple[float, ...]:
+    """The crashes that still count at ``now``."""
+    return tuple(t for t in crash_times if now - t < CRASH_WINDOW_S)
+
 
 @dataclass
 class _Slot:
     index: int
     actor_id: str
     offer: ActorOffer
-    crashes: int = 0
+    crash_times: tuple[float, ...] = ()
+    """When the actors of this slot crashed (``CRASH_WINDOW_S``: the older ones no longer count)."""
     running_seen: bool = False
     expires_at: float | None = None
     planned: ActorOffer | None = None
     """The offer of the chooser's mix this actor was launched for (``offer`` may be an alternative it landed on)."""
+
+    @property
+    def crashes(self) -> int:
+        """Crashes of this slot that still count against ``fleet.max_restarts``."""
+        return len(recent(self.crash_times, time.time()))
 
 
 class FleetManager:
@@ -100,7 +117,7 @@ class FleetManager:
                  launch_spec: Callable[[str, ActorOffer], ActorLaunch] | None = None,
                  offers: list[ActorOffer] | None = None, desired: int | None = None, alternatives: int = 0,
                  unavailable_retry_s: float = 300.0, chooser: FleetChooser | None = None,
-                 plan_from: FleetSize | tuple[Mix, FleetSize] | None = None):
+                 plan_from: FleetSize | tuple[Mix, FleetSize] | None = None, denier=None):
         """The backend builds each launch from ``launch`` (``FleetBackend.launch_spec``), or ``launch_spec(actor_id,
         offer)`` does (a test's); ``offers`` are the candidates (default: this machine, free), tried cheapest per
         expected token/s first; ``alternatives``: how many interchangeable offers a launch may name beside its
@@ -137,12 +154,14 @@ class FleetManager:
         self._sized_at: int | None = None
         """The learner step at which ``fleet.actors: auto`` last sized the fleet (``autosize``)."""
         self._next_index = 0
-        self._owed: list[tuple[int, int, str]] = []
+        self._owed: list[tuple[int, tuple[float, ...], str]] = []
         """Replacements a pass could not launch (slot index, its crashes, the actor replaced): first in ``_fill``."""
         self.skipped_passes = 0
         """Reconcile passes skipped because a provider or STS call kept failing (FleetApiError)."""
         self._budget_logged = False
         self._stopped = False
+        self.denier = denier if denier is not None else SessionDenier.of_fleet(config, launch)
+        """Denies an expelled actor's scoped store session at once (None: the fleet minted no sessions)."""
         atexit.register(self.stop)
 
     def launch_spec(self, actor_id: str, offer: ActorOffer) -> ActorLaunch:
@@ -196,6 +215,8 @@ class FleetManager:
         ended or was retired so far: the next published version revokes their relay tokens."""
         for actor_id, reason in (expel or {}).items():
             self.expel(actor_id, reason)
+        if self.denier is not None:
+            self.denier.retry()  # denials AWS refused for now
         try:
             self._reconcile()
         except FleetApiError as exc:
@@ -217,7 +238,7 @@ class FleetManager:
                     log.info("actor %s: its store credentials expire soon; replacing it", slot.actor_id)
                     self.slots.remove(slot)
                     self._retire(slot, reason="credentials expire")
-                    self._replace(slot.index, slot.crashes, slot.actor_id)
+                    self._replace(slot.index, slot.crash_times, slot.actor_id)
                 continue
             self.slots.remove(slot)
             write_event(self.store, status.state.value, slot.actor_id, detail=status.detail,
@@ -227,17 +248,19 @@ class FleetManager:
             if status.state == ActorState.UNAVAILABLE:  # no capacity anywhere it asked: the next offer
                 self._set_unavailable(slot.offer)
                 log.warning("no capacity for %s (%s); trying the next offer", slot.actor_id, status.detail)
-                self._replace(slot.index, slot.crashes, slot.actor_id)
+                self._replace(slot.index, slot.crash_times, slot.actor_id)
                 continue
-            crashes = slot.crashes + (status.state == ActorState.CRASHED)
-            if status.state == ActorState.CRASHED and crashes > self.config.max_restarts:
+            now = time.time()
+            crashes = recent(slot.crash_times, now) + ((now,) if status.state == ActorState.CRASHED else ())
+            if status.state == ActorState.CRASHED and len(crashes) > self.config.max_restarts:
                 raise FleetFailed(f"actor {slot.actor_id} crashed ({status.detail}) and slot {slot.index} was "
-                                  f"replaced {slot.crashes} times; see its log")
+                                  f"replaced after {len(crashes) - 1} crashes within {CRASH_WINDOW_S:.0f} s; see its "
+                                  "log")
             log.warning("actor %s %s (%s); replacing it", slot.actor_id, status.state.value, status.detail)
             self._replace(slot.index, crashes, slot.actor_id)
         self._fill()
 
-    def _replace(self, index: int, crashes: int, replaces: str) -> None:
+    def _replace(self, index: int, crashes: tuple[float, ...], replaces: str) -> None:
         """Launch the successor of ``replaces`` in its slot, or owe it to the slot when it cannot start now."""
         self._owed.append((index, crashes, replaces))
         self._fill()
@@ -336,13 +359,15 @@ class FleetManager:
             return
         self.expelled.add(actor_id)
         self.revoked.add(actor_id)
+        if self.denier is not None:  # its store session first: it may hold a copy of its credentials anywhere
+            self.denier.request(actor_id)
         write_event(self.store, "expelled", actor_id, reason=reason[:500])
         for slot in list(self.slots):
             if slot.actor_id == actor_id:
                 log.error("expelling actor %s: %s", actor_id, reason)
                 self.slots.remove(slot)
                 self._retire(slot, reason="expelled")
-                self._replace(slot.index, slot.crashes, actor_id)
+                self._replace(slot.index, slot.crash_times, actor_id)
 
     def stop(self) -> None:
         if self._stopped:
@@ -420,7 +445,7 @@ class FleetManager:
                 return []
         return []
 
-    def _launch(self, index: int, *, crashes: int = 0, replaces: str | None = None) -> bool:
+    def _launch(self, index: int, *, crashes: tuple[float, ...] = (), replaces: str | None = None) -> bool:
         """Launch one actor in slot ``index``: on the chooser's next offer, or the cheapest offer that has capacity
         and fits the budget."""
         budget = self.config.max_usd_per_hour
@@ -493,3 +518,4 @@ class FleetManager:
             write_event(self.store, "terminated", slot.actor_id, reason=reason, **slot.offer.event_fields())
         except Exception as exc:  # the store or the provider may be why we are stopping
             log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
+

@@ -5,8 +5,10 @@ The Prefect flow (``flows/train.py``) drives this object; nothing here knows abo
 Resume: the learner restarts from its newest checkpoint c that the run's own signing key signed (its
 public half is in ``run.json``, which must carry the learner's signature too: ``run_folder.check_run_key``);
 a newer checkpoint folder that fails verification is planted or damaged, logged and skipped (``checkpoint.py``).
-What the dead learner made after c is moved to ``orphaned/<time>/`` (``data/run_folder.py``), and the run
-continues from version c. Rollout files a step had chosen
+The resume first records the lost timeline's boundary in its ledger event (``learner/timelines.py``), then moves
+what the dead learner wrote after c to ``orphaned/<time>/`` (``data/run_folder.py``; rollout files stay, judged by
+that boundary), and the run continues from version c; every ban of the ledger (``ledger/bans/``) holds again,
+found after the checkpoint or not. Rollout files a step had chosen
 but not trained on when it died are used again; every committed rollout file ends in the ledger
 exactly once: used, dropped (stale, duplicate, or unused when the run finished) or quarantined.
 
@@ -14,6 +16,18 @@ A spot learner's notice (``notice.py``, driven by the flow): ``update`` keeps ``
 checkpoints take, whether one is under way) for the decision to finish or abandon the step; ``leave_on_notice``
 writes ``learner_notice``, checkpoints the step reached and writes ``learner_left``. A resume revokes at once only
 the tokens of actors the ledger saw end: the live ones are the fleet's to adopt (``fleet/adoption.py``).
+
+One incarnation at a time: the run object takes the run's lease (``data/lease.py``) before it writes anything of its
+own (after creating ``run.json``, or before a resume moves anything), renews it each step and checkpoint, and writes
+through a fenced store that checks it before every manifest, ``LATEST`` and ledger write; its manifests carry its
+incarnation number. It releases the lease when it finishes, stops or leaves on a notice.
+
+Revocations are run-wide: every actor a published version revoked is recorded once in the ledger (a ``revoked``
+event, before the version that revokes it), and a resumed learner revokes them all again, so the ``revoked`` list of
+every manifest of the new timeline holds every revocation of the run (a relay keeps the newest list it verified).
+
+A torn learner (``Learner.torn``: something escaped from inside an optimizer update) is never checkpointed:
+``interrupted`` and ``leave_on_notice`` leave the newest committed checkpoint as the run's.
 """
 
 from __future__ import annotations
@@ -32,17 +46,18 @@ from echo2 import __version__
 from echo2.config import Config
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
-from echo2.data.ledger import read_events, write_consumed, write_event, write_final
-from echo2.data.rollouts import RolloutLimits
+from echo2.data.lease import take as take_lease
+from echo2.data.ledger import read_bans, read_events, write_consumed, write_event, write_final
+from echo2.data.rollouts import RolloutLimits, policy_digest
 from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
 from echo2.data.run_key import run_key
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import NotFound, ObjectStore, is_transient
 from echo2.errors import Echo2InputError
 from echo2.fleet.adoption import revoked_on_resume
 from echo2.fleet.sizing.workload_file import params_from_config_dict
 from echo2.learner.behavior_audit import BehaviorAuditor
 from echo2.learner.checkpoint import Checkpoint, newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
-from echo2.learner.collector import RolloutCollector, Selection, quarantine
+from echo2.learner.collector import PROGRESS_EVERY_S, RolloutCollector, Selection, pending_quota, quarantine
 from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
@@ -50,6 +65,8 @@ from echo2.learner.metrics import MetricsSink
 from echo2.learner.notice import Heard, StepClock
 from echo2.learner.publisher import Publisher
 from echo2.learner.report import ReportInputs, write_reports
+from echo2.learner.timelines import LostTimeline
+from echo2.learner.timelines import from_events as timelines_from_events
 from echo2.learner.verify import TaskVerifier
 from echo2.models import resolve_model
 from echo2.tasks import make_task
@@ -57,18 +74,12 @@ from echo2.tasks import make_task
 log = logging.getLogger("echo2.learner")
 
 
-def lost_timelines(events: list[dict]) -> list[tuple[int, set[str], int | None]]:
-    """Per ``resume`` event of the ledger: the step it resumed from, the actors launched before it, whose
-    files in later version folders belong to the timeline it lost (``RolloutCollector.lost_timelines``), and the
-    newest version that lost timeline published (``lost_latest``; None in a ledger from before it was recorded)."""
-    events = sorted(events, key=lambda e: e.get("ts", 0))
-    out = []
-    for i, e in enumerate(events):
-        if e.get("kind") == "resume" and isinstance(e.get("step"), int):
-            newest = e.get("lost_latest")
-            out.append((e["step"], {str(x["actor_id"]) for x in events[:i] if x.get("kind") == "launch"},
-                        newest if isinstance(newest, int) and not isinstance(newest, bool) else None))
-    return out
+def lost_timelines(events: list[dict]) -> list[LostTimeline]:
+    """Per ``resume`` event of the ledger, what it lost (``timelines.LostTimeline``): the step it resumed from, the
+    actors launched before it, whose files in later version folders may be of the timeline it lost, the newest
+    version that timeline published (``lost_latest``; None in a ledger from before it was recorded) and its
+    manifests' digests (``lost_digests``). Two events of one step (a resume interrupted after its boundary) are one."""
+    return timelines_from_events(events)
 
 
 class LearnerRun:
@@ -93,10 +104,15 @@ class LearnerRun:
         t = config.train
         self.auditor = BehaviorAuditor(
             self.learner.behavior_gap, fraction=t.audit_fraction, max_gap=t.audit_max_gap,
-            keep_versions=t.staleness + 1, micro_batch_tokens=t.micro_batch_tokens) if t.audit_fraction > 0 else None
+            keep_versions=t.staleness + 1, micro_batch_tokens=t.micro_batch_tokens,
+            load=self._published_weights) if t.audit_fraction > 0 else None
         """Spot checks of actors' behavior logprobs (``behavior_audit.py``); None when off."""
         self.revoked: set[str] = set()
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
+        self._revocations_recorded: set[str] = set()
+        """The revocations the ledger holds already (``revoked`` events)."""
+        self.lease = None
+        """This incarnation's hold on the run (``data/lease.py``), taken before the run object writes."""
         self.wall_before = 0.0
         self.clock = StepClock()
         """How long steps and checkpoints take, and whether one is under way (a spot notice's estimates)."""
@@ -108,11 +124,14 @@ class LearnerRun:
             record = read_run_record(runs, self.run_id)
             self.key = run_key(self.run_id)  # never a new key: actors verify versions with run.json's public key
             check_run_key(record, self.key)
+            self._take_lease()  # before the resume moves anything: a live learner of this run refuses it
             state = self._resume()
+            self.revoked |= self._run_revocations()
         else:
             self.key = run_key(self.run_id, create=True)  # Ed25519, signs manifests; never in the store or a log
             create_run(self.store, self.run_id, config.model_dump(mode="json"), key=self.key,
                        echo2_version=__version__)
+            self._take_lease()
             self.publish()  # version 0: the initial policy
             log.info("run %s created at %s", self.run_id, self.store.url)
         self.sink = MetricsSink(self.local_dir, self.run_id, config.model_dump(mode="json"))
@@ -121,19 +140,38 @@ class LearnerRun:
                                max_completion_tokens=r.max_new_tokens + self.task.max_env_tokens,
                                max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range,
                                max_groups=r.groups_per_batch)  # an honest file holds one batch: no more in a step
+        backlog = max(r.max_pending_batches, -(-t.groups_per_step // r.groups_per_batch))  # as actors bound it
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens),
             max_file_bytes=int(t.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
-            auditor=self.auditor, banned=state.get("banned", {}), max_invalid_files=t.max_invalid_files_per_actor,
+            auditor=self.auditor, banned={**state.get("banned", {}), **(read_bans(self.store) if resume else {})},
+            max_invalid_files=t.max_invalid_files_per_actor,
             max_ungradable_files=t.max_ungradable_files_per_actor, max_ungradable_fraction=t.max_ungradable_fraction,
             lost_timelines=lost_timelines(read_events(self.store)) if resume else None,
+            backlog_batches=backlog, progress_every_s=min(PROGRESS_EVERY_S, config.fleet.learner_silence_s / 4),
+            max_pending_files=pending_quota(files_per_step=-(-t.groups_per_step // r.groups_per_batch),
+                                            backlog=backlog, checkpoint_every=t.checkpoint_every,
+                                            staleness=t.staleness),
         )
         if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
             self._audit_as_published(*self.learner.policy_version_tensors())
 
     # -- start -----------------------------------------------------------------------------
+    def _take_lease(self) -> None:
+        """Take the run for this incarnation (``LeaseHeld`` if a live learner holds it); write through the fence."""
+        self.lease = take_lease(self.store)
+        self.store = self.lease.fenced(self.store)
+        log.info("run %s: learner incarnation %d", self.run_id, self.lease.incarnation)
+
+    def _run_revocations(self) -> set[str]:
+        """Every actor a version of this run revoked, any timeline (the ledger's ``revoked`` events)."""
+        revoked = {str(a) for e in read_events(self.store) if e.get("kind") == "revoked"
+                   for a in (e.get("actors") if isinstance(e.get("actors"), list) else [])}
+        self._revocations_recorded |= revoked
+        return revoked
+
     def _published_latest(self, step: int) -> int:
         """The newest version the dead learner pointed LATEST at (at least ``step``): its actors may hold versions up
         to it, never beyond, so a file of theirs from a newer version is from the future, not of the lost timeline."""
@@ -165,20 +203,38 @@ class LearnerRun:
         events = read_events(self.store)
         self.revoked = (revoked_on_resume(events) if self.config.fleet.adopt_on_resume
                         else {str(e["actor_id"]) for e in events if e.get("kind") == "launch"})
-        lost_latest = self._published_latest(step)
-        moved = orphan_after(self.store, step)
-        lost_latest = max([lost_latest, *(v for v in (layout.version_of_folder_key(k, layout.POLICY) for k in moved)
-                                          if v is not None)])
+        self.revoked |= set(read_bans(self.store))  # banned by any learner of the run: never adopted, never trusted
+        # the lost timeline's boundary first, before anything moves or LATEST is re-pointed: a resume interrupted
+        # after that would read LATEST at the checkpoint and lose the newest version the dead learner published
+        lost_latest, digests = self._lost_boundary(step)
+        write_event(self.store, "resume", "learner", step=step, lost_latest=lost_latest, lost_digests=digests,
+                    orphaned_rollouts=[], market=self.config.train.market, host=socket.gethostname())
+        moved = orphan_after(self.store, step, rollouts=False)  # rollout files are judged by the boundary instead
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
             self.publish()  # never committed (killed while publishing it): publish it now
-        write_event(self.store, "resume", "learner", step=step, orphaned=len(moved), lost_latest=lost_latest,
-                    orphaned_rollouts=[k for k in moved if k.startswith(layout.ROLLOUTS)],
-                    market=self.config.train.market, host=socket.gethostname())
-        log.info("run %s resumed from step %d (%d objects of the lost timeline moved to orphaned/)",
-                 self.run_id, step, len(moved))
+        log.info("run %s resumed from step %d (the lost timeline published up to v%d; %d objects of it moved to "
+                 "orphaned/)", self.run_id, step, lost_latest, len(moved))
         return state
+
+    def _lost_boundary(self, step: int) -> tuple[int, dict[str, str]]:
+        """The newest version the dead learner published (``LATEST``, or a version folder past ``step``) and the
+        digest of each signed manifest it left past ``step`` (``rollouts.policy_digest``): what a file of its
+        timeline may name. Only the learner writes ``policy/``; a manifest that cannot be read names nothing."""
+        lost_latest, digests = self._published_latest(step), {}
+        for name in self.store.list_folders(layout.POLICY):
+            version = layout.parse_version_dir(name)
+            if version is None or version <= step:
+                continue
+            lost_latest = max(lost_latest, version)
+            try:
+                digests[str(version)] = policy_digest(self.store.get_json(layout.manifest_key(layout.policy_dir(
+                    version))))
+            except Exception as exc:  # never committed, or planted unreadable: nothing to name (the store down: stop)
+                if is_transient(exc):
+                    raise
+        return lost_latest, digests
 
     # -- the loop --------------------------------------------------------------------------
     @property
@@ -210,6 +266,8 @@ class LearnerRun:
 
     def update(self, selection: Selection) -> dict:
         """One optimizer step on ``selection``; publish and checkpoint on schedule; returns metrics."""
+        if self.lease is not None:
+            self.lease.renew()
         self.clock.begin(self.step)
         completed = False
         try:
@@ -278,22 +336,42 @@ class LearnerRun:
                 "largest_passing_gap": a.largest_pass if a else None, "banned": dict(self.collector.banned)}
 
     def interrupted(self) -> None:
-        """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here."""
-        if self.step > 0 and not verified_steps(self.store, self.key.public_key(), [self.step]):
+        """The run is being stopped (Ctrl-C, cancellation): checkpoint so that --resume continues here (not a torn
+        learner's weights: then the newest committed checkpoint stands), and release the lease."""
+        if self._checkpoint_on_leaving():
             self.checkpoint()
         write_event(self.store, "interrupted", "learner", step=self.step)
+        if self.lease is not None:
+            self.lease.release()
         log.warning("run %s interrupted at step %d; resume with --resume", self.run_id, self.step)
+
+    def _checkpoint_on_leaving(self) -> bool:
+        """Whether leaving (a stop, a notice) checkpoints the step reached: not where it is committed already, and
+        never the weights of a torn learner (an error escaped from inside an optimizer update)."""
+        if getattr(self.learner, "torn", False):
+            log.error("run %s: the step under way was interrupted inside its optimizer update; its weights are not "
+                      "checkpointed (the newest committed checkpoint stands, and its step's files are used again)",
+                      self.run_id)
+            return False
+        return self.step > 0 and not verified_steps(self.store, self.key.public_key(), [self.step])
+
+    def _committed_step(self) -> int:
+        """The step the run resumes from now: this one once checkpointed, else the newest checkpoint signed."""
+        steps = verified_steps(self.store, self.key.public_key())
+        return self.step if self.step in steps or not getattr(self.learner, "torn", False) else max(steps, default=0)
 
     def leave_on_notice(self, heard: Heard, abandoned_step: bool) -> dict:
         """A spot learner's notice (``notice.py``): ``learner_notice``, a checkpoint of the step reached unless it is
         committed already, then ``learner_left``, whose fields it returns. The fleet is not touched."""
         write_event(self.store, "learner_notice", "learner", step=self.step if heard.step is None else heard.step,
                     source=heard.source, deadline_s=heard.deadline_s)
-        if self.step > 0 and not verified_steps(self.store, self.key.public_key(), [self.step]):
+        if self._checkpoint_on_leaving():
             self.checkpoint()
-        left = {"step": self.step, "reason": "notice", "checkpoint_step": self.step,
+        left = {"step": self.step, "reason": "notice", "checkpoint_step": self._committed_step(),
                 "notice_to_checkpoint_s": round(time.monotonic() - heard.at, 3), "abandoned_step": abandoned_step}
         write_event(self.store, "learner_left", "learner", **left)
+        if self.lease is not None:
+            self.lease.release()
         self.sink.close()
         log.warning("run %s left on a %s notice at step %d, %.2f s after it (the notice gave %s s)%s; its actors keep "
                     "running: relaunch with --resume", self.run_id, heard.source, self.step,
@@ -312,8 +390,37 @@ class LearnerRun:
         tensors, meta = self.learner.policy_version_tensors()
         if self.auditor is not None:
             self._audit_as_published(tensors, meta)
+        new = self.revoked - self._revocations_recorded
+        if new:  # in the ledger before the version that revokes them: a resumed learner revokes them again
+            write_event(self.store, "revoked", "learner", actors=sorted(new), version=self.step)
+            self._revocations_recorded |= new
+        if self.lease is not None:  # actors ignore versions of an older incarnation than the newest they saw
+            meta = {**meta, "incarnation": self.lease.incarnation}
         manifest, self.last_publish = self.publisher.publish(self.step, tensors, meta, revoked=self.revoked)
         return manifest
+
+    def _published_weights(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The weights actors run as ``version``, read back from its signed folder in ``policy/`` (checked against
+        the run's key, a delta rebuilt through its chain, a LoRA adapter merged into its base): what the auditor
+        needs for a version it does not hold, as after a resume. None where the version is gone (collected: no
+        rollout of it can still be used)."""
+        from echo2.data.delta_chain import read_version
+        from echo2.data.lora import merge_lora
+        from echo2.data.weights import read_manifest, read_verified
+
+        public = self.key.public_key()
+        try:
+            manifest = read_manifest(self.store, layout.policy_dir(version), public)
+            if manifest.get("weights") != "lora":
+                return read_version(self.store, version, public)[0]
+            from safetensors.torch import load as st_load
+
+            adapter = {k: v for e in manifest["files"] if e["kind"] == "shard"
+                       for k, v in st_load(read_verified(self.store, layout.policy_dir(version), e)).items()}
+            base, _ = read_version(self.store, int(manifest["base_version"]), public)
+        except NotFound:
+            return None
+        return merge_lora(base, adapter, rank=int(manifest["lora_rank"]), alpha=float(manifest["lora_alpha"]))
 
     def _audit_as_published(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Give the auditor the weights actors run as this version: a LoRA version publishes only its
@@ -321,6 +428,11 @@ class LearnerRun:
         self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
 
     def checkpoint(self) -> None:
+        if getattr(self.learner, "torn", False):  # partly updated weights are no step's: never signed as one
+            raise RuntimeError(f"run {self.run_id}: the learner's weights are torn (an optimizer update was "
+                               "interrupted); refusing to checkpoint them")
+        if self.lease is not None:
+            self.lease.renew()
         # only what completed steps settled: files chosen for a step still in flight are used again on resume
         state = {"settled": sorted(self.collector.settled), "used_hashes": sorted(self.collector.used_hashes),
                  "banned": self.collector.banned,
@@ -353,10 +465,13 @@ class LearnerRun:
         self.sink.close()
         if not self.store.exists(layout.FINAL_CONSUMED):
             write_final(self.store, self.step, *self.collector.final_leftovers(self.step))
-        return write_reports(self.store, ReportInputs(
+        summary = write_reports(self.store, ReportInputs(
             run_id=self.run_id, steps=self.step, wall_seconds=self.wall_seconds(), evals=self.evals,
             eval_metric=self.task.headline, staleness_bound=self.config.train.staleness, history=self.history,
             audit=self.audit_summary()))
+        if self.lease is not None:
+            self.lease.release()
+        return summary
 
     @property
     def model_params_b(self) -> float | None:

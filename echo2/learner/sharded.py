@@ -14,17 +14,17 @@ Names: DCP names its files ``__R_I.distcp`` and ``.metadata``; a manifest names 
 letter or a digit (``manifest.FILE_NAME``), so each DCP name is stored as ``dcp-`` + the name without its
 leading ``_`` and ``.`` (``store_name``).
 
-Read (every rank, inside ``dcp.load``): ``VerifiedReader`` is DCP's ``FileSystemReader`` over a local
-temporary folder. Before DCP starts, ``.metadata`` is downloaded and checked against the manifest, and then
-unpickled by an unpickler that builds DCP's metadata classes and nothing else. In ``prepare_local_plan``,
-which DCP runs on every rank before any rank reads a byte (a failure on one rank fails the load on all of
-them), each file this rank's plan reads is downloaded into the folder in ranged reads, hashed on the way,
-and refused (``CorruptWeights``) if the manifest does not name it or its size or sha256 differs. Only then
-does ``read_data`` read the verified copies, so a refused checkpoint has changed no weight. A rank reads what
-its own shards need: on another rank count DCP reshards, and a rank may read parts of several files. The
-cost: the files a rank's plan touches are on its local disk during the load (on more ranks than wrote the
-checkpoint, each rank may touch most of them), and DCP holds one stored piece of a tensor at a time in
-memory (a whole tensor, where one process wrote the checkpoint).
+Read (every rank, inside ``dcp.load``): ``VerifiedReader`` is DCP's ``FileSystemReader`` over a local temporary
+folder. Before DCP starts, ``.metadata`` is downloaded and checked against the manifest, and then unpickled by an
+unpickler that builds DCP's metadata classes and nothing else (exact names: ``_MetadataUnpickler``). In
+``prepare_local_plan``, which DCP runs on every rank before any rank reads a byte (a failure on one rank fails the
+load on all of them), each file this rank's plan reads is downloaded into the folder in ranged reads, hashed on the
+way, and refused (``CorruptWeights``) if the manifest does not name it or its size or sha256 differs. Only then does
+``read_data`` read the verified copies, so a refused checkpoint has changed no weight. A rank reads what its own
+shards need: on another rank count DCP reshards, and a rank may read parts of several files. The cost: the files a
+rank's plan touches are on its local disk during the load (on more ranks than wrote the checkpoint, each rank may
+touch most of them), and DCP holds one stored piece of a tensor at a time in memory (a whole tensor, where one
+process wrote the checkpoint).
 Non-tensor values (the optimizer's hyper-parameters) are read with ``torch.load(weights_only=True)``, not
 DCP's default ``weights_only=False``: a file of the run's own signed checkpoint still never runs code.
 """
@@ -202,16 +202,23 @@ def _in_group() -> bool:
 
 # -- read -------------------------------------------------------------------------------------------
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds DCP's metadata (its own dataclasses, torch sizes and dtypes) and refuses any other global."""
+    """Builds DCP's metadata and nothing else: each global it may name is an exact (module, name) pair of DCP's own
+    metadata classes, ``torch.Size``, a torch dtype or layout, never a module prefix and never a dotted name (pickle
+    protocol 4 resolves ``a.b`` as attribute after attribute, so any module's ``os`` would lead to ``os.system``)."""
 
-    ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
-    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")}
+    ALLOWED = frozenset({
+        *(("torch.distributed.checkpoint.metadata", name) for name in (
+            "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+            "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    })
 
     def find_class(self, module: str, name: str):
-        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if module.startswith(self.ALLOWED_MODULES) or (module, name) in self.ALLOWED or is_dtype:
+        if "." not in name and ((module, name) in self.ALLOWED or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
             return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"a checkpoint's {METADATA} may not name {module}.{name}")
+        raise pickle.UnpicklingError(f"a checkpoint's {METADATA} may not name {module}.{name}"[:300])
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError(f"a checkpoint's {METADATA} holds a persistent id")

@@ -19,7 +19,16 @@ its parent process dies, when the run has written its summary, or when the learn
 the store (LATEST, the ledger) for ``fleet.learner_silence_s`` (``learner_watch.py``: a dead learner cannot
 stop a cloud actor, which would bill on). It never imports Prefect or the learner.
 
-A spot learner's actors outlive it (issue 23): during the gap the actor keeps its weights and relay, stops at the
+A store outage longer than ``store.retry_s`` (the store's own retries) does not end the actor: a transient store
+error in its loop (``store.is_transient``) is waited out, with a growing pause, as ``LearnerWatch`` waits out a store
+that fails; only an outage as long as ``fleet.learner_silence_s`` stops it, with exit 0, like a learner that fell
+silent. So an outage neither crashes every actor nor counts against ``fleet.max_restarts``.
+
+Learner incarnations (``data/lease.py``): every manifest names the incarnation that published it, and the actor
+never loads a version of an older incarnation than the newest it has loaded, so a learner that another one
+replaced cannot steer it even if one of its versions reached the store.
+
+A spot learner's actors outlive it: during the gap the actor keeps its weights and relay, stops at the
 backlog bound (the dead learner judges nothing, so the backlog fills), and carries on when LATEST moves, also
 back: a resumed learner re-points LATEST at its checkpoint c and publishes c + 1 ... again with other weights.
 Every file names the signed manifest it was generated with (``rollouts.policy_digest``), so the learner keeps
@@ -48,11 +57,12 @@ from echo2.broadcast.relay_tls import relay_tls
 from echo2.broadcast.weight_source import ReadyVersion, VersionRejected, WeightSource
 from echo2.config import Config, config_from_dict
 from echo2.data import layout
+from echo2.data.lease import Incarnation
 from echo2.data.ledger import ConsumedIndex
 from echo2.data.relay_tokens import token_from_env
 from echo2.data.rollouts import Rollout, encode_rollouts, policy_digest
 from echo2.data.run_key import public_key_of
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.store import NotFound, ObjectStore, is_transient
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.machine import machine_broadcast, machine_site
@@ -82,6 +92,21 @@ def per_actor_cap(config: Config) -> int:
 
 class _Stop(Exception):
     pass
+
+
+OUTAGE_PAUSE_S = (1.0, 60.0)
+"""The first and the longest pause between two looks at a store that keeps failing."""
+
+
+def store_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the store is not answering now."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if is_transient(exc):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class Actor:
@@ -134,6 +159,8 @@ class Actor:
         self.previous_batch_seconds: float | None = None
         """The previous batch's whole turn: swap, flow control, sampling, scoring, encoding, commit."""
         self.seq = 0
+        self.incarnation = Incarnation()
+        """The newest learner incarnation whose version this actor loaded."""
         self._stopping = False
         self._committing = False
         self._closing = False
@@ -181,15 +208,26 @@ class Actor:
         try:
             watcher = start_watcher(cfg.preemption_source, cfg.preemption_endpoint, cfg.preemption_poll_s,
                                     self._on_notice)
-            while not self._should_stop():
-                turn_started = time.time()
-                if self._follow_policy():
-                    turn_started = time.time()  # a swap is measured on its own (swap_seconds)
-                if self.engine is None or not self._has_capacity():
-                    time.sleep(cfg.poll_seconds)
-                    continue
-                self._generate_batch()
-                self.previous_batch_seconds = time.time() - turn_started
+            outage_since: float | None = None
+            while True:
+                try:
+                    if self._should_stop():
+                        break
+                    self._turn(cfg)
+                    outage_since = None
+                except Exception as exc:
+                    if not store_outage(exc):
+                        raise
+                    now = time.monotonic()
+                    outage_since = now if outage_since is None else outage_since
+                    if now - outage_since >= self.config.fleet.learner_silence_s:
+                        log.warning("the store has not answered for %.0fs (fleet.learner_silence_s): stopping",
+                                    now - outage_since)
+                        break
+                    pause = min(OUTAGE_PAUSE_S[1], max(OUTAGE_PAUSE_S[0], (now - outage_since) / 2))
+                    log.warning("the store is not answering (%s: %s): waiting %.0fs, then trying again",
+                                type(exc).__name__, str(exc)[:200], pause)
+                    self._pause(pause)
         except _Stop:
             pass
         finally:
@@ -205,6 +243,21 @@ class Actor:
                         self.actor_id, self.notice.source, self.seq)
         log.info("actor %s stops after %d batches", self.actor_id, self.seq)
 
+    def _turn(self, cfg) -> None:
+        """One turn of the loop: follow the policy, then generate a batch if one can still be used."""
+        turn_started = time.time()
+        if self._follow_policy():
+            turn_started = time.time()  # a swap is measured on its own (swap_seconds)
+        if self.engine is None or not self._has_capacity():
+            time.sleep(cfg.poll_seconds)
+            return
+        self._generate_batch()
+        self.previous_batch_seconds = time.time() - turn_started
+
+    def _pause(self, seconds: float) -> None:
+        """Wait out a store outage (a signal still stops the actor: its handler raises here)."""
+        time.sleep(seconds)
+
     # -- steps -----------------------------------------------------------------------------
     def _follow_policy(self) -> bool:
         """Swap to a newer version once it is ready to load (received whole and verified in the background
@@ -217,6 +270,12 @@ class Actor:
             return False
         if ready is None:
             return False
+        if not self.incarnation.admits(ready.manifest):
+            log.error("not swapping to v%d: published by learner incarnation %s, older than %d whose version this "
+                      "actor loaded (a learner another one replaced)", ready.version,
+                      ready.manifest.get("incarnation"), self.incarnation.newest)
+            return False
+        self.incarnation = self.incarnation.seen(ready.manifest)
         if self.engine is None:
             self._build_engine(ready)
         if ready.weights is not None:
@@ -271,7 +330,7 @@ class Actor:
         return waiting < backlog_bound(self.config)
 
     def _refresh_consumed(self) -> None:
-        """``ConsumedIndex.refresh``, and a fresh index when a resume rewrote the ledger (issue 23: an adopted actor
+        """``ConsumedIndex.refresh``, and a fresh index when a resume rewrote the ledger (an adopted actor
         outlives its learner). The index reads each entry once, by name; a resume moves the entries after its
         checkpoint aside and the new timeline writes those step numbers again, so a cached entry would hold the
         lost timeline's verdicts and count files the new one settled as still waiting (with a backlog bound of

@@ -8,7 +8,10 @@ outlives a learner whose whole process tree was killed, and the relaunched learn
 the ledger's launch event names its pid and this machine's boot id; the process under that pid must be
 alive, not a zombie, and its command line must name this run's store and the actor's id, so a pid reused
 by another process is never taken). An adopted actor is not this process's child: its exit code cannot be
-read, so it ends as "exited" (a crash looks like an exit), and it is stopped by signals to its pid.
+read, so it ends as "exited" (a crash looks like an exit), and it is stopped by signals to its pid. The actors of
+a spot learner that are not adopted (adoption off, or refused) would run on unmanaged: ``release_leftovers`` finds
+each on this machine by its command line (``--actor-id ID``, and ``--run`` the run's store where known) and stops
+it as ``terminate`` does (SIGTERM, then SIGKILL after the grace).
 
 Secrets reach the child through its environment only (never argv, never the store), and never the
 learner's signing key, even one our own environment holds.
@@ -182,6 +185,14 @@ class AdoptedProcess:
         return self.returncode
 
 
+def _pids() -> list[int]:
+    """The pids of this machine's processes (Linux ``/proc``; none elsewhere)."""
+    try:
+        return sorted(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
+    except OSError:
+        return []
+
+
 def _follows(argv: list[str], flag: str, value: str) -> bool:
     return any(a == flag and b == value for a, b in zip(argv, argv[1:]))
 
@@ -206,11 +217,14 @@ class LocalBackend(FleetBackend):
         self.seed = seed
         self._stop = threading.Event()
         self._injector: threading.Thread | None = None
+        self._run_url: str | None = None
+        """The run's store as actors are told it (from the launch context, once a launch or adoption saw it)."""
 
     def offers(self, model_params_b: float | None, active_params_b: float | None = None) -> list[ActorOffer] | None:
         return local_offers(self.config, model_params_b, active_params_b)
 
     def launch_spec(self, actor_id: str, offer: ActorOffer, launch: LaunchContext) -> ActorLaunch:
+        self._run_url = launch.store_url
         command = launch.actor_command or [self.config.actor_python or sys.executable, "-m", "echo2.cli", "actor"]
         parent = [] if launch.outlive_learner else ["--parent-pid", str(os.getpid())]
         return ActorLaunch(actor_id=actor_id, run_url=launch.store_url,
@@ -255,6 +269,7 @@ class LocalBackend(FleetBackend):
         if boot is None or boot != boot_id():
             raise AdoptError(f"launched on another machine or boot ({boot}, this one is {boot_id()})")
         run_url = launch.store_url if launch is not None else None
+        self._run_url = run_url or self._run_url
         handle = AdoptedProcess(pid, actor_id, run_url)
         why = handle.unreachable()
         if why:
@@ -282,6 +297,31 @@ class LocalBackend(FleetBackend):
         if code == 0:
             return ActorStatus(ActorState.EXITED, "exit code 0")
         return ActorStatus(ActorState.CRASHED, f"exit code {code}, log {self.logs[actor_id]}")
+
+    def release_leftovers(self, actor_ids: list[str], grace_s: float = 10.0) -> None:
+        """Stop the actors a previous learner of this run left running and this one did not adopt: each live process
+        of this machine whose command line names one of ``actor_ids`` after ``--actor-id`` (and the run's store after
+        ``--run``, where known) gets SIGTERM, then SIGKILL after ``grace_s``."""
+        wanted = set(actor_ids)
+        if not wanted:
+            return
+        found = []
+        for pid in _pids():
+            argv = _cmdline(pid)
+            if not argv or pid == os.getpid() or _zombie(pid):
+                continue
+            actor_id = next((a for a in wanted if _follows(argv, "--actor-id", a)), None)
+            if actor_id is None or (self._run_url is not None and not _follows(argv, "--run", self._run_url)):
+                continue
+            handle = AdoptedProcess(pid, actor_id, self._run_url)
+            log.warning("stopping %s (pid %d): left running by the previous learner, not adopted", actor_id, pid)
+            handle.send_signal(signal.SIGTERM)
+            found.append(handle)
+        for handle in found:
+            try:
+                handle.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                handle.kill()
 
     def terminate(self, actor_id: str, grace_s: float = 10.0) -> None:
         proc = self.procs[actor_id]

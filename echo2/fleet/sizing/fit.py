@@ -32,7 +32,11 @@ measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-u
 reaching every actor, the backlog filling).
 
 Actors are untrusted: their numbers only feed this estimate, are parsed as finite non-negative
-floats or ignored, and never reach training.
+floats or ignored, and never reach training. No actor's numbers weigh more than another's, and none is taken beyond
+what the store saw: each figure is a median per actor first, then the median over actors (one actor writing 3e38
+moves nothing); a time an actor claims for a file is cut to the time between its previous commit and this one by
+the store's own clock (``commit_windows``: an actor generates and commits one batch at a time); and the files of an
+actor the run banned or expelled (``banned_actors``) count for nothing.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import pyarrow as pa
 
 from echo2.config import config_from_dict
 from echo2.data import layout
-from echo2.data.ledger import MEASURED_NAMES, consumed_keys, used_measurements
+from echo2.data.ledger import MEASURED_NAMES, consumed_keys, read_bans, read_events, used_measurements
 from echo2.data.rollouts import InvalidRollouts, decode_rollouts
 from echo2.data.store import NotFound, ObjectStore, open_store
 from echo2.errors import Echo2InputError
@@ -120,8 +124,11 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     first_measured_step = skip_steps + 2  # history[i] is step i + 1; the first kept step only starts the clock
 
     entries = _ledger_entries(store)
-    used = used_files(store, entries, max_file_bytes=int(config.train.max_rollout_file_mb * 2**20))
-    generation, measured_by_actors, created = _actor_figures(used)
+    events = read_events(store)
+    banned = banned_actors(store, events)
+    used = [f for f in used_files(store, entries, max_file_bytes=int(config.train.max_rollout_file_mb * 2**20))
+            if f.actor not in banned]
+    generation, measured_by_actors, created = _actor_figures(bounded(store, used, actor_starts(events)))
     used_at, lag = _read_ledger(entries, first_measured_step)
     uploads = sorted(used_at[k] - created[k] for k in used_at if k in created and used_at[k] >= created[k])
     upload = uploads[len(uploads) // 10] if uploads else 0.0
@@ -133,7 +140,8 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     n = config.fleet.actors if isinstance(config.fleet.actors, int) else len(per_actor)
     if len(per_actor) != n:  # replaced (or, with auto, added) actors have new ids: n workers of the typical speed
         per_actor = [statistics.median(per_actor)] * n
-    median = {name: statistics.median(values) for name, values in measured_by_actors.items() if values}
+    median = {name: statistics.median([statistics.median(v) for v in by_actor.values()])
+              for name, by_actor in measured_by_actors.items() if by_actor}
     workload = Workload(train_seconds=max(statistics.mean(busy), 1e-3), groups_per_step=t.groups_per_step,
                         groups_per_batch=r.groups_per_batch, staleness=t.staleness,
                         dissemination_seconds=median.get("fetch_seconds", median.get("dissemination_seconds", 0.0)),
@@ -209,10 +217,69 @@ def file_limit(store: ObjectStore) -> int:
     return int(config.train.max_rollout_file_mb * 2**20)
 
 
-def _actor_figures(used: list[UsedFile]) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
-    """Per actor: batch generation seconds; per name in MEASURED: the actors' values; per file: created_at."""
+BANNED_KINDS = ("expelled", "banned")
+"""Ledger events that mark an actor the run caught lying: none of its files is measured."""
+CLAIMED_TIMES = ("generation_seconds", "previous_batch_seconds", "put_seconds", "swap_seconds", "fetch_seconds")
+"""The times an actor claims for one turn of its loop: each within the time between two of its commits."""
+
+
+def banned_actors(store: ObjectStore, events: list[dict]) -> set[str]:
+    """The actors the ledger says were banned (its ban records) or expelled, whenever: their earlier files count
+    for nothing."""
+    return set(read_bans(store)) | {str(e.get("actor_id")) for e in events if e.get("kind") in BANNED_KINDS}
+
+
+def actor_starts(events: list[dict]) -> dict[str, float]:
+    """Per actor, when the fleet first asked for it (the learner's clock): before it, none of its work began."""
+    starts: dict[str, float] = {}
+    for e in events:
+        ts, actor = _finite(e.get("ts")), e.get("actor_id")
+        if e.get("kind") in ("requested", "launch") and ts is not None and isinstance(actor, str):
+            starts[actor] = min(ts, starts.get(actor, ts))
+    return starts
+
+
+def commit_windows(store: ObjectStore, files: list[UsedFile], starts: dict[str, float]) -> dict[str, float | None]:
+    """Per file key: the seconds between its actor's previous commit (or its start) and this one, by the store's
+    clock (``ObjectStore.modified``); None where that cannot be told (the file is gone, no earlier mark). An actor
+    generates and commits one batch at a time, so no time it claims for a file can exceed its window. A store
+    that keeps no times bounds nothing (every window infinite)."""
+    out: dict[str, float | None] = {}
+    by_actor: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for f in files:
+        try:
+            by_actor[f.actor].append((store.modified(f.key), f.key))
+        except NotImplementedError:
+            return {f.key: math.inf for f in files}
+        except NotFound:
+            out[f.key] = None
+    for actor, commits in by_actor.items():
+        previous = starts.get(actor)
+        for when, key in sorted(commits):
+            out[key] = when - previous if previous is not None and when >= previous else None
+            previous = when
+    return out
+
+
+def bounded(store: ObjectStore, files: list[UsedFile], starts: dict[str, float]) -> list[UsedFile]:
+    """``files`` with each claimed time cut to its commit window (``commit_windows``); a file whose window cannot
+    be told keeps no claimed time."""
+    windows = commit_windows(store, files, starts)
+    out = []
+    for f in files:
+        window = windows.get(f.key)
+        measured = {k: v for k, v in f.measured.items() if k not in CLAIMED_TIMES}
+        if window is not None:
+            measured.update({k: min(v, window) for k, v in f.measured.items() if k in CLAIMED_TIMES})
+        out.append(UsedFile(f.key, f.actor, f.version, measured))
+    return out
+
+
+def _actor_figures(used: list[UsedFile]) -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]],
+                                                  dict[str, float]]:
+    """Per actor: batch generation seconds; per name in MEASURED, per actor: its values; per file: created_at."""
     generation: dict[str, list[float]] = defaultdict(list)
-    measured: dict[str, list[float]] = defaultdict(list)
+    measured: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     created: dict[str, float] = {}
     for f in used:
         values = {name: f.measured.get(name) for name in MEASURED}
@@ -220,7 +287,7 @@ def _actor_figures(used: list[UsedFile]) -> tuple[dict[str, list[float]], dict[s
             values.update(dissemination_seconds=None, fetch_seconds=None, swap_seconds=None)
         for name, value in values.items():
             if value is not None:
-                measured[name].append(value)
+                measured[name][f.actor].append(value)
         turn, put = values["previous_batch_seconds"], values["put_seconds"]
         whole_turn = turn is not None and put is not None and turn >= put
         seconds = turn - put if whole_turn else f.measured.get("generation_seconds")

@@ -1,0 +1,26 @@
+"""What rank 0 sends over the unauthenticated rendezvous (``learner/distributed.py`` ``start_process``,
+``learner/torchrun.py`` ``for_followers``): the run's config without the store's options (endpoint, credentials),
+which no rank but 0 reads. The group itself is replaced at its boundary: ``init_process_group`` and the broadcast
+(``share_config``) are test doubles that record what rank 0 would send."""
+
+from __future__ import annotations
+
+import json
+
+from echo2.config import load_config
+from echo2.learner import distributed
+
+
+def test_rank_0_shares_the_config_without_the_store_options(tmp_path, monkeypatch):
+    config = load_config(None, ["store.url=s3://bucket/echo2"]).model_dump(mode="json")
+    config["store"]["options"] = {"key": "AKIA-test", "secret": "hunter2", "client_kwargs": {"region_name": "x"}}
+    start_file = tmp_path / "start.json"
+    start_file.write_text(json.dumps(config))
+    sent = []
+    monkeypatch.setattr(distributed, "init_process_group", lambda train: (0, 2))  # rank 0 of 2
+    monkeypatch.setattr(distributed, "share_config", lambda shared: sent.append(shared) or shared)
+    started = distributed.start_process(start_file)
+    assert started.store.options["secret"] == "hunter2"  # rank 0 itself keeps them: it opens the store
+    [shared] = sent
+    assert shared["store"]["options"] == {} and shared["store"]["url"] == "s3://bucket/echo2"
+    assert "hunter2" not in json.dumps(shared) and "AKIA-test" not in json.dumps(shared)
