@@ -18,7 +18,7 @@ from echo2.data.store import StoreError
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.errors import Echo2InputError, StoreUnreachable
 from echo2.models import resolve_model
-from echo2.tasks import check_machine
+from echo2.tasks import check_machine, check_task_code
 
 
 def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, *, dry_run: bool = False) -> Config:
@@ -32,6 +32,7 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, 
     if resume:
         config = resume_config(store.child(layout.RUNS), config.run.id, overrides)
     check_devices(config)
+    check_user_code(config)
     if not dry_run:
         check_machine(config.task)  # a task's own needs (the code task's sandbox): one line, before anything starts
     resolve_model(config.model.name, convert=not dry_run)  # fail before starting anything; converts the default once
@@ -53,6 +54,18 @@ def check_devices(config: Config) -> None:
     engine = config.rollout.engine
     if config.fleet.backend == "local" and isinstance(engine, TransformersEngineConfig):
         resolve_device(getattr(engine, "device", "auto"), what="rollout.engine.device")
+
+
+def check_user_code(config: Config) -> None:
+    """A ``plugin`` or ``reward_fn`` task imports here (the learner's interpreter) and its config validates, and
+    local actors, which echo2 installs nothing for, can import it and have ``fleet.extra_packages``: one line
+    (``Echo2InputError``) before anything starts. SkyPilot actors install the packages in their setup."""
+    from echo2.config import LocalFleetConfig
+    from echo2.fleet.extra_packages import check_local_actors
+
+    modules = check_task_code(config.task)
+    if isinstance(config.fleet, LocalFleetConfig) and (modules or config.fleet.extra_packages):
+        check_local_actors(config.fleet.extra_packages, modules, config.fleet.actor_python)
 
 
 def run_exists(config_path: str | Path, overrides: list[str]) -> bool:

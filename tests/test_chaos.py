@@ -1,9 +1,10 @@
 """The chaos suite's scenarios in their smaller forms (``make chaos`` runs them all at full size with
 ``echo2 chaos``; echo2/chaos/): learner kills, fuzzed rollout files (local and S3), store faults,
-``hostile-store`` and ``bad-peers`` here. The other scenarios' small forms live beside the code they test:
-reclaims (test_e2e), hostile peers and truncated shards (also test_relay_hostile, test_broadcast), forged
-manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config), dishonest actors
-(test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load (test_collector).
+``hostile-store``, ``bad-peers`` and ``hostile-code`` here. The other scenarios' small forms live beside the
+code they test: reclaims (test_e2e), hostile peers and truncated shards (also test_relay_hostile,
+test_broadcast), forged manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config),
+dishonest actors (test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load
+(test_collector).
 """
 
 from __future__ import annotations
@@ -250,3 +251,22 @@ def test_the_pickle_hostile_store_plants_would_run_a_command_if_anything_loaded_
     subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
                    input=payload, check=True, timeout=120)
     assert marker.exists()
+
+
+@pytest.mark.e2e
+def test_hostile_code_programs_are_held_on_the_actor_and_the_learner_and_leave_nothing(tiny_model, tmp_path):
+    """``hostile-code`` at its small size: a real run of the code task in which one actor's policy writes the hostile
+    programs (fork bomb, busy loop, 10 GB, writes and reads outside, a loopback connection, 1 GB of output, setsid,
+    killing its parent). Each is held every time it runs on the actor, the learner runs its files' programs again and
+    agrees, the run finishes, and nothing is left: no process, no file outside, no connection, no secret."""
+    from echo2.chaos.hostile_programs import NAMES
+    from echo2.chaos.scenarios.hostile_code import hostile_code
+
+    (tmp_path / "tiny-model").symlink_to(tiny_model)
+    row = hostile_code(tmp_path, quick=True)
+    print("chaos:", json.dumps({k: v for k, v in row.items() if k != "audit"}, indent=1))
+    assert row["injected"] == len(NAMES) and row["detected"] == row["injected"], row["detail"]
+    assert not row["broken"], row["broken"]
+    assert row["finished"] and row["lost"] == 0 and not row["leaks"], row["detail"]
+    assert row["overhead_ms"] > 0 and "sandbox overhead" in row["detail"]
+    assert not failed(row)

@@ -189,6 +189,23 @@ def test_humaneval_canonical_solutions_pass_and_empty_replies_score_zero_through
         task.sandbox.close()
 
 
+@pytest.mark.e2e
+def test_echo2_eval_task_code_reports_pass_at_1_on_the_held_out_stream(tiny_model):
+    """``echo2 eval MODEL --task code``: the held-out problems' programs run in the sandbox, pass@1 with its
+    interval (the tiny model writes no function: 0 of 2)."""
+    from typer.testing import CliRunner
+
+    from echo2.cli import app
+
+    result = CliRunner().invoke(app, ["eval", str(tiny_model), "--task", "code", "--set", "task.eval_dataset=generated",
+                                      "--set", "task.eval_size=2", "--set", "eval.max_new_tokens=8", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output[result.output.index("{"):])
+    assert out["task"] == "code" and out["n"] == 2 and out["pass_at_1"] == 0.0
+    assert [s["problem"] for s in out["samples"]] == ["cg-eval-0", "cg-eval-1"]
+    assert 0.0 == out["pass_at_1_ci95_low"] < out["pass_at_1_ci95_high"] < 1.0
+
+
 # -- the learner's re-runs -------------------------------------------------------------------------------------
 
 

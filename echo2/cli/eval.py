@@ -15,7 +15,8 @@ from echo2.errors import Echo2InputError
 def eval_policy(
     model: str = typer.Argument(..., help="A model (local folder, Hugging Face id, smollm2-135m-instruct) or a run's "
                                           "weights folder: RUN/checkpoints/step-N or RUN/policy/vN."),
-    task: Optional[str] = typer.Option(None, "--task", help="arithmetic, math or poker (default: the config's task)."),
+    task: Optional[str] = typer.Option(None, "--task",
+                                       help="arithmetic, math, poker or code (default: the config's task)."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML config whose task and eval sections are used."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field: --set eval.k=8 (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),

@@ -27,6 +27,7 @@ from echo2.config.fleet import (
     SkyPilotPricesConfig,
     SnapshotPricesConfig,
 )
+from echo2.config.plugin_tasks import PluginTaskConfig, RewardFnColumnsConfig, RewardFnTaskConfig
 from echo2.config.tasks import (
     ArithmeticTaskConfig,
     CallStationOpponentConfig,
@@ -48,8 +49,9 @@ __all__ = [
     "CheckpointOpponentConfig", "CodeColumnsConfig", "CodeLimitsConfig", "CodeTaskConfig", "Config", "ConfigError",
     "EngineConfig", "EquityOpponentConfig", "EvalConfig",
     "FleetConfig", "FleetConfigBase", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig",
-    "OpponentConfig", "PokerTaskConfig",
-    "PriceSourceConfig", "RandomOpponentConfig", "RolloutConfig", "RunConfig", "SkyPilotFleetConfig",
+    "OpponentConfig", "PluginTaskConfig", "PokerTaskConfig",
+    "PriceSourceConfig", "RandomOpponentConfig", "RewardFnColumnsConfig", "RewardFnTaskConfig", "RolloutConfig",
+    "RunConfig", "SkyPilotFleetConfig",
     "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig",
     "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "dump_config",
     "format_validation_error", "frozen_changes", "load_config", "parse_override",
@@ -116,6 +118,12 @@ class RolloutConfig(_Section):
     fewer than one learner step needs: ceil(train.groups_per_step / groups_per_batch))."""
     poll_seconds: float = Field(0.5, gt=0)
     """How often an idle actor looks for a new policy version or free capacity."""
+    refill: bool = False
+    """Keep the engine full across batches: a new prompt group starts as soon as an earlier one finishes,
+    instead of each batch waiting for its slowest completion (``echo2/rollout/refill.py``). Single-turn tasks
+    only (a multi-turn task's episodes keep batch by batch); a new policy version is swapped in once the
+    groups in flight finish on the weights they started with. Off by default: it changes which groups share a
+    file, and only the transformers engine's form of it is tested here (docs/benchmarks.md)."""
     num_threads: int | None = Field(1, ge=1)
     """torch threads per actor process (None = torch's default)."""
     engine: EngineConfig = Field(default_factory=TransformersEngineConfig)

@@ -10,9 +10,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator, model_validator
 
 from echo2.config._base import _Section
+
+LOCAL_PACKAGE_SUFFIXES = (".whl", ".tar.gz", ".zip")
+
+
+def is_local_package(item: str) -> bool:
+    """Whether a ``fleet.extra_packages`` entry names a local path (a project folder or an archive) rather than
+    a pip requirement: a path is written with a ``/``, or starts with ``.`` or ``~``, or is an archive's name."""
+    item = item.strip()
+    if item.startswith((".", "~", "/")) or item.endswith(LOCAL_PACKAGE_SUFFIXES):
+        return True
+    return "/" in item and "@" not in item and "://" not in item  # "pkg @ https://..." is a requirement
 
 
 class SnapshotPricesConfig(_Section):
@@ -88,6 +99,30 @@ class FleetConfigBase(_Section):
     that never ended, reached through the backend: a live local process of this run and actor, an UP SkyPilot
     cluster) instead of stopping them and launching new ones (``echo2/fleet/adoption.py``); those it cannot
     reach are stopped and replaced as before. False: stop them all (the behaviour before issue 23)."""
+    extra_packages: list[str] = Field(default_factory=list)
+    """Packages every actor needs beside echo2, such as the one holding a ``plugin`` task or a ``reward_fn``
+    function: local paths (a project folder with ``pyproject.toml`` or ``setup.py``, or a ``.whl`` / ``.tar.gz``;
+    written with a ``/`` or starting with ``.`` or ``~``) or pip requirements (``my-rewards==1.2``). SkyPilot
+    actors install them in their setup, a local path staged beside echo2's source (no credential-looking file
+    travels: ``echo2/fleet/extra_packages.py``); local actors run the learner's interpreter (or
+    ``fleet.actor_python``), so there each must already be installed: checked before the run starts."""
+
+    @field_validator("extra_packages")
+    @classmethod
+    def _paths_or_requirements(cls, items: list[str]) -> list[str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for item in items:
+            if not item.strip():
+                raise ValueError("an empty entry")
+            if is_local_package(item):
+                continue
+            try:  # also keeps pip's options (-e, --index-url ...) out of the actors' requirements file
+                Requirement(item)
+            except InvalidRequirement as exc:
+                raise ValueError(f"{item!r} is neither a local path (./my_pkg) nor a pip requirement: "
+                                 f"{str(exc).splitlines()[0]}") from None
+        return items
 
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Task sections (``task.name``: arithmetic, math, poker, code; ``echo2/tasks/``)."""
+"""Task sections (``task.name``: arithmetic, math, poker, code, and a user's own: plugin, reward_fn;
+``echo2/tasks/``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from echo2.config._base import _Section
+from echo2.config.plugin_tasks import PluginTaskConfig, RewardFnTaskConfig
 
 
 class ArithmeticTaskConfig(_Section):
@@ -356,9 +358,11 @@ def _task_kind(value: Any) -> str | None:
 
 TaskConfig = Annotated[
     Annotated[ArithmeticTaskConfig, Tag("arithmetic")] | Annotated[MathTaskConfig, Tag("math")]
-    | Annotated[PokerTaskConfig, Tag("poker")] | Annotated[CodeTaskConfig, Tag("code")],
+    | Annotated[PokerTaskConfig, Tag("poker")] | Annotated[CodeTaskConfig, Tag("code")]
+    | Annotated[PluginTaskConfig, Tag("plugin")] | Annotated[RewardFnTaskConfig, Tag("reward_fn")],
     Discriminator(_task_kind, custom_error_type="task_name",
-                  custom_error_message="task.name must be one of arithmetic, math, poker, code"),
+                  custom_error_message="task.name must be one of arithmetic, math, poker, code, plugin, reward_fn"),
 ]
 """Which task (``echo2/tasks/``) supplies prompts, episodes and rewards, chosen by ``task.name``:
-``arithmetic``, ``math``, ``poker`` or ``code``; each has its own fields."""
+``arithmetic``, ``math``, ``poker``, ``code``, or a user's own: ``plugin`` (a task class) or ``reward_fn`` (a
+dataset and a reward function); each has its own fields."""

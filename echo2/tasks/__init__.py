@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from echo2.config import ArithmeticTaskConfig, CodeTaskConfig, MathTaskConfig, PokerTaskConfig, TaskConfig
+from echo2.config import (
+    ArithmeticTaskConfig,
+    CodeTaskConfig,
+    MathTaskConfig,
+    PluginTaskConfig,
+    PokerTaskConfig,
+    RewardFnTaskConfig,
+    TaskConfig,
+)
 from echo2.tasks.base import (
     Episode,
     ForgedEpisode,
@@ -34,7 +42,26 @@ def make_task(config: TaskConfig) -> Task:
         from echo2.tasks.code import CodeTask
 
         return CodeTask(config)
+    if isinstance(config, PluginTaskConfig):
+        from echo2.tasks.plugins import make_plugin_task
+
+        return make_plugin_task(config)
+    if isinstance(config, RewardFnTaskConfig):
+        from echo2.tasks.reward_fn import RewardFnTask
+
+        return RewardFnTask(config)
     raise ValueError(f"no task for config {type(config).__name__}")
+
+
+def check_task_code(config: TaskConfig) -> list[str]:
+    """A user's own task or reward function (``plugin``, ``reward_fn``) imports here and its config validates:
+    one line (``Echo2InputError``) where not, checked before a run starts anything. Returns the modules the
+    actors must be able to import too (none for a built-in task)."""
+    if isinstance(config, (PluginTaskConfig, RewardFnTaskConfig)):
+        from echo2.tasks.plugins import check_task_plugin
+
+        return check_task_plugin(config)
+    return []
 
 
 def check_machine(config: TaskConfig) -> None:
@@ -51,4 +78,4 @@ def check_machine(config: TaskConfig) -> None:
 
 
 __all__ = ["Episode", "ForgedEpisode", "Problem", "Sample", "Sampler", "Task", "UnknownProblem", "check_machine",
-           "make_task", "pass_at_k", "prompt_token_ids"]
+           "check_task_code", "make_task", "pass_at_k", "prompt_token_ids"]

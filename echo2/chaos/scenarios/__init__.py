@@ -28,6 +28,7 @@ from echo2.chaos.scenarios import (
     dishonest_actors,
     forgeries,
     fuzzed_rollouts,
+    hostile_code,
     hostile_store,
     learner_kill,
     learner_reclaim,
@@ -49,6 +50,7 @@ SCENARIOS = {
     "dishonest-actors": dishonest_actors.dishonest_actors,
     "relay-tls": dishonest_actors.relay_tls,
     "hostile-store": hostile_store.hostile_store,
+    "hostile-code": hostile_code.hostile_code,
     "slow-peers": slow_peers.slow_peers,
     "load": load.load,
 }

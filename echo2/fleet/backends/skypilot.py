@@ -9,8 +9,9 @@
                             and certificate and, with ``fleet.credentials_role_arn``, its scoped store
                             credentials (``fleet/credentials.py``): all expire together, and the manager
                             replaces the actor before
-    start()                 stages echo2's source as the actors' workdir (nothing is staged before: a fleet
-                            that fits no offer stops with nothing to remove)
+    start()                 stages echo2's source as the actors' workdir, with ``fleet.extra_packages`` beside it
+                            (``echo2/fleet/extra_packages.py``; nothing is staged before: a fleet that fits no
+                            offer stops with nothing to remove)
     launch(spec)            returns at once; provisioning (minutes) runs in a worker thread
         task      = the actor's task file (infra/skypilot/actor.yaml): setup installs echo2's actor
                     environment, run starts `echo2 actor`
@@ -110,6 +111,7 @@ from echo2.fleet.backends.skypilot_task import (  # noqa: F401 (tests and the CL
     refuse_uploads,
     run_label,
 )
+from echo2.fleet.extra_packages import REQUIREMENTS_FILE, stage_extra_packages
 
 log = logging.getLogger("echo2.fleet")
 
@@ -199,6 +201,9 @@ class SkyPilotBackend(FleetBackend):
         self.end_reason = end_reason or cloud_end_reason
         self.task_config = task_config if task_config is not None else load_task_config(config.task_file)
         refuse_uploads(self.task_config)
+        if config.extra_packages and REQUIREMENTS_FILE not in str(self.task_config.get("setup") or ""):
+            raise ValueError(f"fleet.extra_packages: the SkyPilot task file's setup never installs {REQUIREMENTS_FILE}"
+                             f" (the shipped infra/skypilot/actor.yaml does), so the actors would go without them")
         self.workdir: Path | None = None
         """What every actor's ``workdir`` uploads: echo2's source, staged alone by ``start`` (removed by ``close``)."""
         self.retry_wait_s = 1.0
@@ -243,7 +248,13 @@ class SkyPilotBackend(FleetBackend):
 
     def start(self) -> None:
         if self.workdir is None:
-            self.workdir = skypilot_trust.stage_actor_source()
+            workdir = skypilot_trust.stage_actor_source()
+            try:  # the user's packages beside echo2's source, installed by the task file's setup
+                stage_extra_packages(self.config.extra_packages, workdir)
+            except BaseException:
+                skypilot_trust.remove_staged(workdir)
+                raise
+            self.workdir = workdir
 
     def launch(self, spec: ActorLaunch) -> dict:
         self.start()
