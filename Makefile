@@ -25,6 +25,8 @@ BENCHMARKS += broadcast-delta
 # issue 22's four wide-area scenarios side by side (RTT, mixed uplinks, churn, today's rows), each beside its target
 BENCHMARKS += broadcast-wan
 BENCHMARKS += overlap
+# rollout throughput with rollout.refill against batch by batch on mixed completion lengths (about a minute)
+BENCHMARKS += refill
 BENCHMARKS += cost
 # echo2's training step vs the old padded full-logits one at Qwen3's vocabulary (tens of minutes on 2 cores)
 BENCHMARKS += learner

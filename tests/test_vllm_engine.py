@@ -165,6 +165,35 @@ def test_behavior_logprobs_are_the_tempered_ones_the_learner_recomputes(engine, 
     assert _max_logprob_error(groups, prompts, model, 1.0) > 0.1
 
 
+def test_a_refill_stream_gives_every_group_with_the_logprobs_the_learner_recomputes(engine, model_dir, prompts):
+    """``generate_stream`` (``rollout.refill``): groups go in as earlier ones finish, at most ``window`` in flight,
+    each comes back once with its n completions and their tempered logprobs; a stream abandoned mid-way leaves no
+    request running in vLLM's engine."""
+    model = _model(model_dir)
+    engine.load_weights(unique_state_dict(model).items())
+    keyed = {f"g{i}": prompts[i % len(prompts)] for i in range(7)}
+    in_flight_at_take, returned = [], []
+
+    def source():
+        for key, prompt in keyed.items():
+            in_flight_at_take.append(len(in_flight_at_take) - len(returned))
+            yield key, prompt
+
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=TEMPERATURE)
+    out = {}
+    for key, group in engine.generate_stream(source(), params, window=2):
+        returned.append(key)
+        out[key] = group
+    assert sorted(out) == sorted(keyed) and len(returned) == len(keyed) and max(in_flight_at_take) <= 1
+    assert all(len(g) == 3 for g in out.values())
+    error = _max_logprob_error([out[k] for k in keyed], list(keyed.values()), model, TEMPERATURE)
+    assert error < ATOL, f"max |vLLM - recomputed| = {error:.2e}"
+    stream = engine.generate_stream(iter(keyed.items()), params, window=3)
+    next(stream)
+    stream.close()
+    assert not engine.llm.llm_engine.has_unfinished_requests()
+
+
 def test_seeds_reproduce_and_separate(engine, model_dir, prompts):
     engine.load_weights(unique_state_dict(_model(model_dir)).items())
     draw = lambda seed: [[c.token_ids for c in g] for g in engine.generate(  # noqa: E731

@@ -186,6 +186,33 @@ def bench_overlap(
     typer.echo(summary_line(results), err=as_json)
 
 
+@bench_app.command("refill")
+def bench_refill(
+    groups: int = typer.Option(256, "--groups", help="Prompt groups generated in each mode."),
+    group_size: int = typer.Option(4, "--group-size", help="G: completions per prompt."),
+    groups_per_batch: int = typer.Option(8, "--groups-per-batch", help="Groups per batch (and in flight with refill)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Longest completion."),
+    mean_tokens: float = typer.Option(16.0, "--mean-tokens", help="Mean completion length aimed at (geometric)."),
+    repeats: int = typer.Option(3, "--repeats", help="Repeats, the modes' order alternating; the median ratio."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: settings, repeats, ratio."),
+) -> None:
+    """Rollout throughput with rollout.refill against batch by batch, side by side, on mixed completion lengths."""
+    from echo2.bench.refill import Settings, print_result, run_refill_bench, summary_line
+
+    if min(groups, group_size, groups_per_batch, max_new_tokens, repeats) < 1 or mean_tokens <= 1:
+        fail("--groups, --group-size, --groups-per-batch, --max-new-tokens and --repeats must be >= 1, "
+             "--mean-tokens > 1")
+    quiet_transformers()
+    settings = Settings(groups=groups, group_size=group_size, groups_per_batch=groups_per_batch,
+                        max_new_tokens=max_new_tokens, mean_tokens=mean_tokens, repeats=repeats)
+    result = run_refill_bench(settings, progress=lambda line: typer.echo(line, err=True))
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+    else:
+        print_result(result)
+    typer.echo(summary_line(result), err=as_json)
+
+
 @bench_app.command("cost")
 def bench_cost(
     rollouts_per_second: float = typer.Option(32.0, "--rollouts-per-second",

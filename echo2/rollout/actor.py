@@ -12,6 +12,10 @@
             (one sampled reply, or a multi-turn game) and scores them
         commit rollouts/v{v}/{actor}-{seq}.arrow (create-if-absent)
 
+With ``rollout.refill`` (single-turn tasks) the last two steps are one stream per version instead (``refill.py``):
+a new group starts as an earlier one finishes, a batch is committed as its last group finishes, the checks above
+run before every batch the stream takes, and a new version is swapped in once the groups in flight are done.
+
 An actor holds no state that matters: killing it loses at most the batch in flight. It stops
 on SIGTERM/SIGINT or a spot preemption notice from the instance metadata (``preemption.py``;
 finishing a commit already under way, dropping a batch in generation, leaving ``peers/``), when
@@ -67,6 +71,7 @@ from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.machine import machine_broadcast, machine_site
 from echo2.rollout.preemption import Notice, start_watcher
+from echo2.rollout.refill import Played, refillable, stream_batches
 from echo2.tasks import make_task
 
 log = logging.getLogger("echo2.actor")
@@ -124,6 +129,13 @@ class Actor:
         if hasattr(store, "retry_s"):  # ride out an outage of the store as long as the run says
             store.retry_s = self.config.store.retry_s
         self.task = make_task(self.config.task)
+        self.refill = self.config.rollout.refill and refillable(self.task)
+        """Generate in streams (``refill.py``): asked for, and the task's prompts are known before sampling."""
+        if self.config.rollout.refill and not self.refill:
+            log.warning("rollout.refill: task %s plays multi-turn episodes; generating batch by batch",
+                        self.task.name)
+        self._ready: ReadyVersion | None = None
+        """A version a stream saw ready and stopped for, swapped in by the next ``_follow_policy``."""
         self.seed = self.config.run.seed * 1_000_003 + zlib.crc32(actor_id.encode())
         """This actor's own seed: its problem draws, torch's generator and the engine's sampling."""
         self.rng = random.Random(self.seed)
@@ -251,6 +263,9 @@ class Actor:
         if self.engine is None or not self._has_capacity():
             time.sleep(cfg.poll_seconds)
             return
+        if self.refill:
+            self._generate_stream(turn_started)
+            return
         self._generate_batch()
         self.previous_batch_seconds = time.time() - turn_started
 
@@ -262,12 +277,7 @@ class Actor:
     def _follow_policy(self) -> bool:
         """Swap to a newer version once it is ready to load (received whole and verified in the background
         while generation goes on; a sparse delta rebuilt bit for bit); whether it swapped."""
-        native_lora = self.engine is not None and self.engine.native_lora  # it applies adapters on its base itself
-        try:
-            ready = self.source.poll(native_lora=native_lora)
-        except VersionRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
-            log.error("not swapping to v%d: %s (still on v%s)", exc.version, exc.reason, self.version)
-            return False
+        ready, self._ready = self._poll_ready(), None
         if ready is None:
             return False
         if not self.incarnation.admits(ready.manifest):
@@ -295,6 +305,16 @@ class Actor:
         log.info("now generating with policy v%d (loaded in %.1fs%s)", self.version, self.swap_seconds, how)
         return True
 
+    def _poll_ready(self) -> ReadyVersion | None:
+        """The version ready to load, if any (kept until ``_follow_policy`` swaps to it)."""
+        if self._ready is None:
+            native_lora = self.engine is not None and self.engine.native_lora  # it applies adapters on its base itself
+            try:
+                self._ready = self.source.poll(native_lora=native_lora)
+            except VersionRejected as exc:  # no route rebuilt it: keep generating with the weights we trust
+                log.error("not swapping to v%d: %s (still on v%s)", exc.version, exc.reason, self.version)
+        return self._ready
+
     def _build_engine(self, first: ReadyVersion) -> None:
         """The engine and tokenizer, from the model files of the first version (or of its keyframe)."""
         model_dir = self._workdir / "model"
@@ -307,8 +327,9 @@ class Actor:
         else:
             self.engine = make_engine(self.config, model_dir, self.tokenizer, seed=self.seed)
 
-    def _has_capacity(self) -> bool:
+    def _has_capacity(self, in_flight: int = 0) -> bool:
         """Whether a batch started now can still be used: flow control, so no generation is thrown away.
+        ``in_flight``: this actor's batches started and not yet committed (a refill stream's), counted as waiting.
 
         The learner's next collection happens at version c, the newest step in the ledger; a batch of
         version v is usable there only if c - v <= S, so an older policy waits for the next version
@@ -327,7 +348,12 @@ class Actor:
             return False
         newest = max(self.consumed.latest_step, self.version)
         waiting = self.consumed.backlog(self.actor_id, oldest_usable, newest, per_actor_cap(self.config))
-        return waiting < backlog_bound(self.config)
+        return waiting + in_flight < backlog_bound(self.config)
+
+    def _may_start_batch(self, in_flight: int) -> bool:
+        """A refill stream's check before each batch it takes: the actor's before each batch (stopping, a newer
+        version ready to swap to, flow control), with the stream's batches in flight counted as waiting."""
+        return not self._should_stop() and self._poll_ready() is None and self._has_capacity(in_flight)
 
     def _refresh_consumed(self) -> None:
         """``ConsumedIndex.refresh``, and a fresh index when a resume rewrote the ledger (an adopted actor
@@ -374,9 +400,23 @@ class Actor:
         t0 = time.time()
         # the task plays the episodes (one reply each, or a multi-turn game) and scores them
         groups = self.task.rollout_groups(self._sample, self.tokenizer, problems, cfg.group_size, cfg.max_new_tokens)
-        seconds = time.time() - t0
+        self._commit(version, digest, list(zip(problems, groups)), time.time() - t0)
+
+    def _generate_stream(self, started: float) -> None:
+        """One refill stream on the version in use (``refill.py``): each batch committed as its last group finishes,
+        every file of it this version's (the weights change only after the stream ends)."""
+        version, digest = self.version, self.policy_digest
+        for played, seconds in stream_batches(self.engine, self.task, self.tokenizer, self.rng, self.config.rollout,
+                                              self._may_start_batch):
+            self._commit(version, digest, played, seconds)
+            # batches overlap: a batch's turn is the time between two commits (the stream's start for the first)
+            self.previous_batch_seconds = time.time() - started
+            started = time.time()
+
+    def _commit(self, version: int, digest: str | None, played: Played, seconds: float) -> None:
+        """Commit one batch of scored groups as a rollout file of ``version``; ``seconds``: its generation time."""
         rollouts = []
-        for gi, (problem, episodes) in enumerate(zip(problems, groups)):
+        for gi, (problem, episodes) in enumerate(played):
             group_id = f"{self.actor_id}-{self.seq:06d}-{gi:03d}"
             for si, e in enumerate(episodes):
                 rollouts.append(Rollout(

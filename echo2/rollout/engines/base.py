@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Hashable, Iterable, Iterator, TypeVar
 
 import torch
+
+K = TypeVar("K", bound=Hashable)
+"""The caller's key of a prompt group in ``Engine.generate_stream``."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,30 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """For each prompt, ``params.n`` sampled completions."""
+
+    def generate_stream(self, groups: Iterator[tuple[K, list[int]]], params: SamplingParams, *,
+                        window: int) -> Iterator[tuple[K, list[Completion]]]:
+        """Refill (``rollout.refill``): ``params.n`` completions of each ``(key, prompt)`` that ``groups`` yields,
+        each group yielded with its key as soon as its n completions are done, in the order they finish. A group
+        is taken from ``groups`` only when fewer than ``window`` are in flight, so the caller decides at every
+        take whether to go on (flow control, a new version); when ``groups`` is exhausted the groups in flight
+        are finished and the stream ends. Weights must not change while a stream is open: every group of a
+        stream is sampled from the weights it started with.
+
+        This default keeps no engine full: it takes ``window`` groups, generates them in one ``generate`` call
+        and yields them, batch by batch, for an engine with no stream of its own."""
+        while True:
+            batch: list[tuple[K, list[int]]] = []
+            for item in groups:
+                batch.append(item)
+                if len(batch) == window:
+                    break
+            if not batch:
+                return
+            done = self.generate([prompt for _, prompt in batch], params)
+            yield from zip((key for key, _ in batch), done)
+            if len(batch) < window:
+                return
 
     def close(self) -> None:
         """Release what the engine holds outside this process (vLLM's engine process); idempotent."""

@@ -18,18 +18,22 @@ only the sampled token's value, gathered when that token shows up as the newest 
 (the last step's from the returned sequences). So a batch holds one step's B x V log-probabilities at a
 time and a B x T tensor of results, never the B x T x V logits of the whole generation (159 GB for 64
 sequences of 8k tokens at a 152k vocabulary); the results are read back to the host once per batch.
+
+Refill (``rollout.refill``, ``generate_stream``): a decode loop of the engine's own, ``transformers_refill.py``,
+with ``batch_size // G`` group slots: a finished group's rows take the next group at the next step.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from echo2.devices import prepare_device, resolve_device, resolve_dtype
-from echo2.rollout.engines.base import Completion, Engine, SamplingParams, check_weights_fit
+from echo2.rollout.engines.base import Completion, Engine, K, SamplingParams, check_weights_fit
+from echo2.rollout.engines.transformers_refill import RefillLoop, check_plain_cache
 
 
 class SampledLogprobs(LogitsProcessor):
@@ -112,6 +116,17 @@ class TransformersEngine(Engine):
         for start in range(0, len(flat), self.batch_size):
             results.extend(self._generate_batch(flat[start : start + self.batch_size], params))
         return [results[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    @torch.no_grad()
+    def generate_stream(self, groups: Iterator[tuple[K, list[int]]], params: SamplingParams, *,
+                        window: int) -> Iterator[tuple[K, list[Completion]]]:
+        check_plain_cache(self.model)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        # as many groups as a generate batch holds rows (at least one), and no more than the caller lets be in flight
+        slots = max(1, min(window, self.batch_size // params.n))
+        loop = RefillLoop(self.model, slots=slots, n=params.n, eos=self.eos, pad=self.pad, device=self.device)
+        yield from loop.run(groups, params)
 
     def _left_padded(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Ids and attention mask of ``prompts`` left-padded to ``width``, built on the host and sent to the device in

@@ -8,6 +8,13 @@ an actor-only environment: vLLM and Prefect pin incompatible fastapi versions.
                     per prompt at the rollout temperature, no top-k/top-p/min-p, stop at
                     end-of-sequence or ``max_new_tokens``; prompts go in as token ids and
                     completions come back as token ids (no detokenization)
+    generate_stream (``rollout.refill``) the groups' requests go into vLLM's own engine one by one
+                    (``llm.llm_engine.add_request``, a request of n samples per group) while it
+                    steps, at most ``window`` groups in flight: a group is added as an earlier one
+                    finishes, and vLLM's continuous batching does the rest. UNVERIFIED: vLLM is not
+                    installed where this was written; read against vLLM's ``LLMEngine`` (V1:
+                    ``add_request``, ``step``, ``abort_request``, ``has_unfinished_requests``) and
+                    ``LLM.generate`` (which sets ``output_kind`` to FINAL_ONLY the same way), not run
     load_weights    the tensors (a mixture-of-experts model's in transformers' fused in-memory layout,
                     converted to the Hub's per-expert one vLLM's loaders read: ``hub_layout``) are
                     written to one safetensors file in the engine's folder, floating tensors cast
@@ -43,6 +50,7 @@ contains it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -50,7 +58,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -58,7 +66,7 @@ from safetensors.torch import save_file
 
 from echo2.config import VllmEngineConfig
 from echo2.errors import Echo2InputError
-from echo2.rollout.engines.base import Completion, Engine, SamplingParams, check_weights_fit
+from echo2.rollout.engines.base import Completion, Engine, K, SamplingParams, check_weights_fit
 
 log = logging.getLogger("echo2.vllm")
 
@@ -177,6 +185,7 @@ class VllmEngine(Engine):
         self.native_lora = lora_rank > 0 and config.native_lora
         self._workdir = Path(tempfile.mkdtemp(prefix="echo2-vllm-", dir=workdir))
         self._lora = None  # the LoRARequest of the adapter version in use
+        self._request_ids = itertools.count()  # generate_stream's request ids, unique for the engine's life
         self.last_swap_seconds: float | None = None
         """How long the last ``load_weights`` or ``load_lora`` took, end to end."""
         args = dict(
@@ -251,28 +260,63 @@ class VllmEngine(Engine):
                  self.last_swap_seconds)
 
     # -- sampling --------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+    def _sampling(self, params: SamplingParams):
         from vllm import SamplingParams as VllmSamplingParams
 
-        sampling = VllmSamplingParams(
+        return VllmSamplingParams(
             n=params.n, temperature=params.temperature, top_p=1.0, top_k=0, min_p=0.0,
             max_tokens=params.max_new_tokens, logprobs=0, seed=params.seed, detokenize=False,
             # stop at our end-of-sequence token alone, not at other ids the model's generation_config lists
             ignore_eos=True, stop_token_ids=[self.eos],
         )
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False,
+
+    def _group(self, out) -> list[Completion]:
+        """The completions of one finished ``RequestOutput`` (its n samples, in their index order)."""
+        group = []
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            tokens = list(c.token_ids)
+            # the sampled token's logprob: the only entry with logprobs=0 (vLLM adds the sampled one)
+            logprobs = [step[t].logprob for t, step in zip(tokens, c.logprobs)]
+            stopped = bool(tokens) and tokens[-1] == self.eos
+            group.append(Completion(tokens, logprobs, "stop" if stopped else "length"))
+        return group
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self._sampling(params), use_tqdm=False,
                                     lora_request=self._lora)
-        groups = []
-        for out in outputs:
-            group = []
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                tokens = list(c.token_ids)
-                # the sampled token's logprob: the only entry with logprobs=0 (vLLM adds the sampled one)
-                logprobs = [step[t].logprob for t, step in zip(tokens, c.logprobs)]
-                stopped = bool(tokens) and tokens[-1] == self.eos
-                group.append(Completion(tokens, logprobs, "stop" if stopped else "length"))
-            groups.append(group)
-        return groups
+        return [self._group(out) for out in outputs]
+
+    def generate_stream(self, groups: Iterator[tuple[K, list[int]]], params: SamplingParams, *,
+                        window: int) -> Iterator[tuple[K, list[Completion]]]:
+        from vllm.sampling_params import RequestOutputKind
+
+        sampling = self._sampling(params)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, once its n samples are done
+        engine = self.llm.llm_engine
+        in_flight: dict[str, K] = {}
+        exhausted = False
+        try:
+            while True:
+                while len(in_flight) < window and not exhausted:
+                    try:  # take a group only when there is room: the caller decides at each take whether to go on
+                        key, prompt = next(groups)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    request_id = f"echo2-{next(self._request_ids)}"
+                    engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, sampling,
+                                       lora_request=self._lora)
+                    in_flight[request_id] = key
+                if not in_flight:
+                    return
+                for out in engine.step():
+                    if out.finished and out.request_id in in_flight:
+                        yield in_flight.pop(out.request_id), self._group(out)
+                if in_flight and not engine.has_unfinished_requests():  # never spin on ids vLLM does not report
+                    raise RuntimeError(f"vLLM finished without returning requests {sorted(in_flight)[:3]}")
+        finally:
+            if in_flight:  # the stream was abandoned (a stop, an error): leave nothing running in vLLM's engine
+                engine.abort_request(list(in_flight))
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
