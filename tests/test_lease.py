@@ -83,7 +83,7 @@ def test_the_older_incarnation_is_fenced_before_every_commit(tmp_path):
 def test_an_actor_never_loads_a_version_of_an_older_incarnation_than_it_has_seen():
     actor = Actor.__new__(Actor)
     actor.engine = SimpleNamespace(native_lora=False, load_weights=lambda items: None)
-    actor.version, actor.incarnation, actor.policy_digest = None, Incarnation(), None
+    actor.version, actor.incarnation, actor.policy_digest, actor._ready = None, Incarnation(), None, None
 
     def ready(version: int, incarnation: int):
         return SimpleNamespace(version=version, weights={}, adapter=None, route="full", fetch_seconds=0.0,
