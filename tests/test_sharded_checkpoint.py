@@ -343,3 +343,20 @@ def test_a_checkpoint_of_the_format_before_sharding_is_refused_in_one_line(tmp_p
     assert "\n" not in str(err.value)
     assert newest_checkpoint(store, key.public_key()) is None
     assert checkpoint_steps(store) == [3]
+
+
+def test_a_one_process_checkpoint_prints_no_warning_of_torchs(tmp_path):
+    """DCP warns at every call without a process group; a one-process learner means exactly that, and the warning
+    was printed into the run's output at every checkpoint."""
+    import warnings
+
+    from echo2.data.store import open_store
+    from echo2.learner.sharded import load_sharded, save_sharded
+
+    store = open_store(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = save_sharded(store, "ck", {"model": {"w": torch.arange(3.0)}}, file_mb=1)
+        back = {"model": {"w": torch.zeros(3)}}
+        load_sharded(store, "ck", {e["name"]: e for e in written}, back)
+    assert back["model"]["w"].tolist() == [0.0, 1.0, 2.0]

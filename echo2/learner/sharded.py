@@ -36,6 +36,7 @@ import io
 import pickle
 import queue
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -172,12 +173,22 @@ def _buckets(items: list, limit: int) -> list[list]:
     return out
 
 
+@contextmanager
+def _one_process_is_meant():
+    """DCP warns on every call without a process group that it assumes one process: here that is the intent (a
+    learner on one process), and the warning would be printed into the run's output at every checkpoint."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 def save_sharded(store: ObjectStore, prefix: str, state_dict: dict, *, file_mb: int) -> list[dict]:
     """``dcp.save`` of ``state_dict`` (this rank's shards) under ``prefix``: every rank of the group calls it
     (or one process without a group). Returns the manifest entries of the files this rank wrote."""
     writer = StoreWriter(store, prefix, file_mb=file_mb)
     try:
-        dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group(), process_group=_control())
+        with _one_process_is_meant():
+            dcp.save(state_dict, storage_writer=writer, no_dist=not _in_group(), process_group=_control())
     except CheckpointException as exc:
         raise _raised_inside(exc) from exc
     return writer.written
@@ -344,8 +355,9 @@ def load_sharded(store: ObjectStore, prefix: str, entries: dict[str, dict], stat
     with tempfile.TemporaryDirectory(prefix="echo2-ckpt-") as tmp:
         try:
             reader = VerifiedReader(store, prefix, entries, Path(tmp))
-            dcp.load(state_dict, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=not _in_group(),
-                     process_group=_control())
+            with _one_process_is_meant():
+                dcp.load(state_dict, storage_reader=reader, planner=_SafeLoadPlanner(), no_dist=not _in_group(),
+                         process_group=_control())
         except CheckpointException as exc:
             raise _unwrap(exc) from None
         except pickle.UnpicklingError as exc:
