@@ -247,7 +247,7 @@ def test_echo2_plan_and_the_runs_first_launches_buy_the_same_fleet(tmp_path, mon
         "train: {staleness: 2, train_seconds: 20}\nlearner: {gpu: H100, gpus: 8, market: on-demand}\n"
         "actors: {market: spot, gpus: [L4, A10G]}\nnetwork: {dissemination_seconds: 2.0}\n")
     cli = subprocess.run([sys.executable, "-m", "echo2.cli", "plan", "--workload", str(workload), "--catalog",
-                          str(catalog), "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
+                          str(catalog), "--point", "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert cli.returncode == 0, cli.stderr[-2000:]
     planned = {f"{r['offer']['name']}:{r['market']}": r["count"] for r in json.loads(cli.stdout)["fleet"]}
     assert len(planned) >= 2, planned  # a mix, not one offer: the comparison means something

@@ -234,11 +234,12 @@ def test_cli_flags_with_steps_give_run_totals(files):
     proc = _cli("--model-params", "1", "--catalog", str(catalog), "--profiles", str(profiles), "--train-seconds", "10",
                 "--groups-per-step", "8", "--groups-per-batch", "1", "--group-size", "4", "--completion-tokens", "250",
                 "--staleness", "4", "--dissemination-seconds", "0", "--upload-seconds", "0",
-                "--max-pending-batches", "8", "--steps", "360", "--learner-gpu", "FAST", "--json")
+                "--max-pending-batches", "8", "--steps", "360", "--learner-gpu", "FAST", "--point", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["steps"] == 360 and out["hours"] == pytest.approx((360 * out["step_seconds"] + out["startup_seconds"])
-                                                                 / 3600)
+    assert out["steps"] == 360 and out["hours"] == pytest.approx((360 * out["step_seconds"] + out["startup_seconds"]
+                                                                  + out["checkpoints"]["seconds"]) / 3600
+                                                                 + out["bursts"]["hours"])
     assert out["learner"]["offer"]["gpu"] == "FAST" and out["learner"]["usd_per_hour"] == 0.70  # on-demand
     assert out["usd_total"] == pytest.approx(out["usd_learner"] + out["usd_actors"] + out["usd_traffic"])
     assert any(a["name"] == "train.train_seconds" and a["value"] == 10 for a in out["assumptions"])

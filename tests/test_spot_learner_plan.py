@@ -92,7 +92,7 @@ def catalog():
 def _with(wf, section, **fields):
     data = wf.model_dump(exclude={"base_dir"}, exclude_unset=True)
     data.setdefault(section, {}).update(fields)
-    return parse_workload(data)
+    return parse_workload(data, base_dir=wf.base_dir)
 
 
 def test_the_paper_workload_prices_a_spot_learner(catalog):
@@ -127,7 +127,7 @@ def test_bad_learner_fields_are_one_line():
 
 
 def test_echo2_plan_prints_the_saving():
-    run = [sys.executable, "-m", "echo2.cli", "plan", "--workload", "echo2-paper-30b"]
+    run = [sys.executable, "-m", "echo2.cli", "plan", "--workload", "echo2-paper-30b", "--point"]
     table = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr
     text = " ".join(table.stdout.split())

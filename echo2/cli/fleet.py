@@ -79,8 +79,13 @@ def plan_fleet(
                                            help="Fit the workload from a finished run; compare predicted with "
                                                 "measured."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    point: bool = typer.Option(False, "--point",
+                               help="One point at the likely inputs, with every assumption, instead of the range."),
+    draws: int = typer.Option(400, "--draws", min=10, help="Monte Carlo draws of the uncertain inputs."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws (same seed, same answer)."),
 ) -> None:
-    """A run's fleet, hours and dollars: a workload (file or flags) planned by the one chooser echo2 buys with."""
+    """A run's fleet, hours and dollars: a workload (file or flags) planned by the one chooser echo2 buys with,
+    as P10/P50/P90 over its uncertain inputs (--point: one point)."""
     from echo2.fleet.prices.catalog import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
     from echo2.fleet.sizing.plan import fit_summary
     from echo2.fleet.sizing.run_plan import plan_run
@@ -136,15 +141,25 @@ def plan_fleet(
 
                 changed = (changed_fraction_from_run(changed_from_run), f"measured: {changed_from_run}'s metrics")
             offers = load_catalog(catalog or DEFAULT_CATALOG, spot=None)
-            out.update(plan_run(workload, offers, load_profiles(profiles or DEFAULT_PROFILES), mfu=measured_mfu,
+            loaded = load_profiles(profiles or DEFAULT_PROFILES)
+            keep: dict = {}
+            out.update(plan_run(workload, offers, loaded, mfu=measured_mfu,
                                 changed_fraction=changed, budget_usd=budget_usd, deadline_hours=deadline_hours,
-                                budget_usd_per_hour=max_usd_per_hour, reclaim_hours=hours))
+                                budget_usd_per_hour=max_usd_per_hour, reclaim_hours=hours, keep=keep))
+            if not point and out.get("feasible") and "steps" in out:
+                from echo2.fleet.sizing.run_range import plan_range
+
+                out["range"] = plan_range(workload, keep, out, loaded, offers, draws=draws, seed=seed)
     except Echo2InputError as exc:
         fail(str(exc))
     except ValueError as exc:  # Workload's own checks
         fail(str(exc))
     if as_json:
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps(_range_json(out) if "range" in out else out))
+    elif "range" in out:
+        from echo2.fleet.sizing.range_table import print_range
+
+        print_range(out)
     else:
         from echo2.fleet.sizing.plan_table import print_plan
 
@@ -152,6 +167,13 @@ def plan_fleet(
     if "fleet" in out and not out["feasible"]:
         typer.echo(f"no plan: {out['reason']}; see the neighbouring S", err=True)
         raise typer.Exit(1)
+
+
+def _range_json(out: dict) -> dict:
+    """The range's JSON: P10/P50/P90 at the top, the fleet bought, and the likely inputs' whole plan beside them."""
+    likely = {k: v for k, v in out.items() if k != "range"}
+    return {**out["range"], "workload_name": out["workload_name"], "steps": out["steps"], "learner": out["learner"],
+            "checkpoints": out["checkpoints"], "compare": out.get("compare", []), "likely_plan": likely}
 
 
 def _merge(base: dict, flags: dict) -> None:

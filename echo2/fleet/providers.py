@@ -1,5 +1,6 @@
 """What echo2 assumes about each cloud provider, in one table: the name SkyPilot knows it by, how often its spot
-(interruptible) instances are reclaimed, how many instances of one offer a run may count on, how a reclaim is told
+(interruptible) instances are reclaimed (one by one, and in correlated bursts: ``spot_bursts_per_hour``,
+``spot_burst_share``, ``BURST_SOURCE``), how many instances of one offer a run may count on, how a reclaim is told
 from a crash, and what moving a GB out of, into and within it costs.
 
 Every figure is a planning assumption with its source beside it (``ProviderFacts.source``); the run's own ledger
@@ -40,12 +41,21 @@ class ProviderFacts:
     intraregion_usd_per_gb: float = 0.0
     """Data between two of its machines in one region (free on hyperscalers within a zone or region as echo2 places
     actors; a marketplace's machines are separate hosts, each billing its bandwidth)."""
+    spot_bursts_per_hour: float = 0.05
+    """Correlated reclaims: how often the provider takes a share of a run's spot actors at once (``BURST_SOURCE``)."""
+    spot_burst_share: float = 0.25
+    """The share of the run's spot actors at that provider one burst takes."""
 
 
 _HYPERSCALER_RECLAIM = ("0.1 reclaims per spot instance-hour: deliberately pessimistic beside AWS's Spot Instance "
                         "Advisor (<5% ... >20% of instances interrupted per month, < 0.001/h) because GPU spot pools "
                         "are reclaimed in bursts (ECHO-2's pool saw up to 40% bursty reclaim)")
 _MARKETPLACE_RECLAIM = "0.2 reclaims per interruptible instance-hour: marketplace capacity (an assumption)"
+BURST_SOURCE = ("bursts: an assumption, 0.05 an hour (one per 20 h) taking 25% of a provider's spot actors (0.1 an "
+                "hour on marketplaces); no provider publishes burst statistics (AWS's Spot Instance Advisor gives "
+                "monthly interruption buckets per instance type only); GPU spot capacity is reclaimed per pool, so "
+                "instances of one offer go together; ECHO-2's launch article reports up to 40% of its spot pool "
+                "reclaimed in bursts (`echo2 plan` prints that as a scenario)")
 _CAP8 = "cap 8 per (instance type, region, market): an assumption standing in for regional capacity and quotas"
 _UNCHECKED_EGRESS = "egress: AWS's list price assumed, this provider's own was not checked"
 _VAST_BANDWIDTH = 0.02
@@ -72,7 +82,7 @@ PROVIDERS: dict[str, ProviderFacts] = {p.name: p for p in [
                   "are instances, clusters and filesystems; \"you are not charged for ingress or egress\"), checked "
                   "2026-12-03; a third-party blog (promptcost.org, 2026-04) claims $0.09/GB past 1 TB a month, which "
                   "the provider's own page does not say"),
-    ProviderFacts("runpod", "runpod", 0.2, 8, None, 0.0, 0.0,
+    ProviderFacts("runpod", "runpod", 0.2, 8, None, 0.0, 0.0, spot_bursts_per_hour=0.1, source=
                   f"{_MARKETPLACE_RECLAIM}; {_CAP8}; egress: docs.runpod.io/accounts-billing/billing (\"all compute "
                   "and storage charges are billed per second, with no fees for data transfer\"), checked 2026-12-03"),
     ProviderFacts("vast", "vast", 0.2, 2, None, _VAST_BANDWIDTH, _VAST_BANDWIDTH,
@@ -81,7 +91,8 @@ PROVIDERS: dict[str, ProviderFacts] = {p.name: p for p in [
                   "docs.vast.ai/documentation/instances/pricing (a rental's cost is compute, storage and bandwidth, "
                   "each host sets its own prices; not in the price catalog), so $0.02/GB up and down, the figure "
                   "fast.ai's course docs quoted for vast (an old figure: an assumption), at every host: uploads, "
-                  "downloads and host-to-host traffic alike", _VAST_BANDWIDTH, _VAST_BANDWIDTH),
+                  "downloads and host-to-host traffic alike", _VAST_BANDWIDTH, _VAST_BANDWIDTH,
+                  spot_bursts_per_hour=0.1),
     ProviderFacts("nebius", "nebius", 0.1, 8, None, 0.0, 0.0,
                   f"{_HYPERSCALER_RECLAIM}; {_CAP8}; egress: nebius.com/prices (outgoing traffic not billed); not "
                   "confirmed on 2026-12-03: the provider's compute terms (docs.nebius.com/legal/specific-terms/compute "

@@ -43,6 +43,9 @@ class Offer:
     region: str
     on_demand_usd_per_hour: float | None
     spot_usd_per_hour: float | None
+    host_memory_gib: float | None = None
+    """The instance's host RAM (the catalog's ``memory_gib``); None: unknown. The learner's ranks need it
+    (``sizing/learner_memory.py``)."""
 
     def price(self, spot: bool) -> float | None:
         """USD per instance-hour at the spot or the on-demand price (None where the catalog has none)."""
@@ -100,12 +103,14 @@ def load_catalog(path: str | Path = DEFAULT_CATALOG, *, spot: bool | None = True
         try:
             count = float(row["gpu_count"])
             memory = float(row["gpu_memory_gib"]) if row["gpu_memory_gib"].strip() else None
+            host = float(row["memory_gib"]) if (row.get("memory_gib") or "").strip() else None
         except ValueError:
-            raise Echo2InputError(f"{where}: gpu_count/gpu_memory_gib must be numbers") from None
+            raise Echo2InputError(f"{where}: gpu_count/gpu_memory_gib/memory_gib must be numbers") from None
         if count < 1 or count != int(count):
             raise Echo2InputError(f"{where}: gpu_count {row['gpu_count']!r} must be a whole number >= 1")
         offer = Offer(row["provider"], row["instance_type"], row["gpu"], int(count), memory, row["region"],
-                      _price(row["on_demand_usd_per_hour"], where), _price(row["spot_usd_per_hour"], where))
+                      _price(row["on_demand_usd_per_hour"], where), _price(row["spot_usd_per_hour"], where),
+                      host_memory_gib=host if host and host > 0 else None)
         if (offer.price(spot) if spot is not None else offer.price(True) or offer.price(False)) is not None:
             offers.append(offer)
     if not offers:
@@ -142,6 +147,9 @@ class Profile:
     moe_bytes_factor: float = 1.5
     """MoE decode: bytes read per generated token over the active weights' bytes (the profile
     file's ``moe.bytes_factor``; see ``speed``)."""
+    memory_bandwidth_tb_s: float | None = None
+    """The GPU's memory bandwidth (the profile file's ``memory_bandwidth_tb_s``): the decode model's
+    roofline (``sizing/decode.py``); None: that GPU is planned with ``speed`` alone."""
 
     def dense_speed(self, model_params_b: float) -> float:
         """Tokens/s per GPU for a dense model of ``model_params_b`` billion parameters: a listed size
@@ -220,8 +228,10 @@ def load_profiles(path: str | Path = DEFAULT_PROFILES) -> dict[str, Profile]:
         if not table or any(k <= 0 or v <= 0 or not math.isfinite(v) for k, v in table.items()):
             raise Echo2InputError(f"profiles {path}: workers.{name}.tokens_per_second must map sizes > 0 "
                                   "to tokens/s > 0")
+        bandwidth = entry.get("memory_bandwidth_tb_s")
+        bandwidth = float(bandwidth) if isinstance(bandwidth, (int, float)) and bandwidth > 0 else None
         profile = Profile(str(name), table, str(entry.get("source", "")), tuple(entry.get("aliases") or ()),
-                          moe_bytes_factor=factor)
+                          moe_bytes_factor=factor, memory_bandwidth_tb_s=bandwidth)
         for key in (profile.name, *profile.aliases):
             profiles[gpu_key(str(key))] = profile
     return profiles

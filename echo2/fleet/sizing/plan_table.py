@@ -53,7 +53,8 @@ def print_plan(out: dict) -> None:
         tail = out.get("tail") or {}
         console.print(f"fleet ${out['usd_per_hour']:.4f}/h, predicted utilization {out['utilization']:.3f} "
                       f"({out['bound']}-bound), step {out['step_seconds']:.1f}s, S_min {out['min_staleness']}"
-                      + (f"; batches tail-bound ({tail['seconds']:.0f} s for the p95 completion)"
+                      + (f"; batches tail-bound (the slowest takes {tail['seconds']:.0f} s: its longest "
+                         "completions decode at a small batch)"
                          if tail.get("binds") else "")
                       + ("" if out["proven_optimal"] else "; search cut: maybe not optimal"))
     if "hours" in out:
@@ -118,6 +119,17 @@ def _totals(console, out: dict) -> None:
                   f"{out['store']['provider']}/{out['store']['region']}; of it the learner's uploads "
                   f"${t['usd_learner_to_store']:,.2f}, the rollout files ${t['usd_rollouts']:,.2f}")
     _reclaims(console, out["reclaims"])
+    c, b = out["checkpoints"], out["bursts"]
+    console.print(f"in the hours and dollars: {c['count']} checkpoints x {c['gb_each']:.0f} GB "
+                  f"({c['seconds'] / 3600:.2f} h, egress ${c['usd_egress']:,.2f}), "
+                  f"start-up {out['startup_seconds'] / 60:.1f} min, "
+                  f"{b['bursts']:.2f} expected reclaim bursts ({b['hours']:.2f} h), the fleet with "
+                  f"{out['extra_workers']} extra for the reliability rule (${out['fleet_usd_per_hour']:.2f}/h)")
+    needs = out["learner"]["needs"]
+    console.print(f"learner memory: {needs['gpu_per_rank_gib']:.0f} GiB per GPU, {needs['host_total_gib']:.0f} GiB of "
+                  "host RAM (learner_memory.py)")
+    for refused in out["learner"].get("cheaper_refused", []):
+        console.print(f"  refused: {refused['offer']} (${refused['usd_per_hour']:.2f}/h): {refused['refused']}")
     if "budget" in out:
         b = out["budget"]
         console.print(f"budget ${b['usd']:,.0f}: " + ("covers the run" if b["met"] else

@@ -13,30 +13,31 @@ Pipeline (``plan_run``), each step a model documented in its own module:
    the fleet is chosen again with the new D until the fleet stops changing (at most ``FIXED_POINT_ROUNDS``).
 4. The fleet: ``choose.choose_fleet``, the one chooser the live fleet also uses (capacity model + cost-aware
    activation, every instance at its expected throughput under its provider's reclaim rate).
-5. The tail: echo2's actor commits whole batches, and a sequence decodes one token per engine step, so a batch
-   lasts at least as long as its p95 completion takes alone (``completion_tokens_p95 /
-   single_stream_tokens_per_second``), however fast the GPUs are: an instance whose GPUs would finish the batch's
-   tokens sooner is in effect slower. The chooser is given each offer at that effective speed (its per-GPU speed
-   capped at ``batch_tokens / (tail x gpu_count)``): to do so each offer is handed to it under a GPU name of its
-   own (``GPU/count``, restored in the result), since the chooser's speeds are per GPU name. No p95: no tail term,
-   the plain chooser, exactly what the live fleet calls.
-6. Totals: hours = steps x predicted step seconds + one start-up (D + the first batch) ; $ learner = the cheapest
-   catalog instance of the learner's GPU with at least its GPU count in its market (billed whole) x hours; $ actors
-   = the fleet's $/h x hours (reclaimed time is billed: availability already sized the fleet for it); $ traffic =
-   the versions' bytes to the actors (``traffic.traffic_per_run``, with the relay or without, both reported) plus
-   the learner's upload of each version to the store and the actors' rollout files to the store, each priced by
-   ``providers.transfer_usd_per_gb``. Reclaims: ``plan.simulate_reclaims`` (Monte Carlo) over the run's hours.
-   The learner at spot against on demand (``spot_learner.py``: expected learner reclaims x (relaunch + resume +
-   lost work) at the run's burn rate, against the on-demand premium): ``spot_learner`` in the result; with
-   ``learner.market: spot`` the plan's own hours and dollars include those reclaims (``usd_learner_reclaims``).
+5. Actor speed (``actor_speed.py``): with the model's config and a profiled bandwidth, the decode model
+   (``decode.py``: bytes per decode step at the batch size, experts touched, KV at the contexts; the batch drains
+   as its completions finish, or stays full with ``rollout.refill``); else the profile's figure, capped so that a
+   batch lasts at least its p95 completion decoded alone (``completion_tokens_p95``). The chooser is given each
+   offer at that speed: each offer is handed to it under a GPU name of its own (``GPU/count``, restored in the
+   result), since the chooser's speeds are per GPU name. Neither a config nor a p95: the plain chooser, exactly
+   what the live fleet calls.
+6. Totals: hours = steps x predicted step seconds + the start-up + the checkpoints + the expected reclaim bursts
+   (``run_costs.py``); $ learner = the cheapest catalog instance of the learner's GPU with at least its GPU count
+   in its market whose GPUs and host RAM hold the learner's ranks (``learner_memory.py``; billed whole) x hours;
+   $ actors = the fleet's $/h, with the extra instances ``plan.simulate_reclaims`` says hold the planned
+   throughput 95% of the time, x hours, plus the bursts' replacements; $ traffic = the versions' bytes to the
+   actors (``traffic.traffic_per_run``, with the relay or without, both reported) plus the learner's upload of each
+   version to the store, the actors' rollout files to the store and the checkpoints' egress, each priced by
+   ``providers.transfer_usd_per_gb``. The learner at spot against on demand (``spot_learner.py``: expected learner
+   reclaims x (relaunch + resume + lost work) at the run's burn rate, against the on-demand premium):
+   ``spot_learner`` in the result; with ``learner.market: spot`` the plan's own hours and dollars include those
+   reclaims (``usd_learner_reclaims``).
 7. Budget and deadline: the hours and steps a budget buys at the plan's $/h; whether a deadline is met, and the
    cheapest way if it is (the plan's own cost).
 
-Assumptions beyond the modules': the learner's GPUs hold ``LEARNER_BYTES_PER_PARAM`` bytes per parameter between
-them; rollout files weigh ``ROLLOUT_BYTES_PER_TOKEN`` bytes per completion token (token
+Assumptions beyond the modules': rollout files weigh ``ROLLOUT_BYTES_PER_TOKEN`` bytes per completion token (token
 id and behavior logprob, 4 bytes each, before compression); the learner runs in the store's place unless it is
 pinned elsewhere; the learner bills for the whole run including its waits. Every assumption the answer used is in
-the result's ``assumptions`` list with its source.
+the result's ``assumptions`` list with its source. ``run_range.py`` draws the uncertain inputs around this plan.
 """
 
 from __future__ import annotations
@@ -49,17 +50,24 @@ from echo2.errors import Echo2InputError
 from echo2.fleet.prices import gpu_matcher
 from echo2.fleet.prices.catalog import Offer, Profile, gpu_key, profile_for
 from echo2.fleet.providers import facts, transfer_usd_per_gb
-from echo2.fleet.sizing import dissemination, spot_learner, step_time, traffic
+from echo2.fleet.sizing import (
+    actor_speed,
+    dissemination,
+    learner_memory,
+    plan_notes,
+    run_costs,
+    spot_learner,
+    step_time,
+    traffic,
+)
+from echo2.fleet.sizing.activation import reclaim_rate
 from echo2.fleet.sizing.capacity import Workload, min_staleness
 from echo2.fleet.sizing.choose import batch_seconds_of, choose_fleet
 from echo2.fleet.sizing.plan import WorkerType, simulate_reclaims
+from echo2.fleet.sizing.plan_notes import LEARNER_BYTES_PER_PARAM, ROLLOUT_BYTES_PER_TOKEN
 from echo2.fleet.sizing.workload_file import WorkloadFile
 
 FIXED_POINT_ROUNDS = 4
-ROLLOUT_BYTES_PER_TOKEN = 8.0
-LEARNER_BYTES_PER_PARAM = 16.0
-"""Training state per parameter: fp32 master weights, gradients and AdamW's two moments (4 x 4 bytes; bf16 copies
-and activations are left to the rest of the GPU), sharded over the learner's GPUs (FSDP)."""
 RECLAIM_TRIALS = 40
 NEIGHBOURS = (-1, 1, 2)
 
@@ -83,35 +91,56 @@ def _learner_gpus(wf: WorkloadFile, offers: list[Offer]) -> int:
     return 8
 
 
-def learner_offer(wf: WorkloadFile, offers: list[Offer]) -> Offer:
-    """The cheapest instance for the learner (module docstring, step 6) whose GPUs hold the training state:
-    ``LEARNER_BYTES_PER_PARAM`` bytes per parameter sharded over the learner's GPUs (an unknown memory size
-    is given the benefit of the doubt)."""
+def learner_needs_of(wf: WorkloadFile) -> learner_memory.LearnerNeeds:
+    """What the learner's ranks hold (``learner_memory.py``) for this workload."""
+    return learner_memory.learner_needs(wf.params_b()[0], wf.learner.gpus or 1, staleness=wf.train.staleness,
+                                        audit=wf.train.audit_fraction > 0,
+                                        publish_delta=wf.network.keyframe_every > 1)
+
+
+def learner_refusals(wf: WorkloadFile, offers: list[Offer]) -> list[tuple[Offer, str | None]]:
+    """Every offer of the learner's GPU, count, market and place, cheapest first, each with the number that refuses
+    it (``learner_memory.check``) or None where it holds the learner."""
     spot = wf.learner.market == "spot"
-    need_gib = LEARNER_BYTES_PER_PARAM * wf.params_b()[0] * 1e9 / 2**30 / wf.learner.gpus
-    fitting = [o for o in offers if gpu_key(o.gpu) == gpu_key(wf.learner.gpu) and o.gpu_count >= wf.learner.gpus
-               and (o.gpu_memory_gib is None or o.gpu_memory_gib >= need_gib)
-               and o.price(spot) is not None and (wf.learner.provider is None or o.provider == wf.learner.provider)
-               and (wf.learner.region is None or o.region == wf.learner.region)]
+    needs = learner_needs_of(wf)
+    near = [o for o in offers if gpu_key(o.gpu) == gpu_key(wf.learner.gpu) and o.gpu_count >= wf.learner.gpus
+            and o.price(spot) is not None and (wf.learner.provider is None or o.provider == wf.learner.provider)
+            and (wf.learner.region is None or o.region == wf.learner.region)]
+    return [(o, learner_memory.check(needs, o.gpu_memory_gib, o.host_memory_gib))
+            for o in sorted(near, key=lambda o: (o.price(spot), o.name))]
+
+
+def learner_offer(wf: WorkloadFile, offers: list[Offer]) -> Offer:
+    """The cheapest instance for the learner (module docstring, step 6) whose GPUs and host RAM hold what the
+    learner's ranks need at load, step, publish and checkpoint (``learner_memory.py``; an unknown memory size is
+    given the benefit of the doubt). Refused: one line naming the number that refused the cheapest."""
+    ranked = learner_refusals(wf, offers)
+    fitting = [o for o, why in ranked if why is None]
     if not fitting:
-        raise Echo2InputError(f"no {wf.learner.market} offer of {wf.learner.gpus}x {wf.learner.gpu} with "
-                              f"{need_gib:.0f} GiB each for the learner"
-                              + (f" at {wf.learner.provider}" if wf.learner.provider else "") + " in the catalog")
-    return min(fitting, key=lambda o: (o.price(spot), o.name))
+        where = f" at {wf.learner.provider}" if wf.learner.provider else ""
+        if not ranked:
+            raise Echo2InputError(f"no {wf.learner.market} offer of {wf.learner.gpus}x {wf.learner.gpu} for the "
+                                  f"learner{where} in the catalog")
+        raise Echo2InputError(f"no {wf.learner.market} offer of {wf.learner.gpus}x {wf.learner.gpu}{where} holds "
+                              f"echo2's learner: the cheapest, {ranked[0][0].name}, has {ranked[0][1]}")
+    return fitting[0]
 
 
 def _train_seconds(wf: WorkloadFile, active_b: float, mfu: tuple[float, str] | None) -> tuple[float, dict]:
     if wf.train.train_seconds is not None:
         return wf.train.train_seconds, {"train_seconds": wf.train.train_seconds, "from": "given"}
     if mfu is None:
+        moe = active_b < (wf.params_b()[0] - 1e-9)
         mfu = ((wf.learner.mfu, wf.sources.get("learner.mfu", "given in the workload")) if wf.learner.mfu
+               else (step_time.MOE_MFU, step_time.MOE_MFU_SOURCE) if moe
                else (step_time.DEFAULT_MFU, step_time.DEFAULT_MFU_SOURCE))
     tokens = wf.tokens_per_step()
+    signal = wf.train.signal_share
     t = step_time.train_seconds(active_b, tokens, gpu=wf.learner.gpu, gpus=wf.learner.gpus, mfu=mfu[0],
-                                audit_fraction=wf.train.audit_fraction)
+                                audit_fraction=wf.train.audit_fraction, signal_share=signal)
     return t, {"train_seconds": t, "from": "FLOP model", "tokens_per_step": tokens, "mfu": mfu[0],
-               "mfu_source": mfu[1], "peak_tflops": step_time.peak_tflops(wf.learner.gpu),
-               "flops_per_step": step_time.flops_per_step(active_b, tokens, wf.train.audit_fraction)}
+               "mfu_source": mfu[1], "peak_tflops": step_time.peak_tflops(wf.learner.gpu), "signal_share": signal,
+               "flops_per_step": step_time.flops_per_step(active_b, tokens, wf.train.audit_fraction, signal)}
 
 
 def _groups(activation) -> list[tuple[str, str, int]]:
@@ -144,15 +173,23 @@ def capacity_workload(wf: WorkloadFile, train_seconds: float, dissemination_seco
                                                                                   r.groups_per_batch))
 
 
-def _choose(wf, workload, offers, profiles, total_b, active_b, budget):
+def reclaim_overrides(wf: WorkloadFile, offers: list[Offer]) -> dict[str, float] | None:
+    """Spot reclaim rates per offer: the workload's or activation's, times ``actors.reclaim_factor``."""
+    if wf.actors.reclaim_per_hour is not None:
+        return {"spot": wf.actors.reclaim_per_hour * wf.actors.reclaim_factor}
+    if wf.actors.reclaim_factor == 1.0:
+        return None
+    return {o.name + ":spot": reclaim_rate(o, True) * wf.actors.reclaim_factor for o in offers}
+
+
+def _choose(wf, workload, offers, profiles, total_b, active_b, budget, shape=None):
     markets = ("spot", "on-demand") if wf.actors.market == "both" else (wf.actors.market,)
-    reclaim = None if wf.actors.reclaim_per_hour is None else {"spot": wf.actors.reclaim_per_hour}
+    reclaim = reclaim_overrides(wf, offers)
     batch_tokens = wf.rollout.groups_per_batch * wf.rollout.group_size * wf.rollout.completion_tokens_mean
-    tail = _tail_seconds(wf)
     gpus = wf.actors.gpus
     renamed: dict[str, Offer] = {}
-    if tail > 0:
-        offers, profiles, renamed = _tail_aware(offers, profiles, gpus, batch_tokens, tail, total_b, active_b)
+    if shape is not None or wf.rollout.completion_tokens_p95 is not None:
+        offers, profiles, renamed = _with_speeds(wf, offers, profiles, gpus, total_b, active_b, shape)
         gpus = None
     found = choose_fleet(workload, offers, profiles, model_params_b=total_b, active_params_b=active_b,
                          batch_tokens=batch_tokens, target_utilization=wf.actors.target_utilization, markets=markets,
@@ -162,7 +199,7 @@ def _choose(wf, workload, offers, profiles, total_b, active_b, budget):
     return found
 
 
-def _tail_aware(offers, profiles, gpus, batch_tokens, tail, total_b, active_b):
+def _with_speeds(wf, offers, profiles, gpus, total_b, active_b, shape):
     """Offers and profiles as step 5 of the module docstring hands them to the chooser."""
     match = gpu_matcher(gpus)
     out_offers, out_profiles, renamed = [], {}, {}
@@ -170,31 +207,23 @@ def _tail_aware(offers, profiles, gpus, batch_tokens, tail, total_b, active_b):
         profile = profile_for(profiles, o.gpu)
         if profile is None or not match(o.gpu):
             continue
-        cap = batch_tokens / (tail * o.gpu_count)
-        speed = profile.speed(total_b, active_b)
         key = f"{profile.name}/{o.gpu_count}"
         if gpu_key(key) not in out_profiles:
             # one size, the model's: speed(total, active) is exactly this figure (a single-entry table)
-            out_profiles[gpu_key(key)] = Profile(key, {total_b: min(speed, cap)}, profile.source
-                                                 + (f"; capped at {cap:.0f} tok/s/GPU by the batch tail"
-                                                    if cap < speed else ""))
+            got = actor_speed.speed(wf, profile, o.gpu_count, total_b=total_b, active_b=active_b, shape=shape)
+            out_profiles[gpu_key(key)] = Profile(key, {total_b: got.per_gpu}, got.source)
         out_offers.append(replace(o, gpu=key))
         renamed[o.name] = o
     return out_offers, out_profiles, renamed
-
-
-def _tail_seconds(wf: WorkloadFile) -> float:
-    p95 = wf.rollout.completion_tokens_p95
-    return 0.0 if p95 is None else p95 / wf.rollout.single_stream_tokens_per_second
 
 
 def _fleet_rows(activation) -> list[dict]:
     return activation.as_dict()["fleet"] if activation else []
 
 
-def _neighbour(wf, t, d, offers, profiles, total_b, active_b, budget, staleness) -> dict:
+def _neighbour(wf, t, d, offers, profiles, total_b, active_b, budget, staleness, shape) -> dict:
     w = capacity_workload(wf, t, d, staleness)
-    found = _choose(wf, w, offers, profiles, total_b, active_b, budget)
+    found = _choose(wf, w, offers, profiles, total_b, active_b, budget, shape)
     if found is None:
         return {"staleness": staleness, "feasible": False, "fleet": [], "workers": 0, "usd_per_hour": None,
                 "predicted_utilization": None, "step_seconds": None,
@@ -209,16 +238,18 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
              mfu: tuple[float, str] | None = None, changed_fraction: tuple[float, str] | None = None,
              budget_usd: float | None = None, deadline_hours: float | None = None,
              budget_usd_per_hour: float | None = None, reclaim_hours: float | None = None,
-             neighbours: tuple[int, ...] = NEIGHBOURS, seed: int = 0) -> dict:
+             neighbours: tuple[int, ...] = NEIGHBOURS, seed: int = 0, keep: dict | None = None) -> dict:
     """The plan of a whole run (module docstring): a JSON-ready dict. ``offers`` holds both markets (the learner
     and the actors pick theirs). ``mfu`` / ``changed_fraction``: (value, source) overriding the workload's.
-    ``reclaim_hours``: simulate reclaims over that many hours instead of the run's."""
+    ``reclaim_hours``: simulate reclaims over that many hours instead of the run's. ``keep``: filled with what the
+    plan chose as objects (the fleet, the workload as planned), for ``run_range.py`` to draw around it."""
     total_b, active_b = wf.params_b()
     _check_gpus(wf, offers, profiles)
     auto_gpus = wf.learner.gpus is None
     if auto_gpus:
         wf = wf.model_copy(update={"learner": wf.learner.model_copy(update={"gpus": _learner_gpus(wf, offers)})})
     t, t_info = _train_seconds(wf, active_b or total_b, mfu)
+    shape = actor_speed.model_shape(wf)
     if changed_fraction is None:
         changed_fraction = ((wf.network.changed_fraction, wf.sources.get("network.changed_fraction", "given"))
                             if wf.network.changed_fraction is not None
@@ -231,7 +262,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
     d = _dissemination(wf, vb["mean"], groups)
     for _ in range(FIXED_POINT_ROUNDS):  # D follows the fleet, the fleet follows D
         workload = capacity_workload(wf, t, d)
-        found = _choose(wf, workload, offers, profiles, total_b, active_b, budget_usd_per_hour)
+        found = _choose(wf, workload, offers, profiles, total_b, active_b, budget_usd_per_hour, shape)
         if found is None:
             break
         new_groups = _groups(found)
@@ -251,14 +282,14 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
         "required_throughput": wf.rollout.groups_per_step / t,
         "required_tokens_per_second": wf.completion_tokens_per_step() / t}
     out["neighbours"] = [_neighbour(wf, t, d, offers, profiles, total_b, active_b, budget_usd_per_hour,
-                                    wf.train.staleness + k) for k in neighbours
+                                    wf.train.staleness + k, shape) for k in neighbours
                          if k and wf.train.staleness + k >= wf.train.publish_every - 1]
-    out["assumptions"] = _assumptions(wf, t_info, changed_fraction, total_b, active_b, profiles,
-                                      {c.gpu_type or c.offer.gpu for c, _ in found.fleet} if found else set())
+    out["assumptions"] = plan_notes.assumptions(wf, t_info, changed_fraction, total_b, active_b, profiles,
+                                                found.fleet if found else [])
     if auto_gpus:
         row = next(a for a in out["assumptions"] if a["name"] == "learner.gpus")
-        row["source"] = (f"chosen: the fewest of 1, 2, 4, 8 {wf.learner.gpu} whose memory holds "
-                         f"{LEARNER_BYTES_PER_PARAM:g} bytes per parameter (training state, sharded)")
+        row["source"] = (f"chosen: the fewest of 1, 2, 4, 8 {wf.learner.gpu} that hold the learner's ranks "
+                         "(learner_memory.py)")
     if found is None:
         out.update({"fleet": [], "workers": 0, "usd_per_hour": None, "predicted_utilization": None,
                     "utilization": None, "step_seconds": None, "min_staleness": None,
@@ -268,23 +299,28 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
         return out
     batch_tokens = wf.rollout.groups_per_batch * wf.rollout.group_size * wf.rollout.completion_tokens_mean
     batches = batch_seconds_of(found.fleet, workload, batch_tokens)
+    if keep is not None:
+        keep.update({"wf": wf, "found": found, "workload": workload, "shape": shape, "groups": groups,
+                     "changed_fraction": changed_fraction[0],
+                     "versions": vb, "total_b": total_b, "active_b": active_b, "t_info": t_info})
     p = found.prediction
     step_seconds = p.step_seconds
-    tail = _tail_seconds(wf)
+    tail = max(batches)
     out.update({"fleet": _fleet_rows(found), "workers": found.instances, "usd_per_hour": found.usd_per_hour,
                 "predicted_utilization": p.utilization, "utilization": p.utilization,
                 "step_seconds": step_seconds, "bound": p.bound, "lag": {str(k): v for k, v in sorted(p.lag.items())},
                 "min_staleness": min_staleness(workload, batches), "proven_optimal": found.proven_optimal,
                 "chooser_rounds": found.rounds,
-                "tail": {"seconds": tail, "binds": any("by the batch tail" in c.speed_source for c, _ in found.fleet)},
+                "tail": {"seconds": tail, "binds": any("by the batch tail" in c.speed_source or "drains" in
+                                                        c.speed_source for c, _ in found.fleet)},
                 "usd_per_step": found.usd_per_hour * step_seconds / 3600})
     steps = wf.steps()
     if steps is not None:
         out.update(_totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batches,
-                           reclaim_hours, seed))
+                           reclaim_hours, seed, total_b))
         out.update(_budget_and_deadline(out, budget_usd, deadline_hours))
         out["compare"] = [r.model_dump() for r in wf.compare]
-        out["verdict"] = _verdict(out, wf)
+        out["verdict"] = plan_notes.verdict(out, wf)
     elif reclaim_hours is not None:
         out["reclaims"] = _reclaims(wf, found, workload, reclaim_hours, seed)
     return out
@@ -311,28 +347,74 @@ def _traffic(wf: WorkloadFile, learner: Offer, found, vb: dict, steps: int) -> d
             "usd_learner_to_store": learner_to_store, "usd_rollouts": rollouts_usd, "rollout_gb": rollout_gb}
 
 
-def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batches, reclaim_hours, seed) -> dict:
-    startup = d + max(batches)
-    seconds = steps * step_seconds + startup
-    hours = seconds / 3600
+def burst_pools(found, workload: Workload, batch_tokens: float) -> list[run_costs.BurstPool]:
+    """The spot actors per provider, as bursts take them (on-demand instances are not reclaimed)."""
+    pools: dict[str, list] = {}
+    for c, n in found.fleet:
+        if not c.spot:
+            continue
+        g = (batch_tokens / c.tokens_per_second + workload.actor_wait) / c.availability
+        pool = pools.setdefault(c.offer.provider, [0, 0.0, 0.0])
+        pool[0] += n
+        pool[1] += n * workload.groups_per_batch / g
+        pool[2] += n * c.usd_per_hour
+    return [run_costs.BurstPool(p, n, mu, usd) for p, (n, mu, usd) in sorted(pools.items())]
+
+
+def _totals(wf, out, found, workload, vb, steps, offers, step_seconds, d, batches, reclaim_hours, seed,
+            total_b) -> dict:
     learner = learner_offer(wf, offers)
+    store_place = (wf.store.provider or learner.provider, wf.store.region or learner.region)
+    startup = run_costs.startup_seconds(total_params_b=total_b, store_gbit=wf.network.store_gbit,
+                                        actor_boot_seconds=wf.actors.replacement_seconds,
+                                        keyframe_seconds=out["dissemination_seconds_keyframe"],
+                                        first_batch_seconds=max(batches))
+    ckpt = run_costs.checkpoints(steps=steps, every=wf.train.checkpoint_every, total_params_b=total_b,
+                                 ranks=wf.learner.gpus, store_gbit=wf.network.store_gbit,
+                                 learner_place=(learner.provider, learner.region), store_place=store_place)
+    base_hours = (steps * step_seconds + startup + ckpt["seconds"]) / 3600
+    reclaims = _reclaims(wf, found, workload, reclaim_hours or base_hours, seed)
+    # the headline buys the fleet the reliability rule asks for: the extras that hold the target 95% of the time
+    extra = reclaims.get("extra_workers") or 0
+    fleet_usd_per_hour = reclaims.get("usd_per_hour_with_extra", found.usd_per_hour) if extra else found.usd_per_hour
+    batch_tokens = wf.rollout.groups_per_batch * wf.rollout.group_size * wf.rollout.completion_tokens_mean
+    need = workload.groups_per_step / workload.train_seconds
+    fleet_rate = sum(workload.groups_per_batch / (g + workload.actor_wait) for g in batches)
+    bursts = run_costs.expected_bursts(burst_pools(found, workload, batch_tokens), base_hours, fleet_rate, need,
+                                       per_hour=wf.actors.burst_per_hour, share=wf.actors.burst_share,
+                                       seconds=wf.actors.replacement_seconds,
+                                       backlog_groups=workload.max_pending_batches * workload.groups_per_batch)
+    hours = base_hours + bursts["hours"]
     learner_price = learner.price(wf.learner.market == "spot")
     moved = _traffic(wf, learner, found, vb, steps)
     store, usd_traffic = moved.pop("store"), moved.pop("usd")
+    usd_traffic += ckpt["usd_egress"]
     usd_learner = learner_price * hours
-    usd_actors = found.usd_per_hour * hours
-    reclaims = _reclaims(wf, found, workload, reclaim_hours or hours, seed)
-    spot = _spot_learner(wf, offers, hours, step_seconds, found.usd_per_hour,
-                         lambda offer: _traffic(wf, offer, found, vb, steps)["usd"])
+    usd_actors = fleet_usd_per_hour * hours + bursts["usd_replacements"]
+
+    def fixed_usd(offer: Offer) -> float:
+        """What the run pays beside the hourly prices with the learner on ``offer``: traffic, the checkpoints'
+        egress from its place, the bursts' replacements."""
+        place = (offer.provider, offer.region)
+        egress = ckpt["gb"] * transfer_usd_per_gb(*place, wf.store.provider or offer.provider,
+                                                  wf.store.region or offer.region)
+        return _traffic(wf, offer, found, vb, steps)["usd"] + egress + bursts["usd_replacements"]
+
+    spot = _spot_learner(wf, offers, hours, step_seconds, fleet_usd_per_hour, fixed_usd)
     gap_hours = usd_reclaims = 0.0
     if wf.learner.market == "spot" and spot is not None and spot["finishes"]:  # the plan's own learner is reclaimed
         gap_hours, usd_reclaims = spot["gap_hours"], spot["usd_reclaims"]
+    refused = [{"offer": o.name, "usd_per_hour": o.price(wf.learner.market == "spot"), "refused": why}
+               for o, why in learner_refusals(wf, offers) if why is not None
+               and o.price(wf.learner.market == "spot") < learner_price]
     return {"steps": steps, "hours": hours + gap_hours, "startup_seconds": startup,
             "usd_learner": usd_learner, "usd_actors": usd_actors, "usd_traffic": usd_traffic,
             "usd_learner_reclaims": usd_reclaims, "usd_total": usd_learner + usd_actors + usd_traffic + usd_reclaims,
             "learner": {"offer": learner.as_dict(), "market": wf.learner.market, "usd_per_hour": learner_price,
-                        "gpus_billed": learner.gpu_count},
-            "store": {"provider": store[0], "region": store[1]}, "traffic": moved,
+                        "gpus_billed": learner.gpu_count, "needs": learner_needs_of(wf).as_dict(),
+                        "cheaper_refused": refused[:3]},
+            "store": {"provider": store[0], "region": store[1]}, "traffic": moved, "checkpoints": ckpt,
+            "bursts": bursts, "fleet_usd_per_hour": fleet_usd_per_hour, "extra_workers": extra,
             "reclaims": reclaims, "spot_learner": spot}
 
 
@@ -408,62 +490,3 @@ def _budget_and_deadline(out: dict, budget_usd: float | None, deadline_hours: fl
                                                                       out["startup_seconds"]) / out["step_seconds"])),
                            "usd_by_then": per_hour * min(deadline_hours, out["hours"])}
     return res
-
-
-def _verdict(out: dict, wf: WorkloadFile) -> str:
-    """One line: does echo2 beat each reference row, and if not, which assumption keeps it above."""
-    if not wf.compare:
-        return ""
-    ref = min(wf.compare, key=lambda r: r.usd)
-    usd_ok, hours_ok = out["usd_total"] <= ref.usd, out["hours"] <= ref.hours
-    head = (f"echo2 predicts ${out['usd_total']:,.0f} in {out['hours']:.1f} h against {ref.name}'s "
-            f"${ref.usd:,.0f} in {ref.hours:g} h")
-    if usd_ok and hours_ok:
-        return head + ": at or under both, on these assumptions (the ones the hours follow are listed first)."
-    parts = []
-    step = out["learner_step"]
-    if not hours_ok:
-        if step.get("from") == "FLOP model" and out.get("bound") == "learner":
-            need = step["mfu"] * (out["hours"] * 3600 - out["startup_seconds"]) / (ref.hours * 3600 -
-                                                                                   out["startup_seconds"])
-            parts.append(f"hours: learner-bound at MFU {step['mfu']:.0%} ({step['mfu_source'].split(':')[0]}); "
-                         f"MFU >= {need:.0%} would reach {ref.hours:g} h")
-        else:
-            parts.append(f"hours: {out.get('bound', '?')}-bound at {out['step_seconds']:.0f} s/step "
-                         f"x {out['steps']} steps")
-    if not usd_ok:
-        biggest = max(("learner", out["usd_learner"]), ("actors", out["usd_actors"]),
-                      ("traffic", out["usd_traffic"]), key=lambda kv: kv[1])
-        parts.append(f"cost: the {biggest[0]} (${biggest[1]:,.0f}) is the largest share")
-    return head + "; above it -- " + "; ".join(parts) + "."
-
-
-def _assumptions(wf: WorkloadFile, t_info: dict, changed: tuple[float, str], total_b: float,
-                 active_b: float | None, profiles: dict[str, Profile], fleet_gpus: set[str]) -> list[dict]:
-    rows = [a for a in wf.assumptions() if a["name"] not in ("network.changed_fraction", "learner.mfu")]
-    if t_info.get("from") == "FLOP model":
-        rows.insert(0, {"name": "learner.mfu", "value": t_info["mfu"], "source": t_info["mfu_source"]})
-        rows.insert(1, {"name": "learner bf16 peak (TFLOP/s per GPU)", "value": t_info["peak_tflops"],
-                        "source": step_time.PEAK_SOURCE})
-        rows.insert(2, {"name": "learner FLOPs per token", "value": "(6 + 2 x audit_fraction) x active",
-                        "source": "step_time.py: 6N training (forward + backward) + 2N audit recomputation"})
-    rows.append({"name": "network.changed_fraction", "value": changed[0], "source": changed[1]})
-    some = next(iter(profiles.values()), None)
-    if active_b is not None and some is not None:
-        rows.append({"name": "MoE decode bytes factor", "value": some.moe_bytes_factor,
-                     "source": "infra/profiles/rollout-throughput.yaml moe.bytes_factor: an estimate, not measured"})
-    names = wf.actors.gpus or sorted(fleet_gpus)
-    for name in names:
-        profile = profiles.get(gpu_key(name))
-        if profile is not None:
-            rows.append({"name": f"actor speed {profile.name} (tok/s per GPU)",
-                         "value": round(profile.speed(total_b, active_b)), "source": profile.source})
-    rows.append({"name": "learner training state (bytes per parameter)", "value": LEARNER_BYTES_PER_PARAM,
-                 "source": "assumption: fp32 weights, gradients and AdamW moments, sharded over the learner's GPUs"})
-    rows.append({"name": "rollout bytes per completion token", "value": ROLLOUT_BYTES_PER_TOKEN,
-                 "source": "assumption: token id + behavior logprob, 4 bytes each, uncompressed"})
-    rows.append({"name": "spot learner notice by provider (share of reclaims, seconds)",
-                 "value": spot_learner.NOTICE, "source": spot_learner.NOTICE_SOURCE})
-    rows.append({"name": "provider facts (reclaim rate, cap, egress)", "value": "providers.py",
-                 "source": "echo2/fleet/providers.py: each provider's row states its source"})
-    return rows

@@ -5,9 +5,10 @@ Model. One GRPO step trains on ``tokens`` = R x G x (prompt + mean completion) t
 parameters for a mixture of experts, since each token runs only its experts; attention's context term is
 left out, as in the MFU the learner bench reports). The behavior audit recomputes the logprobs of a share
 ``audit_fraction`` of the rollout files under the claimed version: a forward pass, 2 x N_active per token
-of that share. So
+of that share. Groups whose completions all scored alike carry no signal: the learner drops them before the
+forward pass (``learner/learner.py``), so training runs on the ``signal_share`` of the tokens that remain. So
 
-    FLOPs per step = (6 + 2 x audit_fraction) x N_active x tokens
+    FLOPs per step = (6 x signal_share + 2 x audit_fraction) x N_active x tokens
     T = FLOPs / (gpus x bf16 peak x MFU)
 
 MFU (model FLOPs utilization, the same definition as ``echo2 bench learner``: 6 x active x tokens/s over
@@ -37,6 +38,11 @@ DEFAULT_MFU_SOURCE = ("assumption: 25% MFU for the learner step, dense or MoE (t
                       "for a dense 1.7B step at 8k tokens; MoE steps reach less: routing, uneven expert loads, small "
                       "expert matmuls); not measured here on a GPU. Measure it with `echo2 bench learner --device "
                       "cuda --json` and pass --mfu-from")
+MOE_MFU = 0.15
+MOE_MFU_SOURCE = ("assumption: 10-25%, likely 15% for an MoE on echo2's learner (transformers + FSDP2, no expert "
+                  "parallelism): 25% is the best published pretraining figure for a 30B-A3B MoE on tuned Megatron/TE; "
+                  "users report ~10% on Megatron and an RL framework's logs show 4%; not measured here on a GPU "
+                  "(`echo2 bench learner --device cuda --json`, then --mfu-from)")
 
 
 def peak_tflops(gpu: str) -> float:
@@ -49,19 +55,22 @@ def peak_tflops(gpu: str) -> float:
     return peak
 
 
-def flops_per_step(active_params_b: float, tokens: float, audit_fraction: float = 0.0) -> float:
-    """(6 + 2 x audit_fraction) x active parameters x tokens (module docstring)."""
-    if active_params_b <= 0 or tokens <= 0 or not 0 <= audit_fraction <= 1:
-        raise Echo2InputError("FLOP model needs active parameters > 0, tokens > 0 and an audit share in [0, 1]")
-    return (6.0 + 2.0 * audit_fraction) * active_params_b * 1e9 * tokens
+def flops_per_step(active_params_b: float, tokens: float, audit_fraction: float = 0.0,
+                   signal_share: float = 1.0) -> float:
+    """(6 x signal_share + 2 x audit_fraction) x active parameters x tokens (module docstring)."""
+    if active_params_b <= 0 or tokens <= 0 or not 0 <= audit_fraction <= 1 or not 0 < signal_share <= 1:
+        raise Echo2InputError("FLOP model needs active parameters > 0, tokens > 0, an audit share in [0, 1] and "
+                              "a signal share in (0, 1]")
+    return (6.0 * signal_share + 2.0 * audit_fraction) * active_params_b * 1e9 * tokens
 
 
 def train_seconds(active_params_b: float, tokens: float, *, gpu: str, gpus: int, mfu: float,
-                  audit_fraction: float = 0.0) -> float:
+                  audit_fraction: float = 0.0, signal_share: float = 1.0) -> float:
     """T: seconds of one learner step (module docstring)."""
     if gpus < 1 or not 0 < mfu <= 1:
         raise Echo2InputError(f"learner needs gpus >= 1 and 0 < MFU <= 1 (got {gpus}, {mfu})")
-    return flops_per_step(active_params_b, tokens, audit_fraction) / (gpus * peak_tflops(gpu) * 1e12 * mfu)
+    return (flops_per_step(active_params_b, tokens, audit_fraction, signal_share)
+            / (gpus * peak_tflops(gpu) * 1e12 * mfu))
 
 
 def mfu_from_bench(path: str | Path) -> tuple[float, str]:

@@ -9,6 +9,9 @@ relaunch and resume times and notice: ``spot_learner.py``), the actors (market, 
 lives. ``echo2 plan``'s flags (``--model-params`` ...) build the same object (``from_flags``), so there is
 one path from input to plan.
 
+The uncertain inputs (``UNCERTAIN``) may carry a low and a high under ``ranges:`` (their likely value is the field's
+own), each with its source: ``echo2 plan`` draws them (``run_range.py``) and answers with P10/P50/P90.
+
 Every field has a default, and each default is an assumption: ``assumptions()`` lists every field with
 its value and its source (the file's ``sources:`` entry for it, else "default: <what the field means>"),
 and ``echo2 plan`` prints that list under its table. The field docstrings below and
@@ -24,6 +27,7 @@ Qwen3-30B-A3B's published config gives 30.5B total and 3.3B active, as its model
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +81,17 @@ class RolloutSpec(_Part):
     """Decode speed of one sequence alone (the tail of a batch): bounded by one forward per token."""
     prompt_tokens: float = Field(200.0, ge=0)
     """Mean prompt tokens per completion (trained on in the forward pass, not generated)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """The completion cap (rollout.max_new_tokens): the longest a completion runs, so the longest a batch lasts;
+    None: ``completion_tokens_p95`` stands in for it, and without either every completion is the mean's length."""
+    at_cap_share: float | None = Field(None, ge=0, lt=1)
+    """Share of completions that run to the cap (the rest: a gamma of shape 2 under it, decode.py); None: 5% when
+    only a p95 is given, else 0."""
+    refill: bool = False
+    """The actor starts a new prompt group as each group finishes (rollout.refill) instead of generating one whole
+    batch, then the next (decode.py: a slot still waits for its group's longest completion)."""
+    decode_speed_factor: float = Field(1.0, gt=0)
+    """The real engine's decode speed over the roofline model's (decode.py); 1: the calibrated model as it is."""
 
 
 class TrainSpec(_Part):
@@ -93,7 +108,11 @@ class TrainSpec(_Part):
     """Q: flow control (rollout.max_pending_batches); None: ceil(R / b)."""
     checkpoint_every: int = Field(5, ge=1)
     """Steps between the learner's periodic checkpoints (train.checkpoint_every): a spot learner reclaimed without
-    a notice loses the steps since the last one (spot_learner.py)."""
+    a notice loses the steps since the last one (spot_learner.py); each checkpoint stops the learner while its
+    fp32 weights and AdamW moments (12 bytes per parameter) are written (run_costs.py)."""
+    signal_share: float = Field(1.0, gt=0, le=1)
+    """Share of groups with a reward signal (not every completion scored alike): echo2 drops the others before the
+    forward pass, so the learner trains on this share of the tokens (the audit still reads every file's)."""
 
 
 class LearnerSpec(_Part):
@@ -109,7 +128,8 @@ class LearnerSpec(_Part):
     region: str | None = None
     """Only this region's offers for the learner; None: any."""
     mfu: float | None = Field(None, gt=0, le=1)
-    """Model FLOPs utilization of the learner step; None: step_time.DEFAULT_MFU (or --mfu-from)."""
+    """Model FLOPs utilization of the learner step; None: step_time.DEFAULT_MFU (25%) for a dense model, MOE_MFU
+    (15%) for a mixture of experts (or --mfu-from)."""
     reclaims_per_hour: float | None = Field(None, ge=0)
     """Reclaims per hour of a spot learner's machine; None: providers.py's spot rate for the spot offer's provider
     (the rate the actors are planned with)."""
@@ -140,6 +160,16 @@ class ActorSpec(_Part):
     """Reclaim to a replacement producing (boot, model load, first weights)."""
     caps: dict[str, int] | None = None
     """Instances per (offer, market) at most, by key (``*``, a provider, an offer name); None: providers.py's."""
+    reclaim_factor: float = Field(1.0, ge=0)
+    """Multiplies every offer's independent reclaim rate (``reclaim_per_hour`` or providers.py's): the range's
+    handle on how wrong the table may be."""
+    burst_per_hour: float | None = Field(None, ge=0)
+    """Correlated reclaims: bursts per hour that take ``burst_share`` of a provider's actors at once; None:
+    providers.py's figure for each provider."""
+    burst_share: float | None = Field(None, ge=0, le=1)
+    """Share of a provider's actors one burst reclaims; None: providers.py's."""
+    spot_price_factor: float = Field(1.0, gt=0)
+    """The actors' price over the catalog snapshot's (spot prices move)."""
 
 
 class NetworkSpec(_Part):
@@ -180,6 +210,31 @@ class Reference(_Part):
     """Where the figures come from."""
 
 
+class InputRange(_Part):
+    """An uncertain input's low and high; its likely value is the field's own (so the plan at the likely values is
+    the plan of the file as written)."""
+
+    low: float
+    """The lowest plausible value."""
+    high: float
+    """The highest plausible value."""
+    source: str = ""
+    """Where the range comes from."""
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low > self.high:
+            raise ValueError(f"needs low <= high (got {self.low}, {self.high})")
+        return self
+
+
+UNCERTAIN = ("learner.mfu", "train.signal_share", "rollout.completion_tokens_mean", "rollout.at_cap_share",
+             "rollout.single_stream_tokens_per_second", "rollout.decode_speed_factor", "network.changed_fraction",
+             "network.store_gbit", "actors.reclaim_factor", "actors.burst_per_hour", "actors.burst_share",
+             "actors.replacement_seconds", "actors.spot_price_factor")
+"""The inputs ``echo2 plan`` draws (``ranges:``): each is a workload field."""
+
+
 class WorkloadFile(_Part):
     """One run to plan (see the module docstring)."""
 
@@ -199,6 +254,9 @@ class WorkloadFile(_Part):
     """Other systems' cost and hours for the same work, shown beside echo2's."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each value comes from, by dotted field name (``rollout.group_size``): shown with the assumptions."""
+    ranges: dict[str, InputRange] = Field(default_factory=dict)
+    """Low and high of an uncertain input (its likely value: the field's), by dotted field name (``UNCERTAIN``):
+    ``echo2 plan`` draws them; an input without one gets run_range.DEFAULT_SPREAD."""
     base_dir: str | None = Field(None, exclude=True)
     """The folder of the file (model.config is relative to it); not a YAML field."""
 
@@ -210,6 +268,9 @@ class WorkloadFile(_Part):
         p95 = self.rollout.completion_tokens_p95
         if p95 is not None and p95 < self.rollout.completion_tokens_mean:
             raise ValueError("rollout.completion_tokens_p95 must be >= completion_tokens_mean")
+        cap = self.rollout.max_new_tokens
+        if cap is not None and cap < self.rollout.completion_tokens_mean:
+            raise ValueError("rollout.max_new_tokens must be >= completion_tokens_mean")
         return self
 
     # -- derived values ------------------------------------------------------------------------------
@@ -217,10 +278,7 @@ class WorkloadFile(_Part):
         """(total, active or None) billions: the fields, else counted from ``model.config``."""
         total, active = self.model.total_params_b, self.model.active_params_b
         if total is None and self.model.config:
-            path = Path(self.model.config)
-            if not path.is_absolute() and self.base_dir:
-                path = Path(self.base_dir) / path
-            counted_total, counted_active = params_from_config(path)
+            counted_total, counted_active = params_from_config(self.config_path())
             total = counted_total
             active = active if active is not None else (counted_active if counted_active < counted_total else None)
         if total is None:
@@ -229,6 +287,21 @@ class WorkloadFile(_Part):
             raise Echo2InputError(f"workload {self.name}: model.active_params_b {active:g} > total {total:g}")
         return total, active
 
+    def config_path(self) -> Path | None:
+        """``model.config`` on disk: relative to the workload file; where that is not a file (a shipped workload in an
+        installed wheel, whose ``../../echo2/bench/...`` leads nowhere), the file of that name among echo2's shipped
+        model configs (``echo2/bench/learner_configs``)."""
+        if not self.model.config:
+            return None
+        path = Path(self.model.config)
+        if not path.is_absolute() and self.base_dir:
+            path = Path(self.base_dir) / path
+        if not path.is_file():
+            shipped_config = Path(str(files("echo2.bench.learner_configs").joinpath(path.name)))
+            if shipped_config.is_file():
+                return shipped_config
+        return path
+
     def steps(self) -> int | None:
         """Learner steps of the run (data.steps, else ceil(prompts x epochs / R)); None when unknown."""
         if self.data.steps is not None:
@@ -236,6 +309,13 @@ class WorkloadFile(_Part):
         if self.data.prompts is None:
             return None
         return max(1, -(-round(self.data.prompts * self.data.epochs) // self.rollout.groups_per_step))
+
+    def length_cap(self) -> tuple[float | None, float]:
+        """(cap, share at the cap) of the completion lengths (``rollout.max_new_tokens`` / ``at_cap_share``)."""
+        r = self.rollout
+        cap = r.max_new_tokens if r.max_new_tokens is not None else r.completion_tokens_p95
+        share = r.at_cap_share if r.at_cap_share is not None else (0.05 if r.max_new_tokens is None and cap else 0.0)
+        return (float(cap) if cap is not None else None), share
 
     def completion_tokens_per_step(self) -> float:
         r = self.rollout
@@ -327,6 +407,10 @@ def parse_workload(data: dict, *, where: str = "workload", base_dir: str | None 
     unknown = [k for k in workload.sources if not _is_field(k)]
     if unknown:
         raise Echo2InputError(f"{where}: sources name unknown field(s) {', '.join(sorted(unknown))}")
+    unknown = [k for k in workload.ranges if k not in UNCERTAIN]
+    if unknown:
+        raise Echo2InputError(f"{where}: ranges name input(s) the plan does not draw: {', '.join(sorted(unknown))} "
+                              f"(it draws {', '.join(UNCERTAIN)})")
     workload.params_b()  # a model is required: say so now
     return workload
 
