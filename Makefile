@@ -22,7 +22,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK ?= 1
 BENCHMARKS := broadcast
 # sparse delta vs full bf16 versions of a real 6-step quickstart run, then relayed to 8 receivers
 BENCHMARKS += broadcast-delta
-# issue 22's four wide-area scenarios side by side (RTT, mixed uplinks, churn, today's rows), each beside its target
+# the four wide-area scenarios side by side (RTT, mixed uplinks, churn, today's rows), each beside its target
 BENCHMARKS += broadcast-wan
 BENCHMARKS += overlap
 # rollout throughput with rollout.refill against batch by batch on mixed completion lengths (about a minute)

@@ -98,7 +98,7 @@ def evaluate(run: LearnerRun, label: str) -> dict:
     return run.evaluate(label)
 
 
-# No Prefect retries here, or on any task of this flow (issue 18, item 11: one layer owns retries). A store
+# No Prefect retries here, or on any task of this flow (one layer owns retries). A store
 # error that reaches this task has already been retried by the store itself for store.retry_s
 # (echo2/data/fsspec_store.py, the single owner: botocore and s3fs are told not to retry); retrying the
 # task on top ran that whole window again, three more times, so a dead store took 4 x retry_s (8 minutes)

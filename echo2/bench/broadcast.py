@@ -165,7 +165,7 @@ class Node:
 
 
 def rotating_chain(ids: list[str], version: int = 1) -> dict[str, list[str]]:
-    """Today's plan before issue 22, frozen here: peers in sha256(version:id) order, a chain (fan-out 1, one
+    """The plan before the rated forest, frozen here: peers in sha256(version:id) order, a chain (fan-out 1, one
     root), no rates. actor -> its sources, parent first."""
     ordered = sorted(ids, key=lambda p: hashlib.sha256(f"{version}:{p}".encode()).hexdigest())
     out = {}
@@ -400,7 +400,7 @@ def run_broadcast_bench(receivers: int, size_mb: float, link_mbit: float, *, chu
 def run_wan_targets(*, size_mb: float = 64.0, base_size_mb: float = 256.0, chunk_mb: float = 1.0,
                     small_chunk_mb: float | None = None, shaped: bool | None = None,
                     progress=lambda line: None) -> dict:
-    """The four scenarios of issue 22 in one run, each beside its target (``echo2 bench broadcast --wan``):
+    """The four wide-area scenarios in one run, each beside its target (``echo2 bench broadcast --wan``):
     A: ``size_mb`` to 8 receivers at 200 Mbit/s, 80 ms RTT (and store-only), and again with chunks of
     ``small_chunk_mb`` (relay only: smaller pieces per hop, ``scenarios["A_small"]``; default: the chunks the
     learner cuts a version of ``size_mb`` into, ``BroadcastConfig.chunk_bytes``, 0.25 MB for 64 MB), which is the

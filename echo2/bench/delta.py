@@ -17,7 +17,7 @@ next to a full bf16 version, on consecutive versions of a real short training ru
    Each delta receiver also applies what it got to its own copy of the base and checks every
    tensor's sha256. Full and delta in one run, side by side.
 
-Targets (issue 13): delta bytes <= 5% of the full bf16 version on average; relay time of a delta
+Targets: delta bytes <= 5% of the full bf16 version on average; relay time of a delta
 to 8 receivers <= 0.1x the full version's; encode + apply <= 10% of a learner step; every version
 rebuilt bit-exact.
 """

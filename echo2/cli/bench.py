@@ -33,7 +33,7 @@ def bench_broadcast(
     churn: float = typer.Option(0.0, "--churn", help="Share of receivers killed mid-version (each when half the "
                                 "version is in it), as many joining: a further run beside the one without."),
     store_only: bool = typer.Option(True, "--store-only/--no-store-only", help="Also every receiver from the store."),
-    wan_targets: bool = typer.Option(False, "--wan", help="Issue 22's four scenarios side by side, each beside its "
+    wan_targets: bool = typer.Option(False, "--wan", help="The four wide-area scenarios side by side, each beside its "
                                      "target (--size-mb for A-C, default 64; today's rows at 256 MB)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (one object per receiver count)."),
     delta: bool = typer.Option(False, "--delta", help="Sparse delta vs full bf16 versions of a real quickstart run: "
@@ -120,7 +120,7 @@ def _bench_wan(*, size_mb: float, chunk_mb: float, shaped: bool, as_json: bool) 
         for r in rows:
             table.add_row(*_row(r, tls=False, wide=wide, churn=churn, store_only=store_only))
         console.print(table)
-    table = Table(title="issue 22 targets, as measured in this run")
+    table = Table(title="wide-area targets, as measured in this run")
     for col in ["scenario", "measure", "measured", "target", "met"]:
         table.add_column(col, justify="right")
     for c in result["checks"]:

@@ -98,7 +98,7 @@ class FleetConfigBase(_Section):
     """On ``--resume``, the new learner adopts the run's actors that are still running (the ledger's launches
     that never ended, reached through the backend: a live local process of this run and actor, an UP SkyPilot
     cluster) instead of stopping them and launching new ones (``echo2/fleet/adoption.py``); those it cannot
-    reach are stopped and replaced as before. False: stop them all (the behaviour before issue 23)."""
+    reach are stopped and replaced as before. False: stop them all (the behaviour before adoption)."""
     extra_packages: list[str] = Field(default_factory=list)
     """Packages every actor needs beside echo2, such as the one holding a ``plugin`` task or a ``reward_fn``
     function: local paths (a project folder with ``pyproject.toml`` or ``setup.py``, or a ``.whl`` / ``.tar.gz``;

@@ -1,4 +1,4 @@
-"""Adoption: a resumed learner takes over the run's actors that are still running (issue 23).
+"""Adoption: a resumed learner takes over the run's actors that are still running.
 
 A learner on a spot machine can be reclaimed; its actors keep their weights, stop at the backlog bound, keep
 their relay up and wait (``fleet.learner_silence_s`` is how long), and the learner relaunched with ``--resume``

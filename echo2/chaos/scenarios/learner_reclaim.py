@@ -1,4 +1,4 @@
-"""Chaos scenario ``learner-reclaim`` (issue 23): the learner itself on a spot machine, reclaimed twice.
+"""Chaos scenario ``learner-reclaim``: the learner itself on a spot machine, reclaimed twice.
 
     1. a ``train.market: spot`` run starts (real ``echo2 run``, tiny model, local actors in sessions of their own)
     2. with a notice: SIGTERM to the learner (the spot notice), SIGKILL of its whole process group (the learner,
