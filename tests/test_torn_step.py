@@ -118,3 +118,25 @@ def test_an_error_inside_the_optimizer_update_leaves_the_last_checkpoint_standin
     assert run.step == 1 and run.learner.torn
     with pytest.raises(RuntimeError, match="torn"):
         run.checkpoint()
+
+
+def test_a_step_abandoned_at_a_safe_point_leaves_no_gradient(tmp_path, monkeypatch, tiny_model):
+    """A step abandoned before its update drops its gradients. Before, they stayed; an optimizer with no state yet
+    then saved none on that rank while a rank without gradients saved zero moments (DCP's get_state_dict), and a
+    two-rank checkpoint after Ctrl-C failed ("Failed to validate global plan")."""
+    run = _run(tmp_path, monkeypatch, tiny_model)
+    learner = run.learner
+    calls = []
+
+    def abandon_at_the_second():
+        calls.append(1)
+        if len(calls) == 2:  # the first pack's backward is done: gradients exist
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(learner, "_safe_point", abandon_at_the_second)
+    monkeypatch.setattr(learner, "_pack_budget", lambda total: 1)  # one row a pack: several safe points
+    with pytest.raises(KeyboardInterrupt):
+        learner.train_step([decode_rollouts(rollout_bytes(0))])
+    assert len(calls) == 2 and not learner.optimizer.state and learner.version == 0
+    assert all(p.grad is None for p in learner.model.parameters())
+    run.sink.close()

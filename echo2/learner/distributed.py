@@ -209,8 +209,7 @@ class DistributedLearner(Learner):
     def _op_step(self, columns: StepColumns) -> dict | None:
         try:
             return self.step_on_columns(columns)
-        except _StepAbandoned:  # a follower: rank 0's handler abandoned the step at a safe point
-            self.optimizer.zero_grad(set_to_none=True)
+        except _StepAbandoned:  # a follower: rank 0's handler abandoned the step at a safe point (gradients dropped)
             return None
 
     def _safe_point(self) -> None:

@@ -263,7 +263,17 @@ class Learner:
         """One optimizer step on the rows of a step's rollout files (``columns.step_columns``, on the CPU); signals
         reach their handlers only at the step's safe points or after it (see the module docstring)."""
         with signals_deferred():
-            return self._step_on_columns(columns)
+            try:
+                return self._step_on_columns(columns)
+            except BaseException:
+                if not self.torn:  # abandoned before its update: it leaves no gradient behind (see below)
+                    self.optimizer.zero_grad(set_to_none=True)
+                raise
+
+    # Why an abandoned step drops its gradients on every rank: a checkpoint's optimizer state is gathered by DCP's
+    # get_state_dict, which gives an optimizer that has no state yet (no step with a signal so far) zero moments, but
+    # only on a rank that holds no gradient; a rank left with the abandoned step's gradients would save none, and
+    # the ranks' plans would not fit together (DCP: "Failed to validate global plan").
 
     def _safe_point(self) -> None:
         """Where a step may be abandoned: no weight or moment has changed yet. A handler that abandons it raises."""
