@@ -121,7 +121,8 @@ def flood(run_dir: Path, files: int, folders: int = 100) -> list[str]:
     return keys
 
 
-def _ledger(run_dir: Path) -> dict[str, tuple[str, str]]:
+def ledger_outcomes(run_dir: Path) -> dict[str, tuple[str, str]]:
+    """key -> (used | dropped | quarantined, reason) from every ledger entry of a run folder."""
     out: dict[str, tuple[str, str]] = {}
     for path in sorted((run_dir / "ledger" / "consumed").glob("*.json")):
         record = json.loads(path.read_text() or "{}")
@@ -153,7 +154,7 @@ def first_collection_s(run_dir: Path) -> tuple[float | None, int | None]:
 
 def judge(attacker: ResumeAttacker, flooded: list[str], run_dir: Path) -> dict[str, tuple[bool, str]]:
     """Per kind: (detected by its own evidence, the evidence)."""
-    ledger, bans = _ledger(run_dir), _bans(run_dir)
+    ledger, bans = ledger_outcomes(run_dir), _bans(run_dir)
     copies = attacker.keys["duplicate-padding"][1:]
     seen = [ledger.get(k, ("not judged", "")) for k in copies]
     padded = bool(copies) and (all(s == "dropped" and _COPY.search(r) for s, r in seen)

@@ -296,12 +296,7 @@ def _ledger(run_dir: Path) -> dict[str, tuple[str, str]]:
     for path in (run_dir / "quarantine").rglob("*.json"):
         record = json.loads(path.read_text() or "{}")
         out[record.get("key", "")] = ("quarantined", record.get("reason", ""))
-    for path in sorted((run_dir / "ledger" / "consumed").glob("*.json")):
-        record = json.loads(path.read_text() or "{}")
-        for status in ("used", "dropped", "quarantined"):
-            for item in record.get(status, []):
-                out[item["key"]] = (status, item.get("reason", ""))
-    return out
+    return {**out, **store_junk.ledger_outcomes(run_dir)}
 
 
 def _used_after(run_dir: Path, after_step: int, until: int) -> dict[str, int]:

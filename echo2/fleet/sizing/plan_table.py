@@ -9,6 +9,21 @@ def _gb(b: float) -> str:
     return f"{b / 1e9:.2f} GB"
 
 
+def fleet_table(title: str, fleet: list[dict]):
+    """The fleet a plan buys, one row per offer (``echo2 plan``'s point and range both print it)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("count", "offer", "GPUs", "market", "$/h each", "$/h", "tok/s each", "available"):
+        table.add_column(col, justify="left" if col == "offer" else "right")
+    for row in fleet:
+        o = row["offer"]
+        table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", row["market"],
+                      f"{row['usd_per_hour_each']:.4f}", f"{row['usd_per_hour']:.4f}",
+                      f"{row['tokens_per_second_each']:.0f}", f"{row['availability']:.3f}")
+    return table
+
+
 def print_plan(out: dict) -> None:
     """The plan as rich tables (``echo2 plan`` without --json)."""
     from rich.console import Console
@@ -29,16 +44,9 @@ def print_plan(out: dict) -> None:
     if "fleet" not in out:
         return
     w = out["workload"]
-    table = Table(title=f"{out['workload_name']}: cheapest actor fleet ({out['prices']}) at S={w['staleness']} for "
-                        f"{out['target_utilization']:.0%} learner utilization")
-    for col in ("count", "offer", "GPUs", "market", "$/h each", "$/h", "tok/s each", "available"):
-        table.add_column(col, justify="left" if col == "offer" else "right")
-    for row in out["fleet"]:
-        o = row["offer"]
-        table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", row["market"],
-                      f"{row['usd_per_hour_each']:.4f}", f"{row['usd_per_hour']:.4f}",
-                      f"{row['tokens_per_second_each']:.0f}", f"{row['availability']:.3f}")
-    console.print(table)
+    console.print(fleet_table(f"{out['workload_name']}: cheapest actor fleet ({out['prices']}) at "
+                              f"S={w['staleness']} for {out['target_utilization']:.0%} learner utilization",
+                              out["fleet"]))
     step, v = out["learner_step"], out["versions"]
     how = (f"FLOP model: {step['flops_per_step']:.3g} FLOP over {step['peak_tflops']:g} TFLOP/s x GPUs x MFU "
            f"{step['mfu']:.0%}" if step.get("from") == "FLOP model" else "given")

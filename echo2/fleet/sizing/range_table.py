@@ -15,6 +15,8 @@ def print_range(out: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from echo2.fleet.sizing.plan_table import fleet_table
+
     console = Console(width=max(120, Console().width))
     r = out["range"]
     if out.get("description"):
@@ -33,16 +35,8 @@ def print_range(out: dict) -> None:
         console.print(f"{ref['name']}: ${ref['usd']:,.0f} in {ref['hours']:g} h -- dollars "
                       f"{'inside' if inside[0] else 'outside'} P10-P90, hours {'inside' if inside[1] else 'outside'}")
     extra = f", with {r['extra_workers']} extra for the 95% reliability rule" if r["extra_workers"] else ""
-    table = Table(title=f"the fleet bought (planned at the likely inputs, S={out['staleness']}, "
-                        f"{out['target_utilization']:.0%} learner utilization{extra})")
-    for col in ("count", "offer", "GPUs", "market", "$/h each", "$/h", "tok/s each", "available"):
-        table.add_column(col, justify="left" if col == "offer" else "right")
-    for row in r["fleet"]:
-        o = row["offer"]
-        table.add_row(str(row["count"]), o["name"], f"{o['gpu']} x{o['gpu_count']}", row["market"],
-                      f"{row['usd_per_hour_each']:.4f}", f"{row['usd_per_hour']:.4f}",
-                      f"{row['tokens_per_second_each']:.0f}", f"{row['availability']:.3f}")
-    console.print(table)
+    console.print(fleet_table(f"the fleet bought (planned at the likely inputs, S={out['staleness']}, "
+                              f"{out['target_utilization']:.0%} learner utilization{extra})", r["fleet"]))
     learner = out["learner"]
     needs = learner["needs"]
     console.print(f"learner: {learner['offer']['name']} ({learner['market']}) ${learner['usd_per_hour']:.2f}/h; its "
