@@ -93,6 +93,38 @@ def test_reduction_keeps_an_optimum_on_a_mid_size_instance():
             assert got.types_searched <= len(cands)
 
 
+def test_cover_search_with_two_covers_and_a_check_matches_brute_force():
+    """The search's general form (several covers, an ``accept`` check on each covering fleet, a budget), which
+    activation's one cover does not exercise, against every count vector."""
+    rng = random.Random(11)
+    feasible = 0
+    for _ in range(60):
+        n = 3
+        prices = [round(rng.uniform(0.1, 3), 2) for _ in range(n)]
+        covers = [([rng.uniform(0, 3) for _ in range(n)], rng.uniform(1, 6)) for _ in range(2)]
+        caps = [rng.randint(1, 4) for _ in range(n)]
+        budget = rng.choice([None, rng.uniform(2, 10)])
+        veto = rng.randint(0, 7)
+
+        def accept(counts):  # refuses some covering fleets, as the capacity model's check may
+            return None if sum(counts) % 8 == veto else tuple(counts)
+
+        best = None
+        for counts in itertools.product(*(range(c + 1) for c in caps)):
+            cost = sum(p * c for p, c in zip(prices, counts))
+            covered = all(sum(g * c for g, c in zip(gains, counts)) >= need for gains, need in covers)
+            if covered and (budget is None or cost <= budget + 1e-9) and accept(counts) is not None \
+                    and (best is None or cost < best - 1e-9):
+                best = cost
+        found = cover_search(prices, covers, caps, budget=budget, accept=accept)
+        assert (found is None) == (best is None), (prices, covers, caps, budget, veto)
+        if found is not None:
+            feasible += 1
+            counts, cost, accepted, cut = found
+            assert cost == pytest.approx(best) and not cut and accepted == tuple(counts)
+    assert feasible >= 15  # the instances are not all trivially infeasible
+
+
 def test_expected_throughput_over_provisions_for_each_offers_reclaim_rate():
     # one reclaim an hour, an hour out each time: up half the time
     flaky = _cand(0, 1.0, 10.0, 10, reclaim=1.0)
@@ -155,7 +187,7 @@ def test_candidates_come_from_offers_profiles_and_the_model_size():
     small = candidates(offers, profiles, 1.0)
     assert sorted((c.offer.instance_type, c.market) for c in small) == [
         ("big", "on-demand"), ("small", "on-demand"), ("small", "spot")]
-    # a capacity-model target: groups/s of the workload, upload included as in plan.WorkerType
+    # a capacity-model target: groups/s of the workload, upload included as in reclaim_simulation.WorkerType
     w = Workload(train_seconds=10, groups_per_step=8, groups_per_batch=2, staleness=2, upload_seconds=1.0)
     [c] = candidates(offers[1:2], profiles, 1.0, unit="groups/s", workload=w, batch_tokens=2000.0)
     assert c.throughput == pytest.approx(2 / (2000.0 / 2000.0 + 1.0))

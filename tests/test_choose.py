@@ -243,8 +243,9 @@ def test_echo2_plan_and_the_runs_first_launches_buy_the_same_fleet(tmp_path, mon
     workload = tmp_path / "workload.yaml"
     workload.write_text(
         "name: same-inputs\nmodel: {total_params_b: 1.5}\ndata: {prompts: 6400, epochs: 1}\n"
-        "rollout: {group_size: 8, groups_per_step: 64, groups_per_batch: 4, completion_tokens_mean: 512}\n"
-        "train: {staleness: 2, train_seconds: 20}\nlearner: {gpu: H100, gpus: 8, market: on-demand}\n"
+        "rollout: {group_size: 8, groups_per_batch: 4, completion_tokens_mean: 512}\n"
+        "train: {groups_per_step: 64, staleness: 2, train_seconds: 20}\n"
+        "learner: {gpu: H100, gpus: 8, market: on-demand}\n"
         "actors: {market: spot, gpus: [L4, A10G]}\nnetwork: {dissemination_seconds: 2.0}\n")
     cli = subprocess.run([sys.executable, "-m", "echo2.cli", "plan", "--workload", str(workload), "--catalog",
                           str(catalog), "--point", "--json"], capture_output=True, text=True, cwd=REPO, timeout=300)

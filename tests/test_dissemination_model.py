@@ -1,4 +1,4 @@
-"""The dissemination model (echo2/fleet/sizing/dissemination.py): version bytes as echo2 publishes them, checked by
+"""The dissemination model (echo2/fleet/planner/dissemination.py): version bytes as echo2 publishes them, checked by
 hand, against the deltas measured on the quickstart run and against echo2's own delta encoder; D through the relay
 forest, checked by hand and against `echo2 bench broadcast`'s measurements; `--from-run`."""
 
@@ -14,7 +14,7 @@ from safetensors.torch import load as st_load
 
 from echo2.data.delta import encode_delta
 from echo2.errors import Echo2InputError
-from echo2.fleet.sizing.dissemination import (
+from echo2.fleet.planner.dissemination import (
     DEFAULT_CHANGED_FRACTION,
     DEFAULT_CHANGED_FRACTION_SOURCE,
     changed_fraction_from_run,
@@ -182,7 +182,7 @@ def test_changed_fraction_from_a_run_without_deltas(tmp_path):
 def test_the_models_chunk_defaults_are_the_configs():
     """The planner's model cuts a version as the publisher does: the same defaults, the same rule."""
     from echo2.config import BroadcastConfig
-    from echo2.fleet.sizing import dissemination
+    from echo2.fleet.planner import dissemination
 
     config = BroadcastConfig()
     assert (dissemination.DEFAULT_CHUNK_MB, dissemination.DEFAULT_MIN_CHUNKS, dissemination.DEFAULT_MIN_CHUNK_MB) == (

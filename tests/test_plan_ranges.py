@@ -11,12 +11,12 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner import decode, learner_memory, run_costs
+from echo2.fleet.planner.actor_speed import gpu_of
+from echo2.fleet.planner.run_plan import learner_offer, plan_run
+from echo2.fleet.planner.run_range import DEFAULT_SPREAD, plan_range
+from echo2.fleet.planner.workload_file import UNCERTAIN, WORKLOADS, load_workload, parse_workload
 from echo2.fleet.prices.catalog import Offer, load_catalog, load_profiles
-from echo2.fleet.sizing import decode, learner_memory, run_costs
-from echo2.fleet.sizing.actor_speed import gpu_of
-from echo2.fleet.sizing.run_plan import learner_offer, plan_run
-from echo2.fleet.sizing.run_range import DEFAULT_SPREAD, plan_range
-from echo2.fleet.sizing.workload_file import UNCERTAIN, WORKLOADS, load_workload, parse_workload
 
 CONFIGS = REPO / "echo2" / "bench" / "learner_configs"
 

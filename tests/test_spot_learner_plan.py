@@ -1,4 +1,4 @@
-"""A spot learner priced against an on-demand one (echo2/fleet/sizing/spot_learner.py, through run_plan and
+"""A spot learner priced against an on-demand one (echo2/fleet/planner/spot_learner.py, through run_plan and
 `echo2 plan`): the arithmetic by hand, the lost-work expectation against a direct count, the break-even rate, and
 the paper's workload end to end."""
 
@@ -12,10 +12,10 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner import spot_learner
+from echo2.fleet.planner.run_plan import plan_run
+from echo2.fleet.planner.workload_file import load_workload, parse_workload
 from echo2.fleet.prices.catalog import load_catalog, load_profiles
-from echo2.fleet.sizing import spot_learner
-from echo2.fleet.sizing.run_plan import plan_run
-from echo2.fleet.sizing.workload_file import load_workload, parse_workload
 
 BASE = dict(hours=10.0, step_seconds=600.0, spot_usd_per_hour=4.0, on_demand_usd_per_hour=10.0,
             actors_usd_per_hour=5.0, traffic_usd=10.0, reclaims_per_hour=0.1, recovery_seconds=600.0,

@@ -1,4 +1,4 @@
-"""The traffic model (echo2/fleet/sizing/traffic.py) and the transfer prices (echo2/fleet/providers.py): what one
+"""The traffic model (echo2/fleet/planner/traffic.py) and the transfer prices (echo2/fleet/providers.py): what one
 version costs to move with and without the relay, checked by hand; the relay reads the store once per region and
 is cheaper whenever actors sit outside the store's region."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner.traffic import traffic_per_run, traffic_per_version
 from echo2.fleet.providers import PROVIDERS, facts, transfer_usd_per_gb
-from echo2.fleet.sizing.traffic import traffic_per_run, traffic_per_version
 
 STORE = ("aws", "us-east-1")
 GB = 1e9
@@ -108,7 +108,7 @@ def test_bad_input(args):
 
 def test_bench_cost_prices_each_fleets_traffic():
     from echo2.bench.cost import run_cost_bench
-    from echo2.fleet.sizing.dissemination import version_bytes
+    from echo2.fleet.planner.dissemination import version_bytes
 
     result = run_cost_bench(rollouts_per_second=128, store="gcp:us-central1", run_versions=500, run_hours=5)
     tr = result["traffic"]

@@ -44,15 +44,15 @@ import time  # noqa: E402
 
 from conftest import REPO  # noqa: E402
 
-from echo2.fleet.prices.catalog import load_catalog  # noqa: E402
-from echo2.fleet.sizing import step_time  # noqa: E402
-from echo2.fleet.sizing.run_plan import plan_run  # noqa: E402
-from echo2.fleet.sizing.workload_file import (  # noqa: E402
+from echo2.fleet.planner import step_time  # noqa: E402
+from echo2.fleet.planner.run_plan import plan_run  # noqa: E402
+from echo2.fleet.planner.workload_file import (  # noqa: E402
     from_flags,
     load_workload,
-    params_from_config,
     parse_workload,
 )
+from echo2.fleet.prices.catalog import load_catalog  # noqa: E402
+from echo2.models import params_from_config  # noqa: E402
 
 CONFIGS = REPO / "echo2" / "bench" / "learner_configs"
 JSON_KEYS = ("hours", "usd_total", "usd_learner", "usd_actors", "usd_traffic", "fleet", "utilization", "assumptions")
@@ -112,6 +112,21 @@ def test_parameters_counted_from_a_model_config():
     assert total == pytest.approx(30.5, abs=0.1) and active == pytest.approx(3.3, abs=0.1)  # the model card's
     total, active = params_from_config(CONFIGS / "qwen3-1.7b.json")
     assert total == active and total == pytest.approx(1.7, abs=0.1)  # dense (tied embeddings counted once)
+
+
+@pytest.mark.parametrize("old, new", [("rollout.groups_per_step", "train.groups_per_step"),
+                                      ("train.max_pending_batches", "rollout.max_pending_batches"),
+                                      ("data.steps", "train.max_steps"),
+                                      ("network.keyframe_every", "train.keyframe_every")])
+def test_fields_renamed_to_the_run_configs_names_say_where_they_went(old, new):
+    """A workload field that means a run-config field has that field's name and section; the old one is one line."""
+    section, field = old.split(".")
+    for data in ({section: {field: 4}}, {"sources": {old: "x"}}):
+        with pytest.raises(Echo2InputError, match=rf"^workload: {old} is now {new}, the run config's name"):
+            parse_workload({"model": {"total_params_b": 1}, **data})
+    new_section, new_field = new.split(".")
+    wf = parse_workload({"model": {"total_params_b": 1}, new_section: {new_field: 4}, "sources": {new: "x"}})
+    assert getattr(getattr(wf, new_section), new_field) == 4
 
 
 def test_workload_file_errors_are_one_line_naming_the_field(tmp_path):
@@ -231,11 +246,11 @@ def test_cli_workload_json_and_table(preset):
 
 def test_plan_buys_what_choose_fleet_buys(offers, profiles):
     """One chooser: with no batch tail, the plan's fleet is choose_fleet's for the same capacity workload."""
+    from echo2.fleet.planner.run_plan import capacity_workload
     from echo2.fleet.sizing.choose import choose_fleet
-    from echo2.fleet.sizing.run_plan import capacity_workload
 
-    wf = from_flags(model={"total_params_b": 7.0}, train={"staleness": 4, "train_seconds": 60.0},
-                    network={"dissemination_seconds": 30.0}, data={"steps": 100})
+    wf = from_flags(model={"total_params_b": 7.0}, train={"staleness": 4, "train_seconds": 60.0, "max_steps": 100},
+                    network={"dissemination_seconds": 30.0})
     out = plan_run(wf, offers, profiles)
     direct = choose_fleet(capacity_workload(wf, 60.0, 30.0), offers, profiles, model_params_b=7.0,
                           batch_tokens=8 * 8 * 512)
@@ -247,7 +262,7 @@ def test_plan_buys_what_choose_fleet_buys(offers, profiles):
 
 
 def test_every_field_is_documented_in_the_readme():
-    from echo2.fleet.sizing.workload_file import WORKLOADS, WorkloadFile, _Part
+    from echo2.fleet.planner.workload_file import WORKLOADS, WorkloadFile, _Part
 
     readme = (WORKLOADS / "README.md").read_text()
     for section, info in WorkloadFile.model_fields.items():

@@ -20,9 +20,9 @@ can be read against any single type, not only the cheapest. Pure computation: no
 Traffic (the issue-21 column): what getting every policy version to each fleet costs over a run of
 ``run_versions`` versions (``RUN_VERSIONS``, over ``run_hours`` for the GPU dollars beside it), with the relay
 and region-aware roots (one actor per provider and region reads the store, the rest read from peers there)
-against every actor reading the store (``fleet/sizing/traffic.py``). A version weighs the mean of a keyframe
+against every actor reading the store (``fleet/planner/traffic.py``). A version weighs the mean of a keyframe
 every ``keyframe_every`` versions and sparse deltas at ``changed_fraction`` of a bf16 model of
-``model_params_b`` (``fleet/sizing/dissemination.py``); the store sits at ``store`` (provider, region); each
+``model_params_b`` (``fleet/planner/dissemination.py``); the store sits at ``store`` (provider, region); each
 instance is one actor and holds one copy of the weights.
 """
 
@@ -31,6 +31,13 @@ from __future__ import annotations
 import time
 
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner.dissemination import (
+    DEFAULT_CHANGED_FRACTION,
+    DEFAULT_CHANGED_FRACTION_SOURCE,
+    DEFAULT_KEYFRAME_EVERY,
+    version_bytes,
+)
+from echo2.fleet.planner.traffic import traffic_per_run
 from echo2.fleet.prices import make_price_source
 from echo2.fleet.prices.catalog import DEFAULT_PROFILES, load_profiles
 from echo2.fleet.sizing.activation import (
@@ -44,14 +51,7 @@ from echo2.fleet.sizing.activation import (
     candidates,
     parse_overrides,
 )
-from echo2.fleet.sizing.dissemination import (
-    DEFAULT_CHANGED_FRACTION,
-    DEFAULT_CHANGED_FRACTION_SOURCE,
-    DEFAULT_KEYFRAME_EVERY,
-    version_bytes,
-)
 from echo2.fleet.sizing.measured import measure_run, with_measurements
-from echo2.fleet.sizing.traffic import traffic_per_run
 
 SWEEP = (8.0, 32.0, 128.0, 512.0, 1024.0)
 """Rollouts/s the table also shows (``--sweep``): from a few GPUs' worth to more than marketplaces offer."""

@@ -1,12 +1,14 @@
 """Control plane: how many actors a run needs and of which kind, the actors' lifecycle, and every dollar
 (docs/fleet.md).
 
-    sizing/                  how many actors of which kind: the overlap model (capacity.py: the throughput
-                             that keeps the learner busy, the smallest staleness; fit.py fits it to a run),
-                             the cheapest fleet for it (plan.py for ``echo2 plan``; activation.py, the cost-
-                             aware chooser the live fleet buys with; cover.py, the covering search both use),
-                             measured.py (worker speeds earlier runs measured), autosize.py
-                             (``fleet.actors: auto``), plan_table.py (``echo2 plan``'s tables)
+    sizing/                  how many actors of which kind the live fleet buys: the overlap model (capacity.py),
+                             fitted to a run (fit.py, measured.py), cost-aware activation (activation.py, on
+                             cover.py's search), choose.py (what both the live fleet and ``echo2 plan`` buy:
+                             sizing/__init__.py), ``fleet.actors: auto`` (autosize.py)
+    planner/                 ``echo2 plan``, offline: a whole run's fleet, hours and dollars from a workload file
+                             (workload_file.py, run_plan.py, run_range.py: P10/P50/P90) and the models under it
+                             (step time, dissemination, traffic, decode speed, learner memory, reclaims, a spot
+                             learner, run costs), its tables and notes
     prices/                  what offers cost: catalog.py (the dated catalog and worker profiles shipped in
                              ``infra/``), ``base.py`` (``PriceSource``), one source per file (snapshot, aws,
                              skypilot), ``make_price_source`` (``fleet.prices``), table.py (``echo2 prices``)
@@ -20,6 +22,8 @@
                              offer, reclaim detector, egress price, each with its source
     manager.py               the fleet manager: desired against actual for every backend (launch, replace,
                              expel, budget), every event with its offer and price in the ledger
+    slots.py                 a slot of the fleet: one actor at a time, the crashes that count against it, the
+                             slots a resume adopts
     costs.py                 every cost figure of a run, from its ledger (``echo2 report``)
     credentials.py           scoped, expiring store credentials for one remote actor
 

@@ -45,7 +45,7 @@ class Offer:
     spot_usd_per_hour: float | None
     host_memory_gib: float | None = None
     """The instance's host RAM (the catalog's ``memory_gib``); None: unknown. The learner's ranks need it
-    (``sizing/learner_memory.py``)."""
+    (``planner/learner_memory.py``)."""
 
     def price(self, spot: bool) -> float | None:
         """USD per instance-hour at the spot or the on-demand price (None where the catalog has none)."""
@@ -149,7 +149,7 @@ class Profile:
     file's ``moe.bytes_factor``; see ``speed``)."""
     memory_bandwidth_tb_s: float | None = None
     """The GPU's memory bandwidth (the profile file's ``memory_bandwidth_tb_s``): the decode model's
-    roofline (``sizing/decode.py``); None: that GPU is planned with ``speed`` alone."""
+    roofline (``planner/decode.py``); None: that GPU is planned with ``speed`` alone."""
 
     def dense_speed(self, model_params_b: float) -> float:
         """Tokens/s per GPU for a dense model of ``model_params_b`` billion parameters: a listed size
@@ -195,7 +195,7 @@ class Profile:
 
 def read_yaml(path: Path, what: str) -> object:
     """The YAML document at ``path``, or one ``Echo2InputError`` line naming ``what`` and the path (worker
-    profiles here, workload files in ``sizing/workload_file.py``)."""
+    profiles here, workload files in ``planner/workload_file.py``)."""
     try:
         return yaml.safe_load(path.read_text())
     except OSError as exc:

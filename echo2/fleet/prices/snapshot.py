@@ -1,4 +1,4 @@
-"""The snapshot price source: the dated catalog shipped under ``infra/prices/``, read by ``prices.py``.
+"""The snapshot price source: the dated catalog shipped under ``infra/prices/``, read by ``catalog.py``.
 
 The default, and the only source that works offline and gives the same answer every time.
 """

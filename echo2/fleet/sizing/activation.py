@@ -1,12 +1,12 @@
 """Cost-aware activation: the cheapest set of offers whose expected rollout throughput meets a target.
 
-Candidates. Every offer of a price source (``price_sources/``) is a candidate once per market
+Candidates. Every offer of a price source (``prices/``) is a candidate once per market
 it is quoted in: (provider, instance type, region, spot or on-demand). Its throughput when up,
 ``x``, is its GPUs' profiled speed (``prices.Profile.speed`` at the model size, log-log
 interpolated between profiled sizes; ``measured.with_measurements`` puts measured figures in
 first) times its GPU count -- in tokens/s, or, for a capacity-model target, in groups/s
-``b / (batch_tokens / tokens_per_second + U)`` (``plan.WorkerType.groups_per_second``). Offers
-whose model does not fit one GPU (``prices.fits``) or whose GPU nobody profiled are left out.
+``b / (batch_tokens / tokens_per_second + U)`` (as ``planner/reclaim_simulation.WorkerType.groups_per_second``
+has it). Offers whose model does not fit one GPU (``prices.fits``) or whose GPU nobody profiled are left out.
 
 Reclaims. An instance reclaimed ``r`` times an hour, each time out of work for ``t`` seconds
 (``recovery_seconds``: a replacement's boot, environment, model load and first weights, plus the
@@ -35,8 +35,8 @@ Algorithm (exact):
    regions, sizes of one GPU) become one type with a convex cost: its N instances are the N
    cheapest of its groups, since an optimal fleet never buys a dearer unit of equal throughput
    while a cheaper one is free. The full catalog's ~1100 candidates become a few dozen types.
-4. Branch and bound over the types: ``cover.cover_search``, the same depth-first search
-   ``echo2 plan`` uses (types cheapest per unit of expected throughput first, counts tried from the
+4. Branch and bound over the types: ``cover.cover_search``'s depth-first search (types
+   cheapest per unit of expected throughput first, counts tried from the
    greedy cover downwards, pruned by the fractional (LP) cover bound and the budget), given each
    type's convex cost as price segments. Exact unless it hits its node limit (``proven_optimal``
    False). tests/test_activation.py checks it against brute force over every count vector on small

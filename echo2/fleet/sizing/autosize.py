@@ -251,8 +251,8 @@ class FleetChooser:
         for (what the chooser is asked again with until the run has measured its own). A planned offer the fleet
         cannot launch (not among its offers) is left out, said in the reason. Its reclaim rate and caps stay the
         chooser's; the first plan is at the workload's ``actors.target_utilization``, later ones at the fleet's."""
-        from echo2.fleet.sizing.run_plan import plan_run
-        from echo2.fleet.sizing.workload_file import load_workload
+        from echo2.fleet.planner.run_plan import plan_run
+        from echo2.fleet.planner.workload_file import load_workload
 
         wf = load_workload(workload)
         if wf.actors.reclaim_per_hour is not None:

@@ -33,7 +33,7 @@ Derivation (the idealized pipeline: every actor identical in behaviour, D and U 
 
        S_min = k - 1 + ceil((D + F_R) / T)                                      (``min_staleness``)
 
-   DESIGN.md states  k + ceil((D + G + U) / T): one more, the worst phase of an actor that is
+   The design states  k + ceil((D + G + U) / T): one more, the worst phase of an actor that is
    always busy (it may have just started a batch with the old version). With flow control the
    actor is idle at that moment instead, and the benchmark (``echo2 bench overlap``) measures
    the tighter form. The ECHO-2 paper (arXiv 2602.02192) states the overlap condition in words
@@ -60,7 +60,7 @@ Derivation (the idealized pipeline: every actor identical in behaviour, D and U 
 
 Not modelled: contention between learner and actors for the same CPU or GPU (on one machine they
 slow each other; the benchmark uses a timing workload, so it does not), variance of G and D
-(use measured medians), reclaims (``plan.simulate_reclaims`` over-provisions for them).
+(use measured medians), reclaims (``planner/reclaim_simulation.simulate_reclaims`` over-provisions for them).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ time F_R) or when batch granularity leaves it short. So:
 2. Check the fleet with ``capacity.predict``: each instance enters as a worker whose batch time
    ``g'`` gives its expected groups/s, ``b / (g' + U) = a * b / (g + U)`` with ``g`` its batch time
    while up and ``a`` its availability, i.e. ``g' = (g + U) / a - U`` (reclaims spread as a slower
-   worker: the mean, not the bursts; ``plan.simulate_reclaims`` has the bursts).
+   worker: the mean, not the bursts; ``planner/reclaim_simulation.simulate_reclaims`` has the bursts).
 3. If predict's utilization is below u, raise the target by the shortfall's ratio u / utilization
    (at least ``MIN_RAISE``, at most ``MAX_RAISE``, and past the missing fleet's expected throughput,
    so that each round buys more) and solve again; stop when predict meets u, when

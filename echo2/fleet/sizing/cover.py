@@ -1,12 +1,14 @@
 """A generic bounded integer covering search: the cheapest counts of item types whose gains meet every cover.
 
-Shared by cost-aware activation (``activation.activate``: one cover, convex per-type costs), on which
+Cost-aware activation (``activation.activate``: one cover, convex per-type costs) runs on it, and on that
 ``choose.choose_fleet`` stands, the one chooser of what is bought (``echo2 plan``, ``echo2 bench cost`` and the
-live fleet with ``fleet.actors: auto``), and ``plan.cheapest_mix`` (two covers, throughput and freshness, then
-the capacity model's check as ``accept``). The algorithm (depth-first
-branch and bound, counts tried from the greedy cover downwards, pruned by each cover's fractional bound) is
-described in ``plan.py``'s module docstring; tests/test_plan.py and tests/test_activation.py check it against
-brute force.
+live fleet with ``fleet.actors: auto``). The algorithm: depth-first branch and bound over the types. A node fixes
+the counts of the first j types; it is pruned when its cost plus the largest of the covers' fractional (LP) bounds
+(covering what each cover still needs with the remaining types) is no cheaper than the best found, or when it
+breaks the budget. Whenever a node meets every cover it is checked with ``accept`` (when given): a pass becomes
+the new best (adding items would only cost more); a miss lets the search go on adding items. Counts are tried
+from the greedy cover downwards, so the first solution found is the greedy one and prunes most of the tree.
+tests/test_activation.py checks it against brute force, with one cover and with two covers and an ``accept``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ def cover_search(prices: list, covers: list[tuple[list[float], float]], caps: li
     the cheapest first (a convex cost), which is how offers of equal throughput and different
     prices collapse into one type (activation); the fractional bound takes the segments apart.
 
-    The search of the module docstring, shared by ``cheapest_mix`` (two covers and predict as
-    ``accept``) and ``activation.activate`` (one cover, nothing to verify). Types are branched in
+    The search of the module docstring (``activation.activate`` gives one cover and nothing to
+    verify). Types are branched in
     the order given (put the cheapest per unit of the first cover first: the greedy fleet found
     first then prunes most of the tree); each cover's fractional bound takes its types cheapest
     per unit of that cover first. Returns (counts, cost, what accept returned, cut) or None;

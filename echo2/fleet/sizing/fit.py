@@ -45,7 +45,7 @@ import json
 import math
 import statistics
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
@@ -55,7 +55,7 @@ from echo2.data.ledger import MEASURED_NAMES, consumed_keys, read_bans, read_eve
 from echo2.data.rollouts import InvalidRollouts, decode_rollouts
 from echo2.data.store import NotFound, ObjectStore, open_store
 from echo2.errors import Echo2InputError
-from echo2.fleet.sizing.capacity import Workload
+from echo2.fleet.sizing.capacity import Workload, min_staleness, predict
 
 MAX_FILES_READ = 400
 """Used rollout files measured for G and D (the newest ones): enough for medians, bounded for long runs."""
@@ -152,6 +152,20 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     total = sum(lag.values()) or 1
     return RunFit(workload, per_actor, utilization, step_seconds, {k: v / total for k, v in lag.items()},
                   len(measured), median.get("dissemination_seconds"))
+
+
+def fit_summary(run: str) -> tuple[dict, Workload]:
+    """Predicted against measured for a finished run (``fit_run``), and the fitted workload: what
+    ``echo2 plan --from-run`` prints."""
+    fit = fit_run(open_run(run))
+    p = predict(fit.workload, fit.batch_seconds)
+    return {"run": run, "steps": fit.steps, "batch_seconds": fit.batch_seconds,
+            "measured_utilization": fit.measured_utilization, "predicted_utilization": p.utilization,
+            "measured_step_seconds": fit.measured_step_seconds, "predicted_step_seconds": p.step_seconds,
+            "measured_lag": {str(k): v for k, v in sorted(fit.measured_lag.items())},
+            "predicted_lag": {str(k): v for k, v in sorted(p.lag.items())}, "bound": p.bound,
+            "min_staleness": min_staleness(fit.workload, fit.batch_seconds),
+            "workload": asdict(fit.workload)}, fit.workload
 
 
 MEASURED = MEASURED_NAMES

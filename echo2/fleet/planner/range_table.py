@@ -15,7 +15,7 @@ def print_range(out: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from echo2.fleet.sizing.plan_table import fleet_table
+    from echo2.fleet.planner.plan_table import fleet_table
 
     console = Console(width=max(120, Console().width))
     r = out["range"]

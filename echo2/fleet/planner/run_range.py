@@ -34,12 +34,12 @@ import math
 import random
 from dataclasses import dataclass
 
+from echo2.fleet.planner import actor_speed, dissemination, run_costs, step_time
+from echo2.fleet.planner.run_plan import capacity_workload
+from echo2.fleet.planner.workload_file import UNCERTAIN, WorkloadFile
 from echo2.fleet.prices.catalog import Profile, profile_for
 from echo2.fleet.providers import facts
-from echo2.fleet.sizing import actor_speed, dissemination, run_costs, step_time
 from echo2.fleet.sizing.capacity import closed_form_step_seconds
-from echo2.fleet.sizing.run_plan import capacity_workload
-from echo2.fleet.sizing.workload_file import UNCERTAIN, WorkloadFile
 
 DRAWS = 400
 SEED = 0
@@ -140,7 +140,7 @@ class Evaluator:
         if cap:
             mean = min(mean, cap)
         signal = x.get("train.signal_share", wf.train.signal_share)
-        tokens = r.groups_per_step * r.group_size * (mean + r.prompt_tokens)
+        tokens = wf.train.groups_per_step * r.group_size * (mean + r.prompt_tokens)
         t_info = keep["t_info"]
         if t_info.get("from") == "FLOP model":
             active = keep["active_b"] or keep["total_b"]
@@ -157,7 +157,7 @@ class Evaluator:
         reclaim_scale = x.get("actors.reclaim_factor", wf.actors.reclaim_factor) / (wf.actors.reclaim_factor or 1.0)
         changed = x.get("network.changed_fraction", keep["changed_fraction"])
         gbit = x.get("network.store_gbit", wf.network.store_gbit)
-        vb = dissemination.version_bytes(keep["total_b"] * 1e9, keyframe_every=wf.network.keyframe_every,
+        vb = dissemination.version_bytes(keep["total_b"] * 1e9, keyframe_every=wf.train.keyframe_every,
                                          changed_fraction=changed)
         groups = keep["groups"]
         if wf.network.dissemination_seconds is not None:

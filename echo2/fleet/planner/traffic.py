@@ -24,7 +24,7 @@ downloads, uploads and host-to-host traffic, so there a peer's copy costs too). 
 * a relay root could instead be fed from a root in another region of its own provider at the inter-region price,
   cheaper than a second copy over the internet; echo2's plan does not do that, so neither does this model.
 
-The bytes of one version come from ``sizing/dissemination.py`` (``version_bytes``); a run's traffic is this
+The bytes of one version come from ``planner/dissemination.py`` (``version_bytes``); a run's traffic is this
 times its number of versions.
 """
 

@@ -23,7 +23,7 @@ Pipeline (``plan_run``), each step a model documented in its own module:
 6. Totals: hours = steps x predicted step seconds + the start-up + the checkpoints + the expected reclaim bursts
    (``run_costs.py``); $ learner = the cheapest catalog instance of the learner's GPU with at least its GPU count
    in its market whose GPUs and host RAM hold the learner's ranks (``learner_memory.py``; billed whole) x hours;
-   $ actors = the fleet's $/h, with the extra instances ``plan.simulate_reclaims`` says hold the planned
+   $ actors = the fleet's $/h, with the extra instances ``reclaim_simulation.simulate_reclaims`` says hold the planned
    throughput 95% of the time, x hours, plus the bursts' replacements; $ traffic = the versions' bytes to the
    actors (``traffic.traffic_per_run``, with the relay or without, both reported) plus the learner's upload of each
    version to the store, the actors' rollout files to the store and the checkpoints' egress, each priced by
@@ -47,10 +47,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from echo2.errors import Echo2InputError
-from echo2.fleet.prices import gpu_matcher
-from echo2.fleet.prices.catalog import Offer, Profile, gpu_key, profile_for
-from echo2.fleet.providers import facts, transfer_usd_per_gb
-from echo2.fleet.sizing import (
+from echo2.fleet.planner import (
     actor_speed,
     dissemination,
     learner_memory,
@@ -60,12 +57,15 @@ from echo2.fleet.sizing import (
     step_time,
     traffic,
 )
+from echo2.fleet.planner.plan_notes import LEARNER_BYTES_PER_PARAM, ROLLOUT_BYTES_PER_TOKEN
+from echo2.fleet.planner.reclaim_simulation import WorkerType, simulate_reclaims
+from echo2.fleet.planner.workload_file import WorkloadFile
+from echo2.fleet.prices import gpu_matcher
+from echo2.fleet.prices.catalog import Offer, Profile, gpu_key, profile_for
+from echo2.fleet.providers import facts, transfer_usd_per_gb
 from echo2.fleet.sizing.activation import reclaim_rate
 from echo2.fleet.sizing.capacity import Workload, min_staleness
 from echo2.fleet.sizing.choose import batch_seconds_of, choose_fleet
-from echo2.fleet.sizing.plan import WorkerType, simulate_reclaims
-from echo2.fleet.sizing.plan_notes import LEARNER_BYTES_PER_PARAM, ROLLOUT_BYTES_PER_TOKEN
-from echo2.fleet.sizing.workload_file import WorkloadFile
 
 FIXED_POINT_ROUNDS = 4
 RECLAIM_TRIALS = 40
@@ -95,7 +95,7 @@ def learner_needs_of(wf: WorkloadFile) -> learner_memory.LearnerNeeds:
     """What the learner's ranks hold (``learner_memory.py``) for this workload."""
     return learner_memory.learner_needs(wf.params_b()[0], wf.learner.gpus or 1, staleness=wf.train.staleness,
                                         audit=wf.train.audit_fraction > 0,
-                                        publish_delta=wf.network.keyframe_every > 1)
+                                        publish_delta=wf.train.keyframe_every > 1)
 
 
 def learner_refusals(wf: WorkloadFile, offers: list[Offer]) -> list[tuple[Offer, str | None]]:
@@ -164,13 +164,12 @@ def _dissemination(wf: WorkloadFile, vbytes: float, groups: list[tuple[str, str,
 def capacity_workload(wf: WorkloadFile, train_seconds: float, dissemination_seconds: float,
                       staleness: int | None = None) -> Workload:
     """The capacity model's view of the workload at T and D."""
-    r = wf.rollout
-    return Workload(train_seconds=train_seconds, groups_per_step=r.groups_per_step, groups_per_batch=r.groups_per_batch,
+    r, r_step = wf.rollout, wf.train.groups_per_step
+    return Workload(train_seconds=train_seconds, groups_per_step=r_step, groups_per_batch=r.groups_per_batch,
                     staleness=wf.train.staleness if staleness is None else staleness,
                     dissemination_seconds=dissemination_seconds, upload_seconds=wf.network.upload_seconds,
                     publish_every=wf.train.publish_every,
-                    max_pending_batches=wf.train.max_pending_batches or math.ceil(r.groups_per_step /
-                                                                                  r.groups_per_batch))
+                    max_pending_batches=r.max_pending_batches or math.ceil(r_step / r.groups_per_batch))
 
 
 def reclaim_overrides(wf: WorkloadFile, offers: list[Offer]) -> dict[str, float] | None:
@@ -255,7 +254,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
                             if wf.network.changed_fraction is not None
                             else (dissemination.DEFAULT_CHANGED_FRACTION,
                                   dissemination.DEFAULT_CHANGED_FRACTION_SOURCE))
-    vb = dissemination.version_bytes(total_b * 1e9, keyframe_every=wf.network.keyframe_every,
+    vb = dissemination.version_bytes(total_b * 1e9, keyframe_every=wf.train.keyframe_every,
                                      changed_fraction=changed_fraction[0])
     groups: list[tuple[str, str, int]] = []
     found = None
@@ -274,12 +273,12 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
     out: dict = {"workload_name": wf.name, "description": wf.description, "model": {
         "total_params_b": total_b, "active_params_b": active_b}, "learner_step": t_info,
         "versions": {**vb, "changed_fraction": changed_fraction[0], "changed_fraction_source": changed_fraction[1],
-                     "keyframe_every": wf.network.keyframe_every},
+                     "keyframe_every": wf.train.keyframe_every},
         "dissemination_seconds": d, "dissemination_seconds_keyframe": _dissemination(wf, vb["keyframe"], groups),
         "workload": asdict(workload), "staleness": wf.train.staleness,
         "target_utilization": wf.actors.target_utilization,
         "prices": wf.actors.market, "feasible": found is not None,
-        "required_throughput": wf.rollout.groups_per_step / t,
+        "required_throughput": wf.train.groups_per_step / t,
         "required_tokens_per_second": wf.completion_tokens_per_step() / t}
     out["neighbours"] = [_neighbour(wf, t, d, offers, profiles, total_b, active_b, budget_usd_per_hour,
                                     wf.train.staleness + k, shape) for k in neighbours
@@ -461,8 +460,8 @@ def _spot_learner(wf: WorkloadFile, offers: list[Offer], hours: float, step_seco
 
 
 def _reclaims(wf, found, workload, hours, seed) -> dict:
-    """plan.simulate_reclaims of the chosen fleet over ``hours``, and the dollars of the time replacements are
-    billed but not producing."""
+    """``simulate_reclaims`` of the chosen fleet over ``hours``, and the dollars of the time replacements are billed
+    but not producing."""
     batch_tokens = wf.rollout.groups_per_batch * wf.rollout.group_size * wf.rollout.completion_tokens_mean
     pairs = [(WorkerType(c.offer, c.usd_per_hour, batch_tokens / c.tokens_per_second, c.tokens_per_second,
                          c.speed_source), n) for c, n in found.fleet]

@@ -17,16 +17,11 @@ its value and its source (the file's ``sources:`` entry for it, else "default: <
 and ``echo2 plan`` prints that list under its table. The field docstrings below and
 ``infra/workloads/README.md`` say what each field means; change any one and re-plan to see what moves.
 
-Counting parameters from a config (``params_from_config``): Qwen/Llama-style decoders. Per layer,
-attention ``h*(n_q*d) + 2*h*(n_kv*d) + (n_q*d)*h``; a dense MLP ``3*h*i``; an MoE layer ``E*3*h*i_moe``
-experts plus an ``h*E`` router, of which ``k*3*h*i_moe`` (+ router) are active per token; embeddings
-``V*h``, and the LM head another ``V*h`` unless tied. Norms and biases are left out (< 0.1%).
-Qwen3-30B-A3B's published config gives 30.5B total and 3.3B active, as its model card says.
+Parameters are counted from a config by ``echo2.models.params_from_config``.
 """
 
 from __future__ import annotations
 
-import json
 from importlib.resources import files
 from pathlib import Path
 from typing import Literal
@@ -36,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from echo2 import shipped
 from echo2.errors import Echo2InputError
 from echo2.fleet.prices.catalog import read_yaml
+from echo2.models import params_from_config
 
 WORKLOADS = shipped.path("workloads")
 
@@ -61,15 +57,11 @@ class DataSpec(_Part):
     """Prompts in the training set (one group of G completions each per epoch)."""
     epochs: float = Field(1.0, gt=0)
     """Passes over the prompts."""
-    steps: int | None = Field(None, ge=1)
-    """Learner steps of the run; wins over prompts x epochs / groups_per_step. Neither: no run totals."""
 
 
 class RolloutSpec(_Part):
     group_size: int = Field(8, ge=1)
     """G: completions per prompt."""
-    groups_per_step: int = Field(64, ge=1)
-    """R: groups per learner step (train.groups_per_step)."""
     groups_per_batch: int = Field(8, ge=1)
     """b: groups per actor batch, one rollout file (rollout.groups_per_batch)."""
     completion_tokens_mean: float = Field(512.0, gt=0)
@@ -84,6 +76,8 @@ class RolloutSpec(_Part):
     max_new_tokens: int | None = Field(None, ge=1)
     """The completion cap (rollout.max_new_tokens): the longest a completion runs, so the longest a batch lasts;
     None: ``completion_tokens_p95`` stands in for it, and without either every completion is the mean's length."""
+    max_pending_batches: int | None = Field(None, ge=1)
+    """Q: flow control (rollout.max_pending_batches); None: ceil(R / b)."""
     at_cap_share: float | None = Field(None, ge=0, lt=1)
     """Share of completions that run to the cap (the rest: a gamma of shape 2 under it, decode.py); None: 5% when
     only a p95 is given, else 0."""
@@ -95,6 +89,11 @@ class RolloutSpec(_Part):
 
 
 class TrainSpec(_Part):
+    max_steps: int | None = Field(None, ge=1)
+    """Learner steps of the run (train.max_steps); wins over data.prompts x data.epochs / groups_per_step.
+    Neither: no run totals."""
+    groups_per_step: int = Field(64, ge=1)
+    """R: groups per learner step (train.groups_per_step)."""
     staleness: int = Field(2, ge=0)
     """S: a rollout of version v is used at learner version t only if t - v <= S (train.staleness)."""
     publish_every: int = Field(1, ge=1)
@@ -104,12 +103,13 @@ class TrainSpec(_Part):
     forward pass (2 x active x tokens) on that share."""
     train_seconds: float | None = Field(None, gt=0)
     """T: learner busy seconds per step; given, it wins over the FLOP model (step_time.py)."""
-    max_pending_batches: int | None = Field(None, ge=1)
-    """Q: flow control (rollout.max_pending_batches); None: ceil(R / b)."""
     checkpoint_every: int = Field(5, ge=1)
     """Steps between the learner's periodic checkpoints (train.checkpoint_every): a spot learner reclaimed without
     a notice loses the steps since the last one (spot_learner.py); each checkpoint stops the learner while its
     fp32 weights and AdamW moments (12 bytes per parameter) are written (run_costs.py)."""
+    keyframe_every: int = Field(16, ge=1)
+    """K: a whole version every K published versions, sparse deltas between (train.keyframe_every; 1: no
+    deltas)."""
     signal_share: float = Field(1.0, gt=0, le=1)
     """Share of groups with a reward signal (not every completion scored alike): echo2 drops the others before the
     forward pass, so the learner trains on this share of the tokens (the audit still reads every file's)."""
@@ -177,9 +177,6 @@ class NetworkSpec(_Part):
     """Gbit/s from the store to one reader (a relay root or an actor without the relay)."""
     peer_uplink_gbit: float = Field(1.0, gt=0)
     """Gbit/s an actor sends to its relay children."""
-    keyframe_every: int = Field(16, ge=1)
-    """K: a whole version every K published versions, sparse deltas between (train.keyframe_every; 1: no
-    deltas)."""
     fanout: int = Field(1, ge=1)
     """Children per relay node (broadcast.fanout)."""
     changed_fraction: float | None = Field(None, gt=0, le=1)
@@ -228,6 +225,11 @@ class InputRange(_Part):
         return self
 
 
+RENAMED = {"rollout.groups_per_step": "train.groups_per_step",
+           "train.max_pending_batches": "rollout.max_pending_batches",
+           "data.steps": "train.max_steps", "network.keyframe_every": "train.keyframe_every"}
+"""Workload fields renamed to the run config's name and section for the same thing (old: new)."""
+
 UNCERTAIN = ("learner.mfu", "train.signal_share", "rollout.completion_tokens_mean", "rollout.at_cap_share",
              "rollout.single_stream_tokens_per_second", "rollout.decode_speed_factor", "network.changed_fraction",
              "network.store_gbit", "actors.reclaim_factor", "actors.burst_per_hour", "actors.burst_share",
@@ -259,6 +261,19 @@ class WorkloadFile(_Part):
     ``echo2 plan`` draws them; an input without one gets run_range.DEFAULT_SPREAD."""
     base_dir: str | None = Field(None, exclude=True)
     """The folder of the file (model.config is relative to it); not a YAML field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data):
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED.items():
+            section, _, field = old.partition(".")
+            part = data.get(section)
+            if (isinstance(part, dict) and field in part) or any(
+                    isinstance(data.get(named), dict) and old in data[named] for named in ("sources", "ranges")):
+                raise ValueError(f"{old} is now {new}, the run config's name for it: move it there")
+        return data
 
     @model_validator(mode="after")
     def _checks(self):
@@ -303,12 +318,12 @@ class WorkloadFile(_Part):
         return path
 
     def steps(self) -> int | None:
-        """Learner steps of the run (data.steps, else ceil(prompts x epochs / R)); None when unknown."""
-        if self.data.steps is not None:
-            return self.data.steps
+        """Learner steps of the run (train.max_steps, else ceil(prompts x epochs / R)); None when unknown."""
+        if self.train.max_steps is not None:
+            return self.train.max_steps
         if self.data.prompts is None:
             return None
-        return max(1, -(-round(self.data.prompts * self.data.epochs) // self.rollout.groups_per_step))
+        return max(1, -(-round(self.data.prompts * self.data.epochs) // self.train.groups_per_step))
 
     def length_cap(self) -> tuple[float | None, float]:
         """(cap, share at the cap) of the completion lengths (``rollout.max_new_tokens`` / ``at_cap_share``)."""
@@ -319,12 +334,12 @@ class WorkloadFile(_Part):
 
     def completion_tokens_per_step(self) -> float:
         r = self.rollout
-        return r.groups_per_step * r.group_size * r.completion_tokens_mean
+        return self.train.groups_per_step * r.group_size * r.completion_tokens_mean
 
     def tokens_per_step(self) -> float:
         """Tokens the learner trains on per step: prompt plus completion of every completion."""
         r = self.rollout
-        return r.groups_per_step * r.group_size * (r.completion_tokens_mean + r.prompt_tokens)
+        return self.train.groups_per_step * r.group_size * (r.completion_tokens_mean + r.prompt_tokens)
 
     def assumptions(self) -> list[dict]:
         """Every field as {name, value, source}: the file's ``sources`` entry, else where the value came from."""
@@ -343,41 +358,6 @@ class WorkloadFile(_Part):
                     source = "default: an assumption (infra/workloads/README.md says what the field means)"
                 out.append({"name": key, "value": value, "source": source})
         return out
-
-
-def params_from_config(path: str | Path) -> tuple[float, float]:
-    """(total, active) billions of parameters counted from an HF-style config.json (module docstring)."""
-    path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise Echo2InputError(f"model config {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise Echo2InputError(f"model config {path}: not JSON ({exc})") from None
-    return params_from_config_dict(config, str(path))
-
-
-def params_from_config_dict(c: dict, where: str = "model config") -> tuple[float, float]:
-    """(total, active) billions of parameters of an HF-style decoder config (``PretrainedConfig.to_dict()``)."""
-    try:
-        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-        n_q = c["num_attention_heads"]
-        n_kv = c.get("num_key_value_heads") or n_q
-        d = c.get("head_dim") or h // n_q
-        attn = h * n_q * d + 2 * h * n_kv * d + n_q * d * h
-        experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0
-        if experts:
-            k = c["num_experts_per_tok"]
-            i_moe = c["moe_intermediate_size"]
-            total_mlp, active_mlp = experts * 3 * h * i_moe + h * experts, k * 3 * h * i_moe + h * experts
-        else:
-            total_mlp = active_mlp = 3 * h * c["intermediate_size"]
-    except (KeyError, TypeError, ZeroDivisionError) as exc:
-        raise Echo2InputError(f"{where}: not an HF-style decoder config ({exc!r})") from None
-    embed = vocab * h * (1 if c.get("tie_word_embeddings", False) else 2)
-    total = layers * (attn + total_mlp) + embed
-    active = layers * (attn + active_mlp) + embed
-    return total / 1e9, active / 1e9
 
 
 def load_workload(name_or_path: str | Path) -> WorkloadFile:
@@ -402,8 +382,9 @@ def parse_workload(data: dict, *, where: str = "workload", base_dir: str | None 
         workload = WorkloadFile.model_validate({**data, "base_dir": base_dir})
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top)"
-        raise Echo2InputError(f"{where}: {field}: {err['msg']}") from None
+        field = ".".join(str(p) for p in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        raise Echo2InputError(f"{where}: {field}: {message}" if field else f"{where}: {message}") from None
     unknown = [k for k in workload.sources if not _is_field(k)]
     if unknown:
         raise Echo2InputError(f"{where}: sources name unknown field(s) {', '.join(sorted(unknown))}")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from echo2.devices import PEAK_BF16_TFLOPS
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner import decode
+from echo2.fleet.planner.workload_file import WorkloadFile
 from echo2.fleet.prices.catalog import Profile, gpu_key
-from echo2.fleet.sizing import decode
-from echo2.fleet.sizing.workload_file import WorkloadFile
 
 DRAIN_BINDS = 0.95
 """A batch whose drained speed is below this share of its full speed is said to be tail-bound."""

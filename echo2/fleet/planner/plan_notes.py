@@ -3,10 +3,10 @@ answer used, each with its source (``run_plan.plan_run`` fills both)."""
 
 from __future__ import annotations
 
+from echo2.fleet.planner import spot_learner, step_time
+from echo2.fleet.planner.workload_file import WorkloadFile
 from echo2.fleet.prices.catalog import Profile, gpu_key
 from echo2.fleet.providers import BURST_SOURCE
-from echo2.fleet.sizing import spot_learner, step_time
-from echo2.fleet.sizing.workload_file import WorkloadFile
 
 ROLLOUT_BYTES_PER_TOKEN = 8.0
 LEARNER_BYTES_PER_PARAM = 16.0
