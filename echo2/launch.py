@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from echo2.config import Config, apply_overrides, config_from_dict, frozen_changes, load_config
+from echo2.config import Config, config_from_dict, frozen_changes, load_config, overridden_config
 from echo2.data import layout
 from echo2.data.run_folder import check_run_key, find_resumable_run, new_run_id, read_run_record
 from echo2.data.run_key import MissingRunKey, run_key
 from echo2.data.store import StoreError
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.errors import Echo2InputError, StoreUnreachable
-from echo2.models import resolve_model
+from echo2.models import hub_commit, is_commit, resolve_model
 from echo2.tasks import check_machine, check_task_code
 
 
@@ -35,7 +35,11 @@ def resolve_launch(config_path: str | Path, overrides: list[str], resume: bool, 
     check_user_code(config)
     if not dry_run:
         check_machine(config.task)  # a task's own needs (the code task's sandbox): one line, before anything starts
-    resolve_model(config.model.name, convert=not dry_run)  # fail before starting anything; converts the default once
+    # fail before starting anything; converts the default once
+    model_dir = resolve_model(config.model.name, revision=config.model.revision, convert=not dry_run)
+    commit = hub_commit(model_dir)
+    if commit is not None:  # the run's every load of the model, on every rank and every resume, reads this commit
+        config.model.revision = commit
     if config.run.id is None:
         config.run.id = new_run_id(config.run.name)
     return config
@@ -94,7 +98,11 @@ def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
     check_run_key(record, key)  # first: run.json is the one the run's learner signed, before its config is read
     source = f"{runs.url}/{run_id}/{layout.RUN_JSON}"
     original = config_from_dict(record["config"], source)
-    config = config_from_dict(apply_overrides(record["config"], overrides), source)
+    config = overridden_config(record["config"], overrides, source)  # ECHO2_SET__ variables too, as a new run
+    if config.model.revision != original.model.revision and is_commit(original.model.revision):
+        # the run resolved its revision to this commit when it was created; an unchanged launch command (a learner
+        # job's every start) still names the branch or tag, and the run keeps the commit it began with
+        config.model.revision = original.model.revision
     changed = frozen_changes(original, config)
     if changed:
         raise Echo2InputError(f"--resume cannot change {', '.join(changed)}: the run's actors read it from "

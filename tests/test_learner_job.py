@@ -180,3 +180,24 @@ def test_a_remote_api_server_is_refused_the_key_unless_told(workdir, monkeypatch
     monkeypatch.setenv(learner_job.ALLOW_KEY_ENV, "1")
     learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: False)
     assert jobs.launched[0][0].secrets["ECHO2_RUN_KEY"].get_secret_value()
+
+
+def test_hf_token_set_here_is_a_secret_of_the_learner_task_and_never_in_a_file(workdir, monkeypatch):
+    """A gated model: the learner's nodes download it with $HF_TOKEN, given to the task as a SkyPilot secret (redacted
+    where SkyPilot shows the task) when this machine's environment has one, with either way the run key travels."""
+    token = "hf_" + "x" * 34
+    monkeypatch.setenv("HF_TOKEN", token)
+    for secret_store in (None, "aws-sm:us-east-1/echo2/spotty"):
+        jobs = _Jobs()
+        if secret_store:
+            monkeypatch.setenv(learner_job.KEY_SECRET_ENV, secret_store)
+        learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs,
+                                       secrets=_SecretsDouble(), api_is_local=lambda: True)
+        [(task, _)] = jobs.launched
+        assert task.secrets["HF_TOKEN"].get_secret_value() == token
+        assert token not in str(task.envs) and token not in str(task.to_yaml_config(use_user_specified_yaml=True))
+        assert not any(token in p.read_text(errors="replace") for p in workdir.rglob("*") if p.is_file())
+    monkeypatch.delenv("HF_TOKEN")
+    jobs = _Jobs()
+    learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, secrets=_SecretsDouble())
+    assert "HF_TOKEN" not in (jobs.launched[0][0].secrets or {})  # none here: the task asks for none

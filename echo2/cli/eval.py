@@ -83,7 +83,7 @@ def _evaluate_model(model: str, cfg, tmp: Path, *, trust_run_json_key: bool = Fa
             fail(str(exc))
         model_dir = tmp
     else:
-        model_dir = resolve_model(model)
+        model_dir = resolve_model(model, revision=cfg.model.revision if model == cfg.model.name else None)
     task = make_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # on the learner's device in its compute dtype, as the run's own evaluations (train.device, train.dtype)

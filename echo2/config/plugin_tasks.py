@@ -74,21 +74,29 @@ class RewardFnTaskConfig(_Section):
     against). A call that raises, or returns something else, scores ``reward_range``'s low end (logged)."""
     dataset: str
     """Where the prompts come from: a local ``.jsonl`` / ``.parquet`` file, an fsspec URI of one (``s3://``,
-    ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``), or a Hugging Face dataset id ``ORG/NAME``
-    (``hf_split``, ``hf_subset``). Actors read it too: give a path or URI every actor can open."""
+    ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``), or a Hugging Face dataset (an id ``ORG/NAME`` or a
+    local folder in a repo's layout; ``hf_split``, ``hf_subset``, ``hf_revision``, ``hf_data_files``). A file or URI
+    is read by the actors too: give one every actor can open; a Hugging Face dataset is read by the learner alone,
+    which writes its rows into the run folder for the actors."""
     columns: RewardFnColumnsConfig = Field(default_factory=RewardFnColumnsConfig)
     """Which columns hold the prompt and the answer."""
     hf_split: str = "train"
-    """With a Hugging Face dataset id: the split of ``dataset`` that is read."""
+    """With a Hugging Face dataset: the split of ``dataset`` that is read."""
     hf_subset: str | None = None
-    """With a Hugging Face dataset id: the subset (config) folder."""
+    """With a Hugging Face dataset: the subset (``load_dataset``'s ``name``)."""
+    hf_revision: str | None = None
+    """With a Hugging Face dataset: the branch, tag or commit (None = ``main``), for ``dataset`` and ``eval_dataset``
+    alike."""
+    hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    """With a Hugging Face dataset: ``load_dataset``'s ``data_files`` (patterns inside the repo, or a mapping of split
+    names to them) where the repo's own configs do not say which files make a split; None = the repo's."""
     limit: int | None = Field(None, ge=1)
     """Read at most this many rows of ``dataset`` (None = all)."""
     eval_dataset: str | None = None
     """Held-out prompts from another file, URI or Hugging Face id (``eval_hf_split``); None = ``eval_size`` rows
     of ``dataset`` held out by a seeded shuffle. Training never draws a row whose prompt is held out."""
     eval_hf_split: str = "test"
-    """With ``eval_dataset`` a Hugging Face dataset id: the split read for evaluation."""
+    """With ``eval_dataset`` a Hugging Face dataset: the split read for evaluation."""
     eval_size: int = Field(50, ge=1)
     """Held-out prompts for evaluation (a seeded sample of ``eval_dataset`` when set)."""
     system: str | None = None

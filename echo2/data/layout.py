@@ -26,6 +26,10 @@ LEDGER_CONSUMED = "ledger/consumed/"
 LEDGER_EVENTS = "ledger/events/"
 LEDGER_EGRESS = "ledger/egress/"
 """Bytes each actor read from the store and from peers, as the learner last copied them (``fleet/egress.py``)."""
+TASK_DATA = "policy/task-data/"
+"""Rows of the task's Hugging Face datasets, as the learner resolved them when it created the run (one Parquet file
+each, named by its sha256, which ``run.json`` records): what actors read instead of the hub (``tasks/task_data.py``).
+Under ``policy/``, which actors may read already (``fleet/credentials.py``); no version folder is named so."""
 REPORTS = "reports/"
 SUMMARY = "reports/summary.json"
 ORPHANED = "orphaned/"
@@ -197,3 +201,10 @@ def version_of_folder_key(key: str, prefix: str) -> int | None:
         return None
     parse = parse_version_dir if prefix == POLICY or prefix == ROLLOUTS else parse_step_dir
     return parse(parts[0])
+
+
+def task_data_file(sha256: str) -> str:
+    """The run folder's copy of one resolved dataset (``TASK_DATA``)."""
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise ValueError(f"not a sha256: {sha256[:80]!r}")
+    return f"{TASK_DATA}{sha256}.parquet"

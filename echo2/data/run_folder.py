@@ -73,14 +73,17 @@ def read_run_record(runs: ObjectStore, run_id: str) -> dict:
 
 
 def create_run(store: ObjectStore, run_id: str, config: dict, *, key: Ed25519PrivateKey,
-               echo2_version: str) -> dict:
+               echo2_version: str, task_data: dict | None = None) -> dict:
     """Write ``run.json`` once: the resolved config, and the public half of the signing key with its
     fingerprint (actors verify versions with it; the private key stays with the learner), and the relay
-    CA's certificate (peers verify each other's with it; the CA key is derived from the run key); signed with
-    the run key, so a resumed learner knows it for its own (``check_run_key``)."""
+    CA's certificate (peers verify each other's with it; the CA key is derived from the run key), and
+    ``task_data``, the task's datasets as the learner resolved them into the run folder (``tasks/task_data.py``);
+    signed with the run key, so a resumed learner knows it for its own (``check_run_key``)."""
     record = {"run_id": run_id, "created_at": time.time(), "echo2_version": echo2_version, "config": config,
               "public_key": public_key_text(key), "key_fingerprint": fingerprint(key),
               "relay_ca": RelayCA(key, run_id).certificate_pem()}
+    if task_data:
+        record["task_data"] = task_data
     record = sign(record, key)
     try:
         store.put_json(layout.RUN_JSON, record)

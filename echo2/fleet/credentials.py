@@ -1,12 +1,12 @@
-"""Scoped, expiring store credentials for one actor (DESIGN.md, "Trust boundaries").
+"""Scoped, expiring store credentials for one actor (docs/security.md).
 
 An actor runs on a machine we do not own, so its store credentials must let it do its job and
 nothing else. What an actor touches in the run root (read in ``rollout/actor.py``,
 ``broadcast/receiver.py``, ``broadcast/topology.py`` and ``data/ledger.py``):
 
-- reads ``run.json`` (config, public key), ``policy/`` (``LATEST``, manifests, weight shards),
-  ``ledger/consumed/`` (flow control: which rollouts the learner settled) and
-  ``reports/summary.json`` (whether the run has finished);
+- reads ``run.json`` (config, public key), ``policy/`` (``LATEST``, manifests, weight shards, and
+  ``task-data/``: the task's Hugging Face datasets as the learner resolved them), ``ledger/consumed/``
+  (flow control: which rollouts the learner settled) and ``reports/summary.json`` (whether the run has finished);
 - lists ``rollouts/`` (its backlog) and ``ledger/consumed/``;
 - writes its own rollout files ``rollouts/v<version>/<actor>-<seq>.arrow`` (create-if-absent,
   whose retry reads its own object back) and its relay record ``peers/<actor>.json``, which it

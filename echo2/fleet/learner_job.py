@@ -52,6 +52,8 @@ KEY_SECRET_ENV = "ECHO2_RUN_KEY_SECRET"
 """The secret store entry the run's key travels through (``aws-sm:[REGION/]NAME``), at launch and on the node."""
 ALLOW_KEY_ENV = "ECHO2_ALLOW_KEY_IN_SKYPILOT"
 """``1``: send the key as a SkyPilot secret through an API server on another machine (it keeps it in its log)."""
+HF_TOKEN_ENV = "HF_TOKEN"
+"""The Hugging Face token (``echo2.models.TOKEN_ENV``): a SkyPilot secret of the task when set here, never a file."""
 SOURCE_DIRS = ("echo2", "flows", "infra", "configs")
 """The checkout's folders the learner runs from."""
 SOURCE_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "requirements-constraints.txt")
@@ -191,6 +193,8 @@ def build_learner_task(config_path: str, settings: list[str], *, run_id: str, ke
         base["secrets"] = {k: v for k, v in (base.get("secrets") or {}).items() if k != KEY_ENV}
     else:
         secrets = [(KEY_ENV, key_hex)]
+    if os.environ.get(HF_TOKEN_ENV):  # a gated or private model: the learner's nodes download it (actors never do)
+        secrets.append((HF_TOKEN_ENV, os.environ[HF_TOKEN_ENV]))
     return sky.Task.from_yaml_config(base, env_overrides=list(envs.items()), secrets_overrides=secrets)
 
 

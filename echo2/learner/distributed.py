@@ -23,7 +23,7 @@ port could join the group, so it must be open between the learner's nodes only.
 Models: every rank builds the model on the ``meta`` device and rank 0 alone reads the checkpoint, once, in the
 file's dtype, and sends each tensor to the others, which keep their shards (``model_load.py``).
 
-Sharding (``Learner._shard``): every decoder layer is its own FSDP2 unit (``fully_shard``), then the root unit:
+Sharding (``fsdp_units.py``): every decoder layer is its own FSDP2 unit (``fully_shard``), then the root unit:
 the learner's
 ``PolicyLogprobs`` around the whole model, so tied embeddings stay in one unit and the chunked head
 (``learner/logprobs.py``), which runs inside that wrapper's forward, sees its weight unsharded; parameters,
@@ -133,7 +133,8 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
         signal.signal(signum, signal.SIG_IGN)
     config = config_from_dict(shared, "rank 0 of the learner")
     on_follow()
-    DistributedLearner(resolve_model(config.model.name), config.train, temperature=config.rollout.temperature).follow()
+    model_dir = resolve_model(config.model.name, revision=config.model.revision)  # rank 0's: the run's commit
+    DistributedLearner(model_dir, config.train, temperature=config.rollout.temperature).follow()
     return None
 
 

@@ -2,7 +2,7 @@
 
 The Prefect flow (``flows/train.py``) drives this object; nothing here knows about Prefect.
 
-Resume: the learner restarts from its newest checkpoint c that the run's own signing key signed (its
+Resume (``resume.py``): the learner restarts from its newest checkpoint c that the run's own signing key signed (its
 public half is in ``run.json``, which must carry the learner's signature too: ``run_folder.check_run_key``);
 a newer checkpoint folder that fails verification is planted or damaged, logged and skipped (``checkpoint.py``).
 The resume first records the lost timeline's boundary in its ledger event (``learner/timelines.py``), then moves
@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,15 +47,13 @@ from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.lease import take as take_lease
 from echo2.data.ledger import read_bans, read_events, write_consumed, write_event, write_final
-from echo2.data.rollouts import RolloutLimits, policy_digest
-from echo2.data.run_folder import check_run_key, create_run, new_run_id, orphan_after, read_run_record
+from echo2.data.rollouts import RolloutLimits
+from echo2.data.run_folder import check_run_key, create_run, new_run_id, read_run_record
 from echo2.data.run_key import run_key
-from echo2.data.store import NotFound, ObjectStore, is_transient
+from echo2.data.store import NotFound, ObjectStore
 from echo2.errors import Echo2InputError
-from echo2.fleet.adoption import revoked_on_resume
-from echo2.fleet.sizing.workload_file import params_from_config_dict
 from echo2.learner.behavior_audit import BehaviorAuditor
-from echo2.learner.checkpoint import Checkpoint, newest_checkpoint, prune_checkpoints, save_checkpoint, verified_steps
+from echo2.learner.checkpoint import prune_checkpoints, save_checkpoint, verified_steps
 from echo2.learner.collector import PROGRESS_EVERY_S, RolloutCollector, Selection, pending_quota, quarantine
 from echo2.learner.distributed import make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
@@ -65,21 +62,19 @@ from echo2.learner.metrics import MetricsSink
 from echo2.learner.notice import Heard, StepClock
 from echo2.learner.publisher import Publisher
 from echo2.learner.report import ReportInputs, write_reports
-from echo2.learner.timelines import LostTimeline
-from echo2.learner.timelines import from_events as timelines_from_events
+from echo2.learner.resume import (
+    lost_timelines,
+    restore_newest,
+    revoked_at_resume,
+    run_revocations,
+    set_lost_timeline_aside,
+)
 from echo2.learner.verify import TaskVerifier
-from echo2.models import resolve_model
+from echo2.models import params_from_config_dict, resolve_model
 from echo2.tasks import make_task
+from echo2.tasks.task_data import freeze, localize
 
 log = logging.getLogger("echo2.learner")
-
-
-def lost_timelines(events: list[dict]) -> list[LostTimeline]:
-    """Per ``resume`` event of the ledger, what it lost (``timelines.LostTimeline``): the step it resumed from, the
-    actors launched before it, whose files in later version folders may be of the timeline it lost, the newest
-    version that timeline published (``lost_latest``; None in a ledger from before it was recorded) and its
-    manifests' digests (``lost_digests``). Two events of one step (a resume interrupted after its boundary) are one."""
-    return timelines_from_events(events)
 
 
 class LearnerRun:
@@ -92,13 +87,17 @@ class LearnerRun:
             config.run.id = new_run_id(config.run.name)
         self.run_id = config.run.id
         self.store = runs.child(self.run_id)
-        self.task = make_task(config.task)
+        # a Hugging Face dataset is read once, when the run is created, into the run folder; this learner, its
+        # resumes and the actors all play the task from that copy (``tasks/task_data.py``)
+        self.task_data = (read_run_record(runs, self.run_id).get("task_data") or {}) if resume else \
+            freeze(config.task, self.store)
+        self.task = make_task(localize(config.task, self.task_data, self.store, self.local_dir / layout.TASK_DATA))
         random.seed(config.run.seed)
         torch.manual_seed(config.run.seed)
         if config.train.num_threads:
             torch.set_num_threads(config.train.num_threads)
-        self.learner = learner or make_learner(resolve_model(config.model.name), config.train,
-                                               temperature=config.rollout.temperature)
+        model_dir = None if learner else resolve_model(config.model.name, revision=config.model.revision)
+        self.learner = learner or make_learner(model_dir, config.train, temperature=config.rollout.temperature)
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         t = config.train
@@ -130,7 +129,7 @@ class LearnerRun:
         else:
             self.key = run_key(self.run_id, create=True)  # Ed25519, signs manifests; never in the store or a log
             create_run(self.store, self.run_id, config.model_dump(mode="json"), key=self.key,
-                       echo2_version=__version__)
+                       echo2_version=__version__, task_data=self.task_data)
             self._take_lease()
             self.publish()  # version 0: the initial policy
             log.info("run %s created at %s", self.run_id, self.store.url)
@@ -166,75 +165,28 @@ class LearnerRun:
         log.info("run %s: learner incarnation %d", self.run_id, self.lease.incarnation)
 
     def _run_revocations(self) -> set[str]:
-        """Every actor a version of this run revoked, any timeline (the ledger's ``revoked`` events)."""
-        revoked = {str(a) for e in read_events(self.store) if e.get("kind") == "revoked"
-                   for a in (e.get("actors") if isinstance(e.get("actors"), list) else [])}
+        """Every actor a version of this run revoked, any timeline, now recorded as such."""
+        revoked = run_revocations(self.store)
         self._revocations_recorded |= revoked
         return revoked
 
-    def _published_latest(self, step: int) -> int:
-        """The newest version the dead learner pointed LATEST at (at least ``step``): its actors may hold versions up
-        to it, never beyond, so a file of theirs from a newer version is from the future, not of the lost timeline."""
-        try:
-            version = json.loads(self.store.get(layout.LATEST))["version"]
-        except (NotFound, ValueError, KeyError, TypeError):
-            return step
-        return max(step, version) if isinstance(version, int) and not isinstance(version, bool) else step
-
     def _resume(self) -> dict:
-        """Restore the newest checkpoint this run's key signed (newer folders that fail verification are
-        logged and skipped: ``checkpoint.py``), move the lost timeline aside, re-point LATEST; returns its state."""
-        def restore(ckpt: Checkpoint) -> None:  # every rank reads its shards, each file verified first
-            self.learner.load_sharded(self.store, ckpt.prefix, ckpt.entries)
-
-        ckpt = newest_checkpoint(self.store, self.key.public_key(), restore)
-        step = ckpt.step if ckpt is not None else 0
-        state: dict = {}
-        if ckpt is not None:
-            torch.set_rng_state(ckpt.rng["torch_rng"])
-            random.setstate(_as_random_state(ckpt.rng["py_rng"]))
-            state = ckpt.state
+        """Restore the newest checkpoint this run's key signed (``resume.py``), move the lost timeline aside,
+        re-point LATEST; returns its state."""
+        step, state = restore_newest(self.store, self.key.public_key(), self.learner)
+        if state is not None:
             self.history = state["history"]
             self.evals = state["evals"]
             self.wall_before = state["wall_seconds"]
-        self.learner.version = step
-        # the dead learner's actors the ledger saw end are revoked at once; the live ones are the fleet's to adopt
-        # (their tokens stay good) or to stop and revoke (``fleet/adoption.py``); without adoption, all of them
-        events = read_events(self.store)
-        self.revoked = (revoked_on_resume(events) if self.config.fleet.adopt_on_resume
-                        else {str(e["actor_id"]) for e in events if e.get("kind") == "launch"})
-        self.revoked |= set(read_bans(self.store))  # banned by any learner of the run: never adopted, never trusted
-        # the lost timeline's boundary first, before anything moves or LATEST is re-pointed: a resume interrupted
-        # after that would read LATEST at the checkpoint and lose the newest version the dead learner published
-        lost_latest, digests = self._lost_boundary(step)
-        write_event(self.store, "resume", "learner", step=step, lost_latest=lost_latest, lost_digests=digests,
-                    orphaned_rollouts=[], market=self.config.train.market, host=socket.gethostname())
-        moved = orphan_after(self.store, step, rollouts=False)  # rollout files are judged by the boundary instead
+        self.revoked = revoked_at_resume(self.store, adopt=self.config.fleet.adopt_on_resume)
+        lost_latest, moved = set_lost_timeline_aside(self.store, step, market=self.config.train.market)
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
             self.publish()  # never committed (killed while publishing it): publish it now
         log.info("run %s resumed from step %d (the lost timeline published up to v%d; %d objects of it moved to "
                  "orphaned/)", self.run_id, step, lost_latest, len(moved))
-        return state
-
-    def _lost_boundary(self, step: int) -> tuple[int, dict[str, str]]:
-        """The newest version the dead learner published (``LATEST``, or a version folder past ``step``) and the
-        digest of each signed manifest it left past ``step`` (``rollouts.policy_digest``): what a file of its
-        timeline may name. Only the learner writes ``policy/``; a manifest that cannot be read names nothing."""
-        lost_latest, digests = self._published_latest(step), {}
-        for name in self.store.list_folders(layout.POLICY):
-            version = layout.parse_version_dir(name)
-            if version is None or version <= step:
-                continue
-            lost_latest = max(lost_latest, version)
-            try:
-                digests[str(version)] = policy_digest(self.store.get_json(layout.manifest_key(layout.policy_dir(
-                    version))))
-            except Exception as exc:  # never committed, or planted unreadable: nothing to name (the store down: stop)
-                if is_transient(exc):
-                    raise
-        return lost_latest, digests
+        return state if state is not None else {}
 
     # -- the loop --------------------------------------------------------------------------
     @property
@@ -504,9 +456,3 @@ class LearnerRun:
     @property
     def log_dir(self) -> Path:
         return self.local_dir / layout.LOGS
-
-
-def _as_random_state(state) -> tuple:
-    """``random.setstate`` wants tuples; a checkpoint loaded with weights_only may give lists."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)

@@ -173,7 +173,7 @@ def prepare_follower_node(config_path: Path, overrides: list[str], node_rank: in
 
     local = load_config(config_path, overrides)
     rendezvous = Rendezvous(local.train.nnodes, node_rank, endpoint, timeout_s)
-    resolve_model(local.model.name)
+    resolve_model(local.model.name, revision=local.model.revision)
     wait_for_endpoint(rendezvous)
     return local.train.nproc, rendezvous, write_rank_file(local.model_dump(mode="json"))
 

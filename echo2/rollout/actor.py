@@ -73,6 +73,7 @@ from echo2.rollout.machine import machine_broadcast, machine_site
 from echo2.rollout.preemption import Notice, start_watcher
 from echo2.rollout.refill import Played, refillable, stream_batches
 from echo2.tasks import make_task
+from echo2.tasks.task_data import localize
 
 log = logging.getLogger("echo2.actor")
 
@@ -128,7 +129,10 @@ class Actor:
         self.config: Config = config_from_dict(run["config"], f"{store.url}/run.json")
         if hasattr(store, "retry_s"):  # ride out an outage of the store as long as the run says
             store.retry_s = self.config.store.retry_s
-        self.task = make_task(self.config.task)
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))
+        # a Hugging Face dataset's rows as the learner resolved them, from the run folder: never the hub
+        self.task = make_task(localize(self.config.task, run.get("task_data") or {}, store,
+                                       self._workdir / "task-data"))
         self.refill = self.config.rollout.refill and refillable(self.task)
         """Generate in streams (``refill.py``): asked for, and the task's prompts are known before sampling."""
         if self.config.rollout.refill and not self.refill:
@@ -178,7 +182,6 @@ class Actor:
         self._closing = False
         self.notice: Notice | None = None
         """The preemption notice the actor stopped on, if any."""
-        self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))
 
     # -- lifecycle -------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:

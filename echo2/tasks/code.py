@@ -101,6 +101,7 @@ class CodeTask(Task):
         c = self.config
         return load_code_rows(source, prompt=c.columns.prompt, tests=c.columns.tests,
                               entry_point=c.columns.entry_point, hf_split=c.hf_split, hf_subset=c.hf_subset,
+                              hf_revision=c.hf_revision, hf_data_files=c.hf_data_files,
                               limit=c.limit)
 
     def _held_out(self) -> list[Problem]:

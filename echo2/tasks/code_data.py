@@ -114,11 +114,13 @@ def row_spec(prompt: str, tests: Any, entry_point: str | None) -> tuple[CodeSpec
 
 
 def load_code_rows(source: str, *, prompt: str, tests: str, entry_point: str | None, hf_split: str = "train",
-                   hf_subset: str | None = None, limit: int | None = None) -> list[CodeRow]:
+                   hf_subset: str | None = None, hf_revision: str | None = None,
+                   hf_data_files: str | list[str] | dict | None = None, limit: int | None = None) -> list[CodeRow]:
     """Every row of ``source`` (at most ``limit``), in order."""
     out: list[CodeRow] = []
     try:
         for number, row in enumerate(dataset_records(source, hf_split=hf_split, hf_subset=hf_subset,
+                                                     hf_revision=hf_revision, hf_data_files=hf_data_files,
                                                      what="code dataset")):
             text = str(_cell(row, prompt))
             spec, code_prompt = row_spec(text, _cell(row, tests),

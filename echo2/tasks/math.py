@@ -54,7 +54,7 @@ class MathTask(Task):
         else:
             self._rows = self._load(config.dataset)
             if config.eval_dataset is not None:
-                held_rows = self._load(config.eval_dataset)
+                held_rows = self._load(config.eval_dataset, split=config.eval_hf_split)
                 chosen = sorted(random.Random(_HOLDOUT_SEED).sample(range(len(held_rows)),
                                                                     min(config.eval_size, len(held_rows))))
                 self._eval = [self._problem(f"eval-{i}", *held_rows[i]) for i in chosen]
@@ -75,10 +75,12 @@ class MathTask(Task):
         self._eval_questions = frozenset(p.meta["question"] for p in self._eval)
         self._train_set = frozenset(self._train_rows)
 
-    def _load(self, source: str) -> list[tuple[str, str]]:
+    def _load(self, source: str, split: str | None = None) -> list[tuple[str, str]]:
+        """The rows of ``source``: ``split`` (the eval split) or ``hf_split`` of a Hugging Face dataset."""
         c = self.config
         return load_rows(source, question=c.columns.question, answer=c.columns.answer, answer_format=c.answer_format,
-                         hf_split=c.hf_split, hf_subset=c.hf_subset, limit=c.limit)
+                         hf_split=split or c.hf_split, hf_subset=c.hf_subset, hf_revision=c.hf_revision,
+                         hf_data_files=c.hf_data_files, limit=c.limit)
 
     def _generated(self, n: int, namespace: str) -> tuple[str, str]:
         wp = word_problem(n, steps=self.config.steps, max_number=self.config.max_number, namespace=namespace)

@@ -3,8 +3,11 @@
 ``load_rows(source, ...)`` returns ``(question, gold)`` pairs in file order:
 - ``path.jsonl`` / ``path.json`` (one JSON object per line) or ``path.parquet``, local or behind any
   fsspec URI (``s3://``, ``gs://``, ``memory://``, ``hf://datasets/ORG/NAME/FILE``);
-- ``ORG/NAME``: a Hugging Face dataset id, read as its Parquet files
-  ``hf://datasets/ORG/NAME/[SUBSET/]SPLIT-*.parquet`` (or ``.../data/SPLIT-*``) when a hub is reachable.
+- ``ORG/NAME``: a Hugging Face dataset id, or a local folder laid out as a dataset repo is (its ``README.md``
+  configs, ``data/`` or ``SUBSET/SPLIT-*.parquet`` files): read by ``datasets.load_dataset`` as published, with
+  the subset (``name``), split, revision and ``data_files`` given (``HubDataset``). The learner alone reads them
+  (``task_data.py`` writes the rows into the run folder, where the actors read them: they never import
+  ``datasets``).
 
 Columns come from the config's mapping; a dotted name reaches into a struct (DAPO-17k's
 ``reward_model.ground_truth``), and a cell holding a chat (a list of ``{role, content}``) gives the
@@ -17,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -108,47 +112,69 @@ def _records(source: str, data: bytes, what: str = "math dataset") -> list[dict]
                 except ValueError:
                     raise MathDataError(f"{source} line {number} is not JSON") from None
         return rows
-    raise MathDataError(f"{what} {source}: give a .jsonl, .json (JSON lines) or .parquet file, or ORG/NAME")
+    raise MathDataError(f"{what} {source}: give a .jsonl, .json (JSON lines) or .parquet file, a dataset folder, "
+                        "or ORG/NAME")
 
 
-def _hf_files(dataset_id: str, split: str, subset: str | None) -> list[str]:
+@dataclass(frozen=True)
+class HubDataset:
+    """What ``datasets.load_dataset`` is asked for: the id (or a local folder in a repo's layout), and the
+    subset (its ``name``), split, revision (a branch, tag or commit; None = ``main``) and ``data_files``."""
+
+    path: str
+    split: str = "train"
+    subset: str | None = None
+    revision: str | None = None
+    data_files: str | list[str] | None = None
+
+
+def is_hub_dataset(source: str) -> bool:
+    """Whether ``source`` is read by ``datasets.load_dataset``: a dataset id ``ORG/NAME`` that is not a local path,
+    or a local folder (a dataset repo's layout). A file or a URI of one is read as it is."""
+    if "://" in source:
+        return False
+    path = Path(source).expanduser()
+    return path.is_dir() or (not path.exists() and _HF_ID.fullmatch(source) is not None)
+
+
+def load_hub_dataset(ref: HubDataset, what: str = "math dataset"):
+    """The split as ``datasets`` reads it (a ``datasets.Dataset``); one line naming the dataset on any failure."""
     try:
-        import fsspec
-
-        fs = fsspec.filesystem("hf")
-        base = f"datasets/{dataset_id}"
-        patterns = ([f"{base}/{subset}/{split}-*.parquet"] if subset else []) + [
-            f"{base}/data/{split}-*.parquet", f"{base}/{split}-*.parquet", f"{base}/*/{split}-*.parquet"]
-        for pattern in patterns:
-            files = sorted(fs.glob(pattern))
-            if files:
-                return [f"hf://{f}" for f in files]
-    except Exception as exc:  # no hub, no huggingface_hub, an unknown id: one clear line either way
-        raise MathDataError(f"cannot list Hugging Face dataset {dataset_id}: {type(exc).__name__}: "
-                            f"{str(exc)[:200]}") from None
-    raise MathDataError(f"Hugging Face dataset {dataset_id} has no Parquet files for split {split!r}"
-                        + (f" of subset {subset!r}" if subset else ""))
+        import datasets
+    except ImportError:
+        raise MathDataError(f"{what} {ref.path} is read by the datasets package, which is the learner's (echo2's "
+                            "learner extra): pip install datasets") from None
+    try:
+        return datasets.load_dataset(ref.path, name=ref.subset, split=ref.split, revision=ref.revision,
+                                     data_files=ref.data_files)
+    except Exception as exc:  # the hub's or the loader's own words: unknown id, subset, split, revision, gated
+        message = " ".join(str(exc).split())[:400]
+        where = ", ".join(f"{k} {v!r}" for k, v in (("subset", ref.subset), ("split", ref.split),
+                                                     ("revision", ref.revision)) if v is not None)
+        raise MathDataError(f"cannot load {what} {ref.path} ({where}): {type(exc).__name__}: {message}") from None
 
 
 def dataset_records(source: str, *, hf_split: str = "train", hf_subset: str | None = None,
+                    hf_revision: str | None = None, hf_data_files: str | list[str] | None = None,
                     what: str = "math dataset") -> Iterator[dict]:
-    """Every row (an object) of ``source``, in order: a file, an fsspec URI of one, or a Hugging Face id's Parquet
-    files (the module docstring). ``what`` names the source in errors."""
-    is_local = "://" not in source and Path(source).expanduser().exists()
-    files = [source] if is_local or "://" in source or not _HF_ID.fullmatch(source) else \
-        _hf_files(source, hf_split, hf_subset)
-    for f in files:
-        for row in _records(f, _read_bytes(f, what), what):
-            if not isinstance(row, dict):
-                raise MathDataError(f"{f}: a row is not an object")
-            yield row
+    """Every row (an object) of ``source``, in order: a file, an fsspec URI of one, or a dataset of the Hugging Face
+    hub or a local folder in its layout (the module docstring). ``what`` names the source in errors."""
+    if is_hub_dataset(source):
+        yield from load_hub_dataset(HubDataset(source, hf_split, hf_subset, hf_revision, hf_data_files), what)
+        return
+    for row in _records(source, _read_bytes(source, what), what):
+        if not isinstance(row, dict):
+            raise MathDataError(f"{source}: a row is not an object")
+        yield row
 
 
 def load_rows(source: str, *, question: str, answer: str, answer_format: str, hf_split: str = "train",
-              hf_subset: str | None = None, limit: int | None = None) -> list[tuple[str, str]]:
+              hf_subset: str | None = None, hf_revision: str | None = None,
+              hf_data_files: str | list[str] | None = None, limit: int | None = None) -> list[tuple[str, str]]:
     """``(question, gold)`` of every row of ``source`` (at most ``limit``), in order."""
     out: list[tuple[str, str]] = []
-    for row in dataset_records(source, hf_split=hf_split, hf_subset=hf_subset):
+    for row in dataset_records(source, hf_split=hf_split, hf_subset=hf_subset, hf_revision=hf_revision,
+                               hf_data_files=hf_data_files):
         out.append((str(_cell(row, question)).strip(), gold_answer(str(_cell(row, answer)), answer_format)))
         if limit is not None and len(out) >= limit:
             return out

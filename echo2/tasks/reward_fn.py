@@ -73,6 +73,7 @@ class RewardFnTask(Task):
         c = self.config.columns
         out = []
         for row in dataset_records(source, hf_split=split, hf_subset=self.config.hf_subset,
+                                   hf_revision=self.config.hf_revision, hf_data_files=self.config.hf_data_files,
                                    what="reward_fn dataset"):
             chat = _chat(_cell(row, c.prompt), c.prompt)
             answer = None if c.answer is None else _cell(row, c.answer)
