@@ -34,9 +34,7 @@ or a later Prefect default to: a model and its threads do not belong in a result
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -44,7 +42,6 @@ from prefect.runtime import flow_run as this_flow_run
 
 from echo2.config import Config, config_from_dict, load_config
 from echo2.data import layout
-from echo2.data.lease import LeaseLost
 from echo2.data.ledger import read_events, write_event
 from echo2.data.store import open_store
 from echo2.fleet.make import make_fleet
@@ -52,9 +49,11 @@ from echo2.fleet.manager import FleetManager
 from echo2.fleet.sizing import autosize
 from echo2.launch import resolve_launch
 from echo2.learner.collector import Selection
-from echo2.learner.notice import LearnerReclaimed, SpotNotice
+from echo2.learner.notice import LearnerExit, LearnerReclaimed, spot_notice
 from echo2.learner.run import LearnerRun
+from flows.events import forward_run_events
 from flows.observe import RunWatch
+from flows.secret_blocks import load_secret_blocks
 
 log = logging.getLogger("echo2.flows")
 
@@ -82,15 +81,12 @@ def prepare_run(config: Config, resume: bool) -> LearnerRun:
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)
-def start_fleet(run: LearnerRun, made: list | None = None) -> FleetManager:
-    """``made`` gets the fleet before it starts: a notice during its start still finds it (to leave it running)."""
+def start_fleet(run: LearnerRun, ending: LearnerExit) -> FleetManager:
+    """Started by ``ending``, which holds it from before its start: stopped at the end, or left running on a notice."""
     fleet = make_fleet(run.config.fleet, run.store, store_options=run.config.store.options, log_dir=run.log_dir,
                        run_key=run.key, seed=run.config.run.seed, run_id=run.run_id,
                        model_params_b=run.model_params_b, active_params_b=run.active_params_b)
-    if made is not None:
-        made.append(fleet)
-    fleet.start()
-    return fleet
+    return ending.start(fleet)
 
 
 @task(cache_policy=NO_CACHE)
@@ -100,7 +96,7 @@ def evaluate(run: LearnerRun, label: str) -> dict:
 
 # No Prefect retries here, or on any task of this flow (one layer owns retries). A store
 # error that reaches this task has already been retried by the store itself for store.retry_s
-# (echo2/data/fsspec_store.py, the single owner: botocore and s3fs are told not to retry); retrying the
+# (echo2/data/store/fsspec_store.py, the single owner: botocore and s3fs are told not to retry); retrying the
 # task on top ran that whole window again, three more times, so a dead store took 4 x retry_s (8 minutes)
 # to surface. Nothing else that can fail here is worth a rerun: a SkyPilot API hiccup is ridden out by
 # the fleet's reconcile pass, "no usable rollouts" already waited rollout_timeout_s, and anything else
@@ -168,17 +164,6 @@ def _launch(config: dict | None, config_path: str, settings: list[str], resume: 
     return cfg, False  # someone else's run of that id: creating it fails, naming --resume
 
 
-def _stop_interrupted(run: LearnerRun, fleet: FleetManager) -> None:
-    """Cancellation, Ctrl-C, SIGTERM: the fleet is told to stop while the checkpoint is written, so that
-    both end inside Prefect's grace (30 s from its SIGTERM to its SIGKILL)."""
-    teardown = threading.Thread(target=fleet.stop, name="echo2-fleet-stop")
-    teardown.start()
-    try:
-        run.interrupted()
-    finally:
-        teardown.join()
-
-
 def flow_run_cancelling() -> bool:
     """Whether Prefect is cancelling this flow run: it sets CANCELLING before it sends the process SIGTERM."""
     flow_run_id = this_flow_run.id
@@ -189,23 +174,6 @@ def flow_run_cancelling() -> bool:
     with get_client(sync_client=True) as client:
         state = client.read_flow_run(flow_run_id).state
     return state is not None and state.type.value in ("CANCELLING", "CANCELLED")
-
-
-def _left_to_newer(made: list) -> None:
-    """A newer incarnation took the run: this one's fleet is not stopped at exit (its actors serve the new one)."""
-    for fleet in made:
-        atexit.unregister(fleet.stop)
-
-
-def _leave_on_notice(run: LearnerRun | None, made: list, notice: SpotNotice) -> dict | None:
-    """A spot learner's notice: the fleet is left running (not even stopped at exit), the run checkpointed with its
-    ``learner_notice`` and ``learner_left`` events (``LearnerRun.leave_on_notice``); None before the run exists."""
-    for fleet in made:
-        atexit.unregister(fleet.stop)
-    if run is None:
-        log.warning("preemption notice before the run was prepared: nothing to checkpoint")
-        return None
-    return run.leave_on_notice(notice.heard, notice.abandoned(run.step))
 
 
 @flow(name="echo2-train")
@@ -221,70 +189,31 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
     shortcuts = {"model.name": model, "task.name": task, "train.staleness": staleness,
                  "train.max_steps": max_steps, "fleet.max_usd_per_hour": fleet_budget_usd_per_hour}
     settings = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides or [])
+    load_secret_blocks()  # $ECHO2_SECRET_BLOCKS: the run key, store keys from Prefect Secret blocks
     cfg, resume = _launch(config, config_path, settings, resume)
-    notice = None
-    if cfg.train.market == "spot":  # SIGTERM and the metadata notice: leave the fleet running (notice.py)
-        notice = SpotNotice(cfg.train.sigterm_notice_s, preemption_source=cfg.train.preemption_source,
-                            poll_s=cfg.train.preemption_poll_s, cancelled=flow_run_cancelling).install()
-    try:
-        return _train(cfg, resume, notice)
-    finally:
-        if notice is not None:
-            notice.close()
-
-
-def _train(cfg: Config, resume: bool, notice: SpotNotice | None) -> dict:
-    watch = RunWatch(cfg)
-    run: LearnerRun | None = None
-    made: list[FleetManager] = []
-    fleet: FleetManager | None = None
-    left = False
-    try:
-        run = prepare_run(cfg, resume)
-        if notice is not None:
-            notice.attach(run.clock, lambda: run.step)
-        if this_flow_run.id:
-            write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
-                        attempt=this_flow_run.run_count, step=run.step)
-        fleet = start_fleet(run, made)
-        run.revoke(fleet.revoked)  # actors the resume could not adopt: revoked before the first publish
-        if cfg.eval.before:
-            watch.eval("before", evaluate(run, "before"))
-        watch.started(run.step)
-        while run.step < cfg.train.max_steps:
-            selection = collect_rollouts(run, fleet, step=run.step + 1)
-            metrics = update_policy(run, selection, step=run.step + 1)
-            if notice is not None:
-                notice.check()  # a notice that let the step finish: leave now
-            watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
-            if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
-                watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
-    except LeaseLost:
-        _left_to_newer(made)
-        left = True
-        raise
-    except BaseException:
-        cancel = notice is not None and notice.heard is not None and notice.is_cancel()
-        if notice is not None and notice.heard is not None and not cancel:
-            notice.leaving = True  # a second SIGTERM must not interrupt the checkpoint
-            _leave_on_notice(run, made, notice)
-            left = True
-            watch.stopped()
-            raise LearnerReclaimed(cfg.run.id, run.step if run is not None else 0, notice.heard.source) from None
-        if cancel:
-            notice.leaving = True
-            log.warning("the flow run is being cancelled: the SIGTERM stops the run and its fleet (not a notice)")
-        if fleet is not None:
-            _stop_interrupted(run, fleet)
-            watch.stopped()
-        if cancel:
-            notice.stop_as_cancel()
-        raise
-    finally:
-        if fleet is not None and not left:
-            fleet.stop()
-    if cfg.eval.after:
-        watch.eval("after", evaluate(run, "after"))
-    summary = write_reports(run)
-    watch.finished(summary, run.report_file("curves.png"), run.cost_markdown())
-    return summary
+    # a spot learner's SIGTERM and metadata notice (train.market: spot) leave the fleet running (notice.py); notable
+    # ledger events become Prefect events too (flows/events.py)
+    with spot_notice(cfg.train, cancelled=flow_run_cancelling) as notice, forward_run_events(cfg.run.id):
+        watch = RunWatch(cfg)
+        with LearnerExit(notice, cfg.run.id, on_stopped=watch.stopped) as ending:  # the fleet stopped, or left
+            run = ending.prepared(prepare_run(cfg, resume))
+            if this_flow_run.id:
+                write_event(run.store, FLOW_RUN_EVENT, "learner", flow_run_id=this_flow_run.id,
+                            attempt=this_flow_run.run_count, step=run.step)
+            fleet = start_fleet(run, ending)
+            run.revoke(fleet.revoked)  # actors the resume could not adopt: revoked before the first publish
+            if cfg.eval.before:
+                watch.eval("before", evaluate(run, "before"))
+            watch.started(run.step)
+            while run.step < cfg.train.max_steps:
+                selection = collect_rollouts(run, fleet, step=run.step + 1)
+                metrics = update_policy(run, selection, step=run.step + 1)
+                ending.check()  # a notice that let the step finish: leave now
+                watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
+                if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
+                    watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))
+        if cfg.eval.after:
+            watch.eval("after", evaluate(run, "after"))
+        summary = write_reports(run)
+        watch.finished(summary, run.report_file("curves.png"), run.cost_markdown())
+        return summary

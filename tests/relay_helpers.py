@@ -9,7 +9,8 @@ import time
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from echo2.broadcast.relay import FetchPolicy, RelayNode
+from echo2.broadcast.protocol import FetchPolicy
+from echo2.broadcast.relay_node import RelayNode
 from echo2.data.manifest import chunk_hashes, sign
 from echo2.data.relay_tokens import RelayAuth, mint
 

@@ -183,7 +183,7 @@ def test_the_ledger_names_the_candidates_and_what_a_resume_revokes_at_once():
 
 def test_an_adopted_actors_files_are_judged_by_the_manifest_they_name(tmp_path):
     from echo2.learner.collector import RolloutCollector
-    from echo2.learner.run import lost_timelines
+    from echo2.learner.resume import lost_timelines
 
     store = open_store(str(tmp_path / "runs" / "run"))
     old_v1 = {"version": 1, "signature": "old"}
@@ -230,7 +230,7 @@ def test_only_a_file_naming_the_lost_timelines_manifest_earns_the_drop_and_only_
     signed is malformed; and an actor gets as many free drops as files it could have made while that timeline
     lived (here one version, a step of four single-group files, and a backlog of two), no more."""
     from echo2.learner.collector import RolloutCollector
-    from echo2.learner.run import lost_timelines
+    from echo2.learner.resume import lost_timelines
 
     store = open_store(str(tmp_path / "runs" / "run"))
     lost_v1 = {"version": 1, "signature": "lost"}
@@ -265,7 +265,7 @@ def test_a_file_beyond_the_lost_timelines_newest_version_is_from_the_future(tmp_
     newer one is junk (quarantined, counted against it), not a free drop as "lost timeline" (which would let an
     actor holding one pre-resume credential flood the learner with files that cost it nothing)."""
     from echo2.learner.collector import RolloutCollector
-    from echo2.learner.run import lost_timelines
+    from echo2.learner.resume import lost_timelines
 
     store = open_store(str(tmp_path / "runs" / "run"))
     write_event(store, "launch", "adopted0")

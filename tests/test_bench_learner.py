@@ -150,9 +150,10 @@ def test_the_gpu_path_needs_only_torch_and_transformers():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["hidden"] == []
     assert set(out["echo2"]) <= {"echo2", "echo2.bench", "echo2.bench.learner", "echo2.bench.learner_steps",
-                                 "echo2.bench.learner_models", "echo2.bench.learner_report", "echo2.learner",
-                                 "echo2.learner.packing", "echo2.learner.logprobs", "echo2.learner.loss",
-                                 "echo2.learner.learner", "echo2.learner.columns", "echo2.learner.model_load",
+                                 "echo2.bench.learner_models", "echo2.bench.learner_report", "echo2.bench.learner_mfu",
+                                 "echo2.learner", "echo2.learner.packing", "echo2.learner.logprobs",
+                                 "echo2.learner.loss", "echo2.learner.learner", "echo2.learner.columns",
+                                 "echo2.learner.model_load", "echo2.learner.fsdp_units",
                                  "echo2.learner.process_group", "echo2.learner.attention", "echo2.devices",
                                  "echo2.errors", "echo2.data", "echo2.data.lora",
                                  "echo2.learner.notice", "echo2.preemption"}  # signals deferred in a step

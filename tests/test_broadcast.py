@@ -9,8 +9,10 @@ import aiohttp
 import pytest
 from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes, raw_peer, slow_store_reader
 
+from echo2.broadcast.protocol import FetchPolicy
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.broadcast.relay import FetchPolicy, RelayNode, RelayServer
+from echo2.broadcast.relay import RelayServer
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.topology import parent_index, plan, sources
 from echo2.config import BroadcastConfig
 from echo2.data.manifest import ManifestRejected, sign, verify_signature

@@ -33,8 +33,9 @@ from relay_helpers import (
 )
 from relay_helpers import poll_until as poll_until_version
 
+from echo2.broadcast.protocol import FetchPolicy, Peer
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.topology import MAX_RECORD_BYTES, live_peers, order, register
 from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout

@@ -11,7 +11,8 @@ import pytest
 from helpers import wait_until
 from relay_helpers import CHUNK, TOKEN, _bare_peer, _read_head, auth, make_version, nodes, slow_store_reader
 
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, new_buffer
+from echo2.broadcast.protocol import FetchPolicy, Peer
+from echo2.broadcast.relay_node import RelayNode, new_buffer
 from echo2.data.store import open_store
 
 

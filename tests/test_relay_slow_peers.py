@@ -21,8 +21,9 @@ from relay_helpers import KEY, RUN_ID, TOKEN, _bare_peer, _read_head, auth, make
 from test_relay_wan import DelayingForwarder, big_chunked_version, seeded
 
 from echo2.broadcast import protocol
-from echo2.broadcast.protocol import ANSWER_GRACE_S, TAG_CHUNK
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, RelayServer
+from echo2.broadcast.protocol import ANSWER_GRACE_S, TAG_CHUNK, FetchPolicy, Peer
+from echo2.broadcast.relay import RelayServer
+from echo2.broadcast.relay_node import RelayNode
 from echo2.data.manifest import chunk_table, sign
 from echo2.data.relay_tokens import mint
 from echo2.data.store import open_store

@@ -14,7 +14,7 @@ import pytest
 from relay_helpers import TOKEN, auth, make_version
 
 from echo2.broadcast.protocol import MAX_STORE_REQUESTS, FetchPolicy, SourceFailed
-from echo2.broadcast.relay import RelayNode, new_buffer
+from echo2.broadcast.relay_node import RelayNode, new_buffer
 from echo2.data.store import open_store
 
 SMALL = 16 * 1024  # the test versions' chunks are 64 KB (relay_helpers.CHUNK)

@@ -17,8 +17,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from relay_helpers import env_of_a_launched_actor, make_version, slow_store_reader
 from relay_helpers import poll_until as _poll_until
 
+from echo2.broadcast.protocol import FetchPolicy, Peer
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, RelayServer
+from echo2.broadcast.relay import RelayServer
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.relay_tls import RelayTLS, relay_tls, tls_enabled
 from echo2.config import BroadcastConfig, Config, ConfigError, load_config
 from echo2.data import layout

@@ -25,9 +25,10 @@ from relay_helpers import KEY, PUBLIC, RUN_ID, TOKEN, auth, make_version, nodes,
 from test_relay_tls import RUN, _tls, _token
 
 from echo2.broadcast import receiver as receiver_module
+from echo2.broadcast.protocol import FetchPolicy, Peer
 from echo2.broadcast.rates import RateMeter, min_rate_mbit
 from echo2.broadcast.receiver import PolicyReceiver, _share_mbit
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.topology import plan
 from echo2.config import BroadcastConfig, Config
 from echo2.data import layout

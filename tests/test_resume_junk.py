@@ -20,7 +20,8 @@ from echo2.data.ledger import read_events, write_event
 from echo2.data.rollouts import decode_rollouts
 from echo2.data.run_key import KEY_ENV
 from echo2.data.store import open_store
-from echo2.learner.run import LearnerRun, lost_timelines
+from echo2.learner.resume import lost_timelines
+from echo2.learner.run import LearnerRun
 
 RUN = "r1"
 WRITES = ("put", "put_pointer", "put_json", "copy", "move", "delete", "delete_prefix")

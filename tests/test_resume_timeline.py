@@ -56,7 +56,7 @@ def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_f
     from echo2.data.rollouts import RolloutLimits
     from echo2.data.store.fsspec_store import FsspecStore
     from echo2.learner.collector import RolloutCollector
-    from echo2.learner.run import lost_timelines
+    from echo2.learner.resume import lost_timelines
 
     class ActorCommitsDuringTheMove(FsspecStore):
         """The run's store; an actor of the dead learner commits a file while the resume moves the folder."""
@@ -92,7 +92,7 @@ def test_files_the_lost_timelines_actors_commit_after_the_resume_are_accounted_f
 
 
 def test_lost_timelines_are_read_from_every_resume_of_the_ledger():
-    from echo2.learner.run import lost_timelines
+    from echo2.learner.resume import lost_timelines
     from echo2.learner.timelines import LostTimeline
 
     events = [{"ts": 1, "kind": "launch", "actor_id": "a"},

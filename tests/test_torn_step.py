@@ -83,7 +83,7 @@ def test_a_notice_inside_the_optimizer_update_never_checkpoints_a_torn_step(tmp_
                 run.update(_selection(run))
         if run.step == 2:
             weights_at[2] = _weights(run)
-        notice.leaving = True
+        notice.leave()
         left = run.leave_on_notice(notice.heard, notice.abandoned(run.step))
     finally:
         notice.close()

@@ -38,7 +38,8 @@ import fsspec
 from aiohttp import web
 
 from echo2.bench.wan import DelayForwarder
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode
+from echo2.broadcast.protocol import FetchPolicy, Peer
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.data.relay_certs import ActorCertificate
 from echo2.data.relay_tokens import RelayAuth

@@ -10,7 +10,7 @@ attention over packs and checkpointed layers. Imports torch, transformers, accel
 library and echo2's learner (a stock GPU image has them; pydantic and cryptography are not needed). Sections run
 in order; each is timed, guarded (an exception is recorded as ERROR and the next section runs) and skipped once
 ``--budget-s`` is spent. Every result is one JSON line in DIR/gpu_check.jsonl and one line on stdout (PASS / FAIL /
-INFO / SKIP / ERROR); the last line is ``SUMMARY PASS=.. FAIL=.. ERROR=.. SKIP=..``.
+INFO / SKIP / ERROR); the last line is ``SUMMARY PASS=.. FAIL=.. ERROR=.. SKIP=..`` (``gpu_check_record.py``).
 
     env       versions, the card, measured bf16 matmul TFLOP/s and copy GB/s (the real ceilings)
     head      the chunked head against a float64 reference: values and both gradients, fp32 and bf16
@@ -34,17 +34,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import random
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
 
+from echo2.bench.gpu_check_record import Check
 from echo2.bench.learner_models import cpu_model_config, load_model_config, to_transformers
 from echo2.bench.learner_steps import (
     LEARNER_DEFAULTS,
@@ -69,46 +68,6 @@ FP32 = {"loss": 1e-4, "grad_norm": 1e-4, "grad": 1e-3, "head": 1e-4, "pack": 2e-
 TF32 = {"loss": 5e-3, "grad_norm": 5e-3, "grad": 2e-2, "pack": 2e-3, "leak": 1e-5}
 """fp32 with TF32 matmuls (what the learner runs for ``dtype: float32`` on a GPU: 10-bit mantissa inputs, fp32
 accumulation) against the old step in full fp32."""
-
-
-class Check:
-    def __init__(self, out_dir: Path, budget_s: float):
-        self.path = out_dir / "gpu_check.jsonl"
-        self.deadline = time.monotonic() + budget_s
-        self.rows: list[dict] = []
-
-    def record(self, section: str, name: str, verdict: str, **values) -> None:
-        row = {"section": section, "name": name, "verdict": verdict, **values}
-        self.rows.append(row)
-        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
-                         if k != "traceback")
-        print(f"{verdict:5s} {section}.{name} {shown}", flush=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")
-
-    def bound(self, section: str, name: str, value: float, limit: float, *, above: bool = False, **extra) -> None:
-        ok = math.isfinite(value) and (value >= limit if above else value <= limit)
-        self.record(section, name, "PASS" if ok else "FAIL", value=value, limit=limit, **extra)
-
-    def run(self, section: str, fn) -> None:
-        if time.monotonic() > self.deadline:
-            self.record(section, "section", "SKIP", reason="time budget spent")
-            return
-        start = time.monotonic()
-        try:
-            fn()
-        except Exception as exc:  # one section's failure is a finding, not the end of the check
-            self.record(section, "section", "ERROR", error=f"{type(exc).__name__}: {exc}"[:500],
-                        traceback=traceback.format_exc()[-3000:])
-        finally:
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.record(section, "seconds", "INFO", value=time.monotonic() - start)
-
-    def summary(self) -> str:
-        verdicts = [r["verdict"] for r in self.rows]
-        return "SUMMARY " + " ".join(f"{v}={verdicts.count(v)}" for v in ("PASS", "FAIL", "ERROR", "SKIP"))
 
 
 def sync(device: torch.device) -> None:

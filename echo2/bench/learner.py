@@ -40,15 +40,15 @@ learner's defaults are 8,192 and 1,024): sdpa's block-diagonal mask over a pack 
 logits are chunk x vocabulary x 4 bytes, so both set memory here. On a GPU: the learner's defaults.
 ``--micro-batch-tokens`` and ``--chunk-tokens`` change them; the output names those used.
 
-MFU (echo2's step): ``mfu`` = 6 x active parameters (``learner_steps.active_parameters``) x the tokens the model ran
-on (``computed_tokens``: a group's shared prompt once) / seconds / the device's peak, and ``mfu_attention`` adds causal
-attention's own FLOPs (``learner_steps.attention_flops``, piece by piece), both at the median step (``_best``: at the
-fastest); ``tokens_per_s`` counts the step's sequences' tokens, as the baseline's does. The peak is the GPU's
-dense bf16 datasheet figure
-(``echo2.devices.PEAK_BF16_TFLOPS``), or on a CPU the rate of a dense matmul measured in the compute dtype
-(``peak_source`` says which; ``device_name`` names the card). The GPU path imports torch, transformers, accelerate,
-pyarrow, the standard library and echo2's learner, nothing else (tests/test_bench_learner.py runs it with the others
-blocked): run it where only those exist as ``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
+MFU (echo2's step, ``learner_mfu.py``): ``mfu`` = 6 x active parameters (``learner_steps.active_parameters``) x the
+tokens the model ran on (``computed_tokens``: a group's shared prompt once) / seconds / the device's peak, and
+``mfu_attention`` adds causal attention's own FLOPs (``learner_steps.attention_flops``, piece by piece), both at the
+median step (``_best``: at the fastest); ``tokens_per_s`` counts the step's sequences' tokens, as the baseline's does.
+The peak is the GPU's dense bf16 datasheet figure (``echo2.devices.PEAK_BF16_TFLOPS``), or on a CPU the rate of a
+dense matmul measured in the compute dtype (``peak_source`` says which; ``device_name`` names the card). The GPU
+path imports torch, transformers, accelerate, pyarrow, the standard library and echo2's learner, nothing else
+(tests/test_bench_learner.py runs it with the others blocked): run it where only those exist as
+``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
 """
 
 from __future__ import annotations
@@ -68,8 +68,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from echo2.bench.learner_mfu import flops_figures, peak_of
 from echo2.bench.learner_models import MODEL_CONFIGS, QWEN3_VOCAB, cpu_model_config, load_model_config, to_transformers
-from echo2.bench.learner_report import json_object, plain_table, target_lines
+from echo2.bench.learner_report import describe, json_object, plain_table, target_lines
 
 
 @dataclass
@@ -219,48 +220,6 @@ def baseline_state(opts: Options):
     model = build_model(to_transformers(opts.model_config), device=torch.device(opts.device),
                         activation_checkpointing=opts.bf16_checkpointed, seed=opts.seed)
     return model, make_optimizer(model)
-
-
-def flops_figures(learner, case: Case, opts: Options, result: dict) -> dict:
-    """MFU of a measured echo2 step: 6 x active parameters x tokens, and with attention's FLOPs too, at the median
-    and at the fastest step, against the device's dense peak (``peak_of``)."""
-    from echo2.bench.learner_steps import active_parameters, attention_flops, computed_tokens, make_columns
-
-    lm = learner.policy_lm(learner.model)
-    active = active_parameters(lm)
-    columns = make_columns(case.prompt_tokens, case.completion_lengths, case.group_size,
-                           opts.model_config["vocab_size"], opts.seed)
-    tokens = computed_tokens(learner, columns)  # what the model ran on: a group's shared prompt once
-    dense = 6.0 * active * tokens
-    attention = attention_flops(columns, lm.config, share_prompts=learner.shares_prompts)
-    peak, source, name = peak_of(learner.device, learner.dtype)
-    out = {"device_name": name, "peak_tflops": peak, "peak_source": source, "active_params": active,
-           "computed_tokens": tokens, "attention_flops_share": attention / (dense + attention)}
-    for suffix, seconds in (("", result["seconds"]), ("_best", result["seconds_min"])):
-        out[f"mfu{suffix}"] = dense / seconds / (peak * 1e12) if peak else None
-        out[f"mfu_attention{suffix}"] = (dense + attention) / seconds / (peak * 1e12) if peak else None
-    return out
-
-
-def peak_of(device, dtype) -> tuple[float | None, str, str]:
-    """(TFLOP/s, its source, the device's name): a GPU's datasheet bf16 peak (``echo2.devices``), else the rate of
-    a dense matmul in the compute dtype measured here, so a CPU's MFU is against what its cores do."""
-    import torch
-
-    from echo2.devices import device_name, peak_tflops_of_device
-
-    name = device_name(device)
-    if device.type == "cuda":
-        peak = peak_tflops_of_device(name)
-        return peak, "datasheet (dense bf16)" if peak else "unknown", name
-    n = 1024
-    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-    torch.mm(a, b)
-    start = time.perf_counter()
-    for _ in range(5):
-        torch.mm(a, b)
-    rate = 5 * 2 * n**3 / (time.perf_counter() - start) / 1e12
-    return rate, f"measured {str(dtype).removeprefix('torch.')} matmul", name
 
 
 def _refuse_what_cannot_fit(opts: Options, device_mb: float) -> None:
@@ -502,20 +461,6 @@ def run_and_report(cases: list[Case], opts: Options, *, as_json: bool, model_con
     for line in target_lines(results, cuda=opts.device == "cuda", model_config=model_config):
         print(line, file=sys.stderr if as_json else sys.stdout)
     return code
-
-
-def describe(opts: Options, results: list[dict] | None = None) -> str:
-    """One line: the model and the settings the numbers were taken with (and the MFU's peak, once measured)."""
-    c = opts.model_config
-    peak = next((r for r in results or [] if r.get("peak_tflops")), None)
-    against = f"; MFU against {peak['peak_tflops']:.3g} TFLOP/s ({peak['peak_source']}, {peak['device_name']})" \
-        if peak else ""
-    return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
-            f"vocabulary {c['vocab_size']}, "
-            f"on {opts.device}{' (bf16, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
-            f"echo2: micro_batch_tokens {opts.micro_batch_tokens}, logprob chunk {opts.chunk_tokens}; "
-            f"{opts.steps} measured step(s) after {opts.warmup} warm-up (times: the median step); memory = peak above "
-            f"model + grads + AdamW{against}")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,21 @@ def target_lines(results: list[dict], *, cuda: bool, model_config: str | None) -
     return lines
 
 
+def describe(opts, results: list[dict] | None = None) -> str:
+    """One line: the model and the settings the numbers were taken with (``opts``: the bench's ``Options``; and the
+    MFU's peak, once measured)."""
+    c = opts.model_config
+    peak = next((r for r in results or [] if r.get("peak_tflops")), None)
+    against = f"; MFU against {peak['peak_tflops']:.3g} TFLOP/s ({peak['peak_source']}, {peak['device_name']})" \
+        if peak else ""
+    return (f"{c['model_type']} {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, "
+            f"vocabulary {c['vocab_size']}, "
+            f"on {opts.device}{' (bf16, checkpointed layers)' if opts.bf16_checkpointed else ' (fp32)'}; "
+            f"echo2: micro_batch_tokens {opts.micro_batch_tokens}, logprob chunk {opts.chunk_tokens}; "
+            f"{opts.steps} measured step(s) after {opts.warmup} warm-up (times: the median step); memory = peak above "
+            f"model + grads + AdamW{against}")
+
+
 def table_rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     cuda = any("gpu_peak_mb" in r for r in results)
     headers = ["case", "tokens", "echo2 MB", "baseline MB", "ratio", "echo2 tok/s", "baseline tok/s", "speed-up",

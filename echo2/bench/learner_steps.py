@@ -219,7 +219,7 @@ def _padded(columns: StepColumns, rows: list[int], device: torch.device):
 
 def build_model(config, *, device: torch.device, activation_checkpointing: bool, seed: int):
     """A random-weight causal LM from ``config`` in fp32 (the master weights), in eval mode as the learner
-    keeps it, every decoder layer checkpointed when asked (the Learner's ``_checkpoint_layers``)."""
+    keeps it, every decoder layer checkpointed when asked (``learner/fsdp_units.py``: ``checkpoint_layers``)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)

@@ -7,7 +7,7 @@ parent peer or from the store, checking every chunk against the manifest before 
     protocol.py       what server and client share: a streamed run's tags, a source's errors, a parent of
                       the plan, the buffer a version is received into (every chunk checked as it is put)
     relay.py          the HTTP relay in every actor (serves the chunks it holds, a run of them per request)
-                      and ``RelayNode`` (server and fetcher on one event loop)
+    relay_node.py     ``RelayNode``: the relay's server and fetcher on one event loop in a background thread
     fetcher.py        the client: one streamed run of chunks per parent, then its ancestors, then the store
     rates.py          the up- and download rates a node measures on real transfers, and the rate a parent is
                       held to (its measured share and the child's need, over a floor)

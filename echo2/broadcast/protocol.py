@@ -147,7 +147,7 @@ class FetchPolicy:
     """Bytes of chunk requests kept in flight to the store, at least: small chunks get more requests, so that
     what is in flight still covers the store's bandwidth-delay product (8 MB: 200 Mbit/s over 320 ms, 1 Gbit/s
     over 64 ms); the window's 4 requests of small chunks over a long round trip leave the store's uplink idle
-    between answers (measured: ``docs/broadcast.md``, "Keeping long links busy")."""
+    between answers (measured: ``docs/runs/2026-12-03-broadcast-wan.md``, "A root reading the store")."""
     chunk_slack_s: float = 2.0
     """Seconds a chunk's bytes may take beyond its size at the rate the parent is held to (scheduling)."""
 

@@ -40,7 +40,7 @@ with the version it failed: the receiver asks it for nothing for
 (``failed_parents``), from which the learner plans around it (``topology.plan``).
 
 Rates: the receiver puts the upload and download rates its relay measured on real transfers
-(``relay.RelayNode.rates``, ``rates.py``) in its peer record at every heartbeat (``up_mbit``,
+(``relay_node.RelayNode.rates``, ``rates.py``) in its peer record at every heartbeat (``up_mbit``,
 ``down_mbit``; None until enough moved), for the learner's plan. It holds each parent to its share of the
 upload the signed plan carries for it (``up_mbit`` over the plan's fan-out, where the plan has it) and to
 what this actor needs: the version's chunk bytes over the median of the last (up to five) times between
@@ -71,7 +71,8 @@ from typing import Iterator
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from echo2.broadcast import topology
-from echo2.broadcast.relay import FetchPolicy, Peer, RelayNode, VersionBuffer
+from echo2.broadcast.protocol import FetchPolicy, Peer, VersionBuffer
+from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.relay_tls import RelayTLS
 from echo2.config import BroadcastConfig
 from echo2.data import layout

@@ -175,7 +175,7 @@ def guest_sources(relay: dict, actor_id: str, site: str | None = None) -> list[t
     Such an actor registered after the learner signed the plan (a replacement for a reclaimed one, joining
     mid-version); it is in the plan of the next version. Before, it read this version from the store, where it
     shares the store's uplink with the roots that the whole forest hangs from, so every joiner slowed every
-    peer (measured: ``docs/broadcast.md``, "Joining mid-version"), and across clouds it pays the store's egress.
+    peer (measured: ``docs/runs/2026-12-03-broadcast-wan.md``, "Joiners"), and across clouds it pays the store's egress.
     A leaf's uplink is idle: the plan gives it no children. The leaf is one of the fastest the plan has: the plan lists
     each site's peers fastest first (``forest.py``), so the candidates are the leaves whose reported rate is in
     the half-octave of the first leaf's (all of them where no rate is known); a peer demoted to the leaves

@@ -6,11 +6,12 @@ writers never contend for one file.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,6 +21,28 @@ from echo2.data.rollouts import MEASURED_PREFIX
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore
 
 SECTIONS = ("used", "dropped", "quarantined")
+
+log = logging.getLogger(__name__)
+
+EventListener = Callable[[dict[str, Any]], None]
+event_listeners: list[EventListener] = []
+"""Called with each fleet event's record (``write_event``) and each new ban's (``write_ban``, ``kind`` "banned") once
+the ledger holds it: the ledger is the record, a listener only passes it on (the flow forwards notable ones to
+Prefect, ``flows/events.py``). This package never imports Prefect, hence a hook rather than a call."""
+_failed_listeners: set[int] = set()
+
+
+def _notify(record: dict[str, Any]) -> None:
+    """Tell every listener; a listener that raises is logged once (by identity) and skipped this time: a
+    notification that fails must never fail the write it reports, or the run."""
+    for listener in list(event_listeners):
+        try:
+            listener(record)
+        except Exception:
+            if id(listener) not in _failed_listeners:
+                _failed_listeners.add(id(listener))
+                log.warning("ledger event listener %r failed (logged once; the ledger entry stands)", listener,
+                            exc_info=True)
 
 
 def write_consumed(store: ObjectStore, step: int, record: dict[str, Any], *, amendment: str | None = None) -> None:
@@ -70,11 +93,12 @@ def write_final(store: ObjectStore, step: int, leftovers: list[str], quarantined
 def write_ban(store: ObjectStore, actor_id: str, reason: str, step: int) -> None:
     """Record the ban of ``actor_id`` at once (``layout.ban_key``): one line that stands for every later file of
     it. Written once; a second ban of the same actor (a resumed learner's) keeps the first record."""
+    record = {"actor_id": actor_id, "reason": reason, "step": step, "at": time.time()}
     try:
-        store.put_json(layout.ban_key(actor_id), {"actor_id": actor_id, "reason": reason, "step": step,
-                                                  "at": time.time()})
+        store.put_json(layout.ban_key(actor_id), record)
     except AlreadyExists:
-        pass
+        return  # banned before: its listeners heard of it then
+    _notify({"kind": "banned", "ts": record["at"], **record})
 
 
 def read_bans(store: ObjectStore) -> dict[str, str]:
@@ -126,10 +150,13 @@ def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int 
 
 
 def write_event(store: ObjectStore, kind: str, actor_id: str, **fields: Any) -> None:
-    """A fleet event (launch, ready, exited, restarted, terminated), with its price when known."""
+    """A fleet event (launch, ready, exited, restarted, terminated), with its price when known; then its listeners
+    (``event_listeners``) hear of it."""
     ts = time.time()
     key = layout.event_key(ts, actor_id, uuid.uuid4().hex[:6])
-    store.put_json(key, {"ts": ts, "kind": kind, "actor_id": actor_id, **fields})
+    record = {"ts": ts, "kind": kind, "actor_id": actor_id, **fields}
+    store.put_json(key, record)
+    _notify(record)
 
 
 def read_events(store: ObjectStore) -> list[dict[str, Any]]:

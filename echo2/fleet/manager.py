@@ -7,8 +7,8 @@
            fleet `echo2 plan --workload` prints for the same workload and catalog)
     every reconcile (between learner steps, and while the learner waits for rollouts):
         poll each actor; one that was reclaimed, crashed or exited is recorded, released (a cloud
-            backend tears down what is left of it) and replaced (a crash counts against
-            fleet.max_restarts per slot for CRASH_WINDOW_S only, so rare crashes of a long run never add
+            backend tears down what is left of it) and replaced in its slot (``slots.py``: a crash counts
+            against fleet.max_restarts per slot for CRASH_WINDOW_S only, so rare crashes of a long run never add
             up to its end; a reclaim or a clean exit never counts: a reclaim is the provider's doing, and
             the replacement is the point of running on spot)
         a provider or STS call that keeps failing transiently (FleetApiError, after the backend's
@@ -46,7 +46,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Mapping
 
 from echo2.config import FleetConfig
@@ -68,6 +68,7 @@ from echo2.fleet.credentials import SessionDenier
 from echo2.fleet.egress import EgressLedger
 from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix
 from echo2.fleet.sizing.autosize import due as autosize_due
+from echo2.fleet.slots import CRASH_WINDOW_S, Slot, adopted_slots, recent
 
 log = logging.getLogger("echo2.fleet")
 
@@ -83,32 +84,6 @@ CREDENTIAL_MARGIN_S = 600.0
 
 MAX_REPLANS_PER_PASS = 4
 """Times one pass asks the chooser again after offers ran out of capacity (each caps what it found full)."""
-
-CRASH_WINDOW_S = 3600.0
-"""A crash counts against ``fleet.max_restarts`` for this long: a slot whose actors crash that often is broken."""
-
-
-def recent(crash_times: tuple[float, ...], now: float) -> tuple[float, ...]:
-    """The crashes that still count at ``now``."""
-    return tuple(t for t in crash_times if now - t < CRASH_WINDOW_S)
-
-
-@dataclass
-class _Slot:
-    index: int
-    actor_id: str
-    offer: ActorOffer
-    crash_times: tuple[float, ...] = ()
-    """When the actors of this slot crashed (``CRASH_WINDOW_S``: the older ones no longer count)."""
-    running_seen: bool = False
-    expires_at: float | None = None
-    planned: ActorOffer | None = None
-    """The offer of the chooser's mix this actor was launched for (``offer`` may be an alternative it landed on)."""
-
-    @property
-    def crashes(self) -> int:
-        """Crashes of this slot that still count against ``fleet.max_restarts``."""
-        return len(recent(self.crash_times, time.time()))
 
 
 class FleetManager:
@@ -146,7 +121,7 @@ class FleetManager:
         self._unavailable_until: dict[ActorOffer, float] = {}
         self.desired = desired if desired is not None else (
             config.actors if isinstance(config.actors, int) else config.min_actors)
-        self.slots: list[_Slot] = []
+        self.slots: list[Slot] = []
         self.revoked: set[str] = set()
         """Actors that ended or were retired: their relay tokens are revoked at the next publish."""
         self.expelled: set[str] = set()
@@ -191,15 +166,8 @@ class FleetManager:
         events = read_events(self.store)
         adopted, leftovers = adoption.take_over(self.backend, self.store, events, self.launch, self.offers,
                                                 enabled=self.config.adopt_on_resume)
-        for event, offer in adopted:
-            actor_id = str(event["actor_id"])
-            index = adoption.slot_index(actor_id)
-            index = index if index is not None else self._next_index
-            self._next_index = max(self._next_index, index + 1)
-            expires = event.get("expires_at")
-            running = any(e.get("kind") == "running" and e.get("actor_id") == actor_id for e in events)
-            self.slots.append(_Slot(index, actor_id, offer, running_seen=running, planned=offer,
-                                    expires_at=float(expires) if isinstance(expires, (int, float)) else None))
+        slots, self._next_index = adopted_slots(adopted, events, self._next_index)
+        self.slots.extend(slots)
         self.backend.release_leftovers(leftovers)
         for actor_id in leftovers:
             self.revoked.add(actor_id)
@@ -480,7 +448,7 @@ class FleetManager:
             # later names the alternative the backend took, whose price then bills the whole row
             write_event(self.store, "launch", actor_id, backend=self.backend.name, expires_at=spec.expires_at,
                         **offer.event_fields(), **details)
-            self.slots.append(_Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at, planned=offer))
+            self.slots.append(Slot(index, actor_id, offer, crashes, expires_at=spec.expires_at, planned=offer))
             self._budget_logged = False
             return True
         return False
@@ -504,18 +472,17 @@ class FleetManager:
             if o == offer or (alternatives and self.alternatives > 0 and offer.interchangeable(o)):
                 self._unavailable_until[o] = until
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: Slot) -> None:
         """What is left of an ended actor (a cloud VM kept up after a failed job) goes too."""
         try:
             self.backend.terminate(slot.actor_id, grace_s=0)
         except Exception as exc:
             log.warning("could not release %s: %s", slot.actor_id, exc)
 
-    def _retire(self, slot: _Slot, reason: str | None = None) -> None:
+    def _retire(self, slot: Slot, reason: str | None = None) -> None:
         self.revoked.add(slot.actor_id)
         try:
             self.backend.terminate(slot.actor_id)
             write_event(self.store, "terminated", slot.actor_id, reason=reason, **slot.offer.event_fields())
         except Exception as exc:  # the store or the provider may be why we are stopping
             log.warning("could not record the stop of %s: %s", slot.actor_id, exc)
-

@@ -63,6 +63,27 @@ class ModelSampler:
         return replies
 
 
+class Generating:
+    """The learner's policy as evaluation generates with it (``ModelSampler``): ``generate`` on the device, in the
+    compute dtype; a sharded model's root unit is gathered for the call (its embedding and head), its layers gather
+    as they run. On several ranks the followers run the same call (``distributed.py``), so FSDP's collectives meet."""
+
+    def __init__(self, learner):
+        """``learner``: a ``Learner`` (``Learner.eval_model``)."""
+        self.learner = learner
+        self.device = learner.device
+        self.training = False
+
+    def eval(self):
+        return self
+
+    def train(self, mode: bool = True):
+        return self
+
+    def generate(self, **kwargs) -> torch.Tensor:
+        return self.learner.generate(kwargs)
+
+
 def evaluate_policy(model, tokenizer, task: Task, *, max_new_tokens: int, batch_size: int, k: int = 1,
                     temperature: float = 1.0) -> dict[str, Any]:
     """The task's held-out metrics for ``model``; ``score`` is the task's headline metric."""

@@ -20,7 +20,8 @@ has moved; the clip, the optimizer step and the version bump are never interrupt
 something escaped from inside the update anyway, so the weights in memory are no step's: never checkpointed.
 
 Models (``model_load.py``): a sharded learner builds its model on ``meta`` and receives its shards from rank 0,
-which alone reads the checkpoint, once, in the file's dtype. Packed attention (``attention.py``): with
+which alone reads the checkpoint, once, in the file's dtype; ``fsdp_units.py`` checkpoints its layers' activations
+and makes them FSDP2 units. Packed attention (``attention.py``): with
 ``train.attention`` varlen (auto) each sequence of a pack attends to itself without an N x N mask.
 """
 
@@ -41,6 +42,7 @@ from transformers import AutoTokenizer
 from echo2.data.lora import check_mergeable, merge_lora
 from echo2.devices import DTYPES, prepare_device, resolve_device, resolve_dtype
 from echo2.learner.columns import step_columns
+from echo2.learner.fsdp_units import prepare_units
 from echo2.learner.logprobs import PolicyLogprobs
 from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
 from echo2.learner.model_load import broadcast_weights, load_whole, materialize, read_checkpoint, skeleton
@@ -124,7 +126,8 @@ class Learner:
         self.policy = PolicyLogprobs(self.model, temperature=temperature, chunk_tokens=config.logprob_chunk_tokens)
         """Token log-probabilities of the policy (``_logprobs``); when sharded it is FSDP2's root unit, called instead
         of ``self.model``, whose parameter names (state dicts, the optimizer's) are unchanged."""
-        self._prepare(self.policy, trainable=True)
+        prepare_units(self.policy, trainable=True, activation_checkpointing=config.activation_checkpointing,
+                      sharded=self.sharded, dtype=self.dtype)
         if self.sharded:
             self._fill(self.policy, buffers, lambda: read_checkpoint(model_dir))
         self.optimizer = torch.optim.AdamW(
@@ -160,46 +163,6 @@ class Learner:
         return model.get_base_model() if hasattr(model, "get_base_model") else model
 
     # -- building ----------------------------------------------------------------------------
-    def _prepare(self, policy: PolicyLogprobs, *, trainable: bool) -> None:
-        """Activation checkpointing per layer (trainable models), then FSDP2 units when sharded."""
-        if trainable and self.config.activation_checkpointing:
-            self._checkpoint_layers(policy)
-        if self.sharded:
-            units = self._shard(policy)
-            for unit in units:  # each unit reduces its own gradients: every one must sum, not average
-                unit.set_gradient_divide_factor(1.0)  # the loss is normalized by the step's tokens over all ranks
-                unit.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
-            if not trainable:  # no backward: the root reshards after its forward too
-                units[-1].set_reshard_after_forward(True)
-
-    def _checkpoint_layers(self, policy: PolicyLogprobs) -> None:
-        """Recompute each decoder layer's activations in backward (torch's non-reentrant checkpoint).
-
-        The composable ``checkpoint`` works by forward hooks on the layer, so no wrapper module is inserted
-        and every parameter keeps its name (published weights, checkpoints, optimizer state); it records the
-        autocast state and the RNG state of the forward and replays them in the recomputation.
-        """
-        from torch.distributed._composable import checkpoint
-
-        for layer in policy.causal_lm.get_decoder().layers:
-            checkpoint(layer)
-
-    def _shard(self, policy: PolicyLogprobs) -> list[torch.nn.Module]:
-        """FSDP2 units of a ``PolicyLogprobs``: each decoder layer, then the wrapper as the root (its forward runs the
-        chunked head, so the head's weight is unsharded there); bf16 compute where the compute dtype is bf16."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        layers = getattr(policy.causal_lm.get_decoder(), "layers", None)
-        if layers is None:
-            raise ValueError(f"{type(policy.causal_lm).__name__} has no decoder .layers to shard one by one")
-        precision = MixedPrecisionPolicy()
-        if self.dtype != torch.float32:
-            precision = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
-        units = [*layers, policy]
-        for unit in units:
-            fully_shard(unit, mp_policy=precision)
-        return units
-
     def _fill(self, policy: PolicyLogprobs, buffers: dict, read) -> None:
         """A sharded model's shards on the device, its weights from rank 0's ``read()`` (nothing to read on meta)."""
         materialize(policy.causal_lm, buffers, self.device)
@@ -215,7 +178,7 @@ class Learner:
             model = load_whole(self.model_dir, device=self.device, dtype=self.dtype, attention=self.attention)
         model.requires_grad_(False)
         copy = PolicyLogprobs(model, temperature=self.temperature, chunk_tokens=self.config.logprob_chunk_tokens)
-        self._prepare(copy, trainable=False)
+        prepare_units(copy, trainable=False, activation_checkpointing=False, sharded=self.sharded, dtype=self.dtype)
         if self.sharded:
             self._fill(copy, buffers, weights or (lambda: read_checkpoint(self.model_dir)))
         elif weights is not None:
@@ -456,8 +419,10 @@ class Learner:
                        optim_state_dict=state["optim"], options=StateDictOptions(strict=False))
 
     # -- evaluation ------------------------------------------------------------------------------
-    def eval_model(self) -> "Generating":
+    def eval_model(self):
         """What evaluation generates with: the policy itself, on the device, in the compute dtype (no copy)."""
+        from echo2.learner.evaluate import Generating  # (evaluation's, with the tasks: not needed to take a step)
+
         return Generating(self)
 
     def generate(self, kwargs: dict) -> torch.Tensor:
@@ -520,24 +485,3 @@ class Learner:
         if self.lora:
             return {k: v.to(dtype).cpu() for k, v in self.base_tensors.items()}, {"weights": "full"}
         return self.gathered(self.published_names, dtype), {"weights": "full"}
-
-
-class Generating:
-    """The learner's policy as evaluation generates with it (``ModelSampler``): ``generate`` on the device, in the
-    compute dtype; a sharded model's root unit is gathered for the call (its embedding and head), its layers gather
-    as they run. On several ranks the followers run the same call (``distributed.py``), so FSDP's collectives meet."""
-
-    def __init__(self, learner: Learner):
-        self.learner = learner
-        self.device = learner.device
-        self.training = False
-
-    def eval(self):
-        return self
-
-    def train(self, mode: bool = True):
-        return self
-
-    def generate(self, **kwargs) -> torch.Tensor:
-        return self.learner.generate(kwargs)
-

@@ -38,16 +38,17 @@ says the flow run is being cancelled (Prefect sets it CANCELLING before it sends
 an on-demand one does (checkpoint, the fleet stopped, the SIGTERM handed to the handler it replaced), so a cancel
 neither leaves the fleet billing nor exits 75. SIGINT (Ctrl-C) is never a notice.
 
-The flow (``flows/train.py``) then writes ``learner_notice``, checkpoints (``LearnerRun.leave_on_notice``), writes
-``learner_left`` and raises ``LearnerReclaimed`` without stopping the fleet: the actors wait for the relaunched
-learner. ``echo2 run`` exits ``RECLAIMED_EXIT`` (75, EX_TEMPFAIL: try again), the code a SkyPilot managed job is told to
-recover on (``infra/skypilot/learner-spot.yaml``). Assumed: Python delivers signals to the main thread only, and the
-flow runs there (``echo2 run``; rank 0 of ``echo2 learner``); elsewhere no handler can be installed and the notice is
-not heard (logged).
+The flow (``flows/train.py``, its block inside ``LearnerExit``) then writes ``learner_notice``, checkpoints
+(``LearnerRun.leave_on_notice``), writes ``learner_left`` and raises ``LearnerReclaimed`` without stopping the fleet:
+the actors wait for the relaunched learner. ``echo2 run`` exits ``RECLAIMED_EXIT`` (75, EX_TEMPFAIL: try again),
+the code a SkyPilot managed job is told to recover on (``infra/skypilot/learner-spot.yaml``). Assumed: Python
+delivers signals to the main thread only, and the flow runs there (``echo2 run``; rank 0 of ``echo2 learner``);
+elsewhere no handler can be installed and the notice is not heard (logged).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import signal
@@ -324,6 +325,10 @@ class SpotNotice:
                         exc)
             return False
 
+    def leave(self) -> None:
+        """The learner is on its way out (checkpointing, stopping): a further SIGTERM or notice interrupts nothing."""
+        self.leaving = True
+
     def stop_as_cancel(self) -> None:
         """A cancel: the SIGTERM goes to the handler this one replaced (``CtrlC``: exit 143; Prefect's), which
         raises; KeyboardInterrupt where that handler does not."""
@@ -336,3 +341,113 @@ class SpotNotice:
     def abandoned(self, step: int) -> bool:
         """Whether the notice abandoned a step (its version did not move: ``step`` is still where it began)."""
         return self.abandoned_from is not None and step == self.abandoned_from
+
+
+@contextmanager
+def spot_notice(train, *, cancelled=lambda: False):
+    """With ``train.market: spot`` (``train``: the run's ``TrainConfig``), a ``SpotNotice`` installed for the block
+    and closed after it; on demand, None (SIGTERM stays a stop)."""
+    if train.market != "spot":
+        yield None
+        return
+    notice = SpotNotice(train.sigterm_notice_s, preemption_source=train.preemption_source,
+                        poll_s=train.preemption_poll_s, cancelled=cancelled).install()
+    try:
+        yield notice
+    finally:
+        notice.close()
+
+
+class LearnerExit:
+    """How the flow's training block ends for the run's fleet, as a context manager: ended normally, by an error, a
+    stop or a cancel, the fleet is stopped (while the run checkpoints, both inside Prefect's 30 s grace); on a spot
+    notice it is left running for the relaunched learner (not even stopped at exit), the run checkpointed with its
+    ``learner_notice`` and ``learner_left`` events, and the block ends with ``LearnerReclaimed``; when a newer
+    learner incarnation took the run (``LeaseLost``) it is left running too and nothing is written: it is the new
+    incarnation's fleet now. ``prepared`` and ``start`` hand it the run and the fleet."""
+
+    def __init__(self, notice: SpotNotice | None, run_id: str | None, *, on_stopped=lambda: None):
+        """``on_stopped()``: told when the run stopped or left early (the flow's progress display)."""
+        self.notice, self.run_id, self.on_stopped = notice, run_id, on_stopped
+        self._run = None
+        self._fleet = None
+        self._started = False
+
+    def prepared(self, run):
+        """The run (``LearnerRun``) once prepared: a notice from here on times its step by the run's clock."""
+        self._run = run
+        if self.notice is not None:
+            self.notice.attach(run.clock, lambda: run.step)
+        return run
+
+    def start(self, fleet):
+        """Start the fleet (``FleetManager``), held from before its start: a notice during it leaves it running."""
+        self._fleet = fleet
+        fleet.start()
+        self._started = True
+        return fleet
+
+    def check(self) -> None:
+        """Between steps: leave now if a notice let the step finish (``SpotNotice.check``)."""
+        if self.notice is not None:
+            self.notice.check()
+
+    def __enter__(self) -> "LearnerExit":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        from echo2.data.lease import LeaseLost  # (the learner's step imports this module without the data plane)
+
+        if kind is None:
+            self._stop()
+            return
+        if isinstance(error, LeaseLost):
+            self._keep_running()
+            return
+        notice = self.notice
+        heard = notice is not None and notice.heard is not None
+        cancel = heard and notice.is_cancel()
+        if heard and not cancel:
+            notice.leave()  # a second SIGTERM must not interrupt the checkpoint
+            self._leave_on_notice()
+            self.on_stopped()
+            raise LearnerReclaimed(self.run_id, self._run.step if self._run is not None else 0,
+                                   notice.heard.source) from None
+        try:
+            if cancel:
+                notice.leave()
+                log.warning("the flow run is being cancelled: the SIGTERM stops the run and its fleet (not a notice)")
+            if self._started:
+                self._stop_interrupted()
+                self.on_stopped()
+            if cancel:
+                notice.stop_as_cancel()
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._started:
+            self._fleet.stop()
+
+    def _keep_running(self) -> None:
+        """The fleet is not stopped at exit either (``FleetManager`` registers its ``stop`` there)."""
+        if self._fleet is not None:
+            atexit.unregister(self._fleet.stop)
+
+    def _leave_on_notice(self) -> None:
+        """The fleet left running, the run checkpointed with its notice events (``LearnerRun.leave_on_notice``)."""
+        self._keep_running()
+        if self._run is None:
+            log.warning("preemption notice before the run was prepared: nothing to checkpoint")
+            return
+        self._run.leave_on_notice(self.notice.heard, self.notice.abandoned(self._run.step))
+
+    def _stop_interrupted(self) -> None:
+        """Cancellation, Ctrl-C, SIGTERM: the fleet is told to stop while the checkpoint is written, so that
+        both end inside Prefect's grace (30 s from its SIGTERM to its SIGKILL)."""
+        teardown = threading.Thread(target=self._fleet.stop, name="echo2-fleet-stop")
+        teardown.start()
+        try:
+            self._run.interrupted()
+        finally:
+            teardown.join()
