@@ -24,11 +24,15 @@ start() {
     sleep 0.5
   done
   curl -sf "$PREFECT_API_URL/health" >/dev/null || { echo "server did not start; see $STATE/server.log"; exit 1; }
-  "$BIN/prefect" work-pool inspect echo2-local >/dev/null 2>&1 || "$BIN/prefect" work-pool create echo2-local --type process >/dev/null
+  # echo2-cloud: the pool of the git deployment, served by a worker elsewhere (infra/prefect/worker-task.yaml);
+  # `deploy --all` refuses a deployment whose pool does not exist
+  for pool in echo2-local echo2-cloud; do
+    "$BIN/prefect" work-pool inspect "$pool" >/dev/null 2>&1 || "$BIN/prefect" work-pool create "$pool" --type process >/dev/null
+  done
   "$BIN/prefect" --no-prompt deploy --all >"$STATE/deploy.log" 2>&1 || { cat "$STATE/deploy.log"; exit 1; }
   setsid "$BIN/prefect" worker start --pool echo2-local --type process >"$STATE/worker.log" 2>&1 &
   echo $! >"$STATE/worker.pid"
-  echo "Prefect UI: http://127.0.0.1:$PORT  (deployments echo2-train/quickstart, echo2-train/spot-multicloud)"
+  echo "Prefect UI: http://127.0.0.1:$PORT  (deployments echo2-train/quickstart, echo2-train/spot-multicloud, echo2-train/spot-multicloud-git)"
   echo "start a run: PREFECT_API_URL=$PREFECT_API_URL $BIN/prefect deployment run 'echo2-train/quickstart'"
 }
 
