@@ -1,4 +1,5 @@
-"""The one config model tree of echo2, loaded from YAML with ``--set key=value`` overrides.
+"""The one config model tree of echo2, loaded from YAML (with ``base:`` files), ``ECHO2_SET__...`` variables and
+``--set key=value`` overrides (``loading.py``).
 
 Every field is documented in place (the docstring under it). Unknown keys are errors, so a typo
 never silently falls back to a default. ``load_config`` turns any problem into a single
@@ -9,11 +10,12 @@ in ``tasks.py``, ``engines.py`` and ``fleet.py``; everything is importable from 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from echo2.config import loading
 from echo2.config._base import ConfigError, _Section, check_device_name
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.engines import EngineConfig, TransformersEngineConfig, VllmEngineConfig
@@ -27,6 +29,7 @@ from echo2.config.fleet import (
     SkyPilotPricesConfig,
     SnapshotPricesConfig,
 )
+from echo2.config.loading import Positions, environment_overrides, parse_override, set_path
 from echo2.config.plugin_tasks import PluginTaskConfig, RewardFnColumnsConfig, RewardFnTaskConfig
 from echo2.config.tasks import (
     ArithmeticTaskConfig,
@@ -53,8 +56,9 @@ __all__ = [
     "PriceSourceConfig", "RandomOpponentConfig", "RewardFnColumnsConfig", "RewardFnTaskConfig", "RolloutConfig",
     "RunConfig", "SkyPilotFleetConfig",
     "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig",
-    "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "dump_config",
-    "format_validation_error", "frozen_changes", "load_config", "parse_override",
+    "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "config_schema",
+    "dump_config", "environment_overrides", "format_validation_error", "frozen_changes", "load_config",
+    "overridden_config", "parse_override",
 ]
 
 
@@ -101,7 +105,15 @@ class StoreConfig(_Section):
 class ModelConfig(_Section):
     name: str = "smollm2-135m-instruct"
     """The policy to train: a local Hugging Face directory, a Hugging Face id, or the embedded
-    ``smollm2-135m-instruct``."""
+    ``smollm2-135m-instruct``. A Hugging Face id is downloaded as published (``echo2/models.py``: every file a
+    loader reads, other frameworks' formats left out) into the Hugging Face cache of the learner's machine;
+    ``$HF_TOKEN`` there for a gated or private repo. Actors never reach the hub: the model's config and tokenizer
+    files travel with every policy version."""
+    revision: str | None = None
+    """With a Hugging Face id: the branch, tag or commit to load (None = ``main``). The learner resolves it to a
+    commit once, when the run is created, and writes that commit here in ``run.json``: a resume and the learner's
+    other processes load that commit even if the branch has moved since (a resume keeps it whatever it is told).
+    ``echo2 eval`` of the same id reads it from its ``--config`` or ``--set model.revision=...``."""
 
 
 class RolloutConfig(_Section):
@@ -412,86 +424,61 @@ def frozen_changes(original: Config, resumed: Config) -> list[str]:
     return sorted(k for k in after if k.startswith(FROZEN_ON_RESUME) and before.get(k) != after[k])
 
 
-def _set_path(tree: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted}: {key} is not a section")
-        node = child
-    node[keys[-1]] = value
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``a.b=value`` -> (``a.b``, value parsed as a YAML scalar/list/mapping)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key.path=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"override {text!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Apply ``key.path=value`` overrides to a raw config mapping, in place."""
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     return data
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        msg = err["msg"]
-        backend = None
-        if err["loc"][:1] == ("fleet",) and len(err["loc"]) > 2 and err["loc"][1] in ("local", "skypilot"):
-            # pydantic puts the union member's tag in the path; fleet's tags read like the fleet.local: and
-            # fleet.skypilot: subsections of old, so name the field where it is written, and the backend beside
-            backend = err["loc"][1]
-            loc = ".".join(["fleet", *(str(p) for p in err["loc"][2:])])
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
-            msg = f"{msg} (got {err['input']!r})"
-        if backend:
-            msg = f"{msg} (fleet.backend: {backend})"
-        parts.append(f"{loc}: {msg}")
-    return f"invalid config {source}: " + "; ".join(parts)
+def format_validation_error(exc: ValidationError, source: str, positions: Positions | None = None) -> str:
+    return loading.format_validation_error(exc, source, Config, positions)
 
 
-def config_from_dict(data: dict, source: str = "(dict)") -> Config:
+def config_from_dict(data: dict, source: str = "(dict)", positions: Positions | None = None) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source, positions)) from None
 
 
-def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load YAML ``path`` (None = all defaults) and apply ``key=value`` overrides."""
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),
+                environ: Mapping[str, str] | None = None) -> Config:
+    """Load YAML ``path`` (None = all defaults) with its ``base:`` files, then the ``ECHO2_SET__...`` variables of
+    ``environ`` (default: this process's), then the ``key=value`` overrides: a problem is one ``ConfigError`` line
+    that says where the key was written (``file:line:column``, the variable, or ``--set``)."""
     data: dict = {}
+    positions: Positions = {}
     source = "(defaults)"
     if path is not None:
         source = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {source} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {source} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {source} must hold a mapping at the top level")
-        data = loaded or {}
-    apply_overrides(data, overrides)
-    return config_from_dict(data, source)
+        data, positions = loading.compose(Path(path), Config, source)
+    return overridden_config(data, overrides, source, environ, positions)
+
+
+def overridden_config(data: dict, overrides: list[str] | tuple[str, ...], source: str,
+                      environ: Mapping[str, str] | None = None, positions: Positions | None = None) -> Config:
+    """A raw config mapping (changed in place) with the ``ECHO2_SET__...`` variables of ``environ`` (default: this
+    process's), then the ``key=value`` overrides applied: what ``load_config`` does after the file, and a resumed
+    run after its ``run.json``."""
+    positions = {} if positions is None else positions
+    for key, value, origin in environment_overrides(environ):
+        loading.apply_located(data, positions, key, value, origin)
+    for text in overrides:
+        key, value = parse_override(text)
+        loading.apply_located(data, positions, key, value, "--set")
+    return config_from_dict(data, source, positions)
+
+
+def config_schema() -> dict:
+    """The JSON schema of a config file, for an editor's YAML language server: the models' own, plus ``base``."""
+    schema = Config.model_json_schema()
+    schema["properties"] = {loading.BASE_KEY: {
+        "title": "Base", "description": "Config files this one builds on (relative to it): merged in order, then "
+                                        "this file over them.",
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}, **schema["properties"]}
+    return schema
 
 
 def dump_config(config: Config) -> str:

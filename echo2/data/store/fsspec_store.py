@@ -448,11 +448,13 @@ class FsspecStore(ObjectStore):
                           **self.options.get("config_kwargs", {})}
                 fs = fsspec.filesystem(self.protocol, **{**self.options, "config_kwargs": config},
                                        skip_instance_cache=True)
-                bucket = self.root.split("/", 1)[0]
-                if not fs.exists(bucket):
-                    raise FileNotFoundError(f"bucket {bucket} does not exist")
+                from echo2.data.store.s3_access import check_bucket
+
+                check_bucket(fs, self.url, self.root.split("/", 1)[0])
             fs.invalidate_cache(self.root)
             fs.exists(self._path("__echo2_probe__"))
+        except StoreError:
+            raise
         except Exception as exc:
             raise StoreError(f"store {self.url} is unreachable: {type(exc).__name__}: {exc}") from None
 
