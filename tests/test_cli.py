@@ -153,3 +153,38 @@ def test_python_dash_m_echo2_is_the_echo2_command():
     for command in ("run", "learner", "actor", "export", "eval", "report", "audit", "chaos", "plan", "prices",
                     "bench", "fleet"):
         assert f" {command} " in proc.stdout, (command, proc.stdout)
+
+
+SUMMARY = {"run_id": "two", "steps": 4, "wall_seconds": 312.4, "eval_before": 0.2, "eval_after": 0.45,
+           "eval_metric": "accuracy", "cost_usd": 0.0, "cost_priced": False, "rollouts_used": 9,
+           "eval_metrics": {"before": {"accuracy": 0.2, "pass_at_1_ci95_low": 0.08, "pass_at_1_ci95_high": 0.42},
+                            "after": {"accuracy": 0.45, "pass_at_1_ci95_low": 0.28, "pass_at_1_ci95_high": 0.63}}}
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_a_finished_run_ends_with_two_lines_or_its_json(tiny_model, tmp_path, monkeypatch, json_flag):
+    """The run ends with the held-out metric before -> after with its intervals, steps, wall time, cost and where
+    the reports are, in two lines; the whole summary is reports/summary.json, or stdout with --json."""
+    import json
+
+    monkeypatch.setattr(flows.train, "train", lambda **_: dict(SUMMARY))
+    result = CliRunner().invoke(app, ["run", QUICKSTART, "--set", f"model.name={tiny_model}", "--set",
+                                      f"store.url={tmp_path}", "--set", "run.id=two", *(["--json"] * json_flag)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("step ")]
+    if json_flag:
+        assert json.loads("\n".join(lines)) == SUMMARY
+        return
+    assert lines == ["held-out greedy accuracy: 0.200 [95% 0.080, 0.420] -> 0.450 [95% 0.280, 0.630] (+0.250); "
+                     "4 steps, 5m12s, no priced resources",
+                     f"run two: reports in {tmp_path}/runs/two/reports/ (summary.json, curves.png, cost.md)"]
+
+
+def test_the_two_lines_without_evaluations_and_with_a_priced_run():
+    from echo2.cli.run import summary_lines
+
+    resumed = {**SUMMARY, "eval_before": None, "cost_usd": 1.5, "cost_priced": True, "wall_seconds": 7300}
+    assert summary_lines(resumed, "r/")[0] == ("held-out accuracy after training: 0.450 [95% 0.280, 0.630]; "
+                                               "4 steps, 2h01m, $1.5000")
+    off = {**SUMMARY, "eval_before": None, "eval_after": None, "cost_usd": None, "wall_seconds": 42}
+    assert summary_lines(off, "r/")[0] == "no held-out evaluation before and after; 4 steps, 42s, cost unknown"

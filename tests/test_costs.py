@@ -302,3 +302,27 @@ def test_audit_and_report_through_the_cli(tmp_path, clock):
 
     proc = echo2("audit", str(tmp_path / "nothing-here"))
     assert proc.returncode == 2 and "not a run folder" in proc.stderr
+
+
+def test_a_run_with_nothing_priced_says_so_instead_of_charting_zeros(tmp_path, clock, monkeypatch):
+    """The quickstart's bill: local actors at $0 and a learner without a price. A cost chart of a flat $0 line
+    reads as "free"; the report says that nothing was priced, in its Markdown and on its chart."""
+    from echo2.fleet import costs
+
+    store = new_run(tmp_path / "local")
+    event(store, clock, 0, "launch", "a0", backend="local", pid=1, price_usd_per_hour=0.0)
+    event(store, clock, 1, "terminated", "a0", code=0)
+    report = cost_report(store, now=T0 + 3600)
+    assert report["total_usd"] == 0 and not report["priced_resources"]
+    assert "No priced resources in this run" in costs.cost_markdown(report)
+    figures = []
+    monkeypatch.setattr(costs, "figure_png", lambda fig: figures.append(fig) or b"")
+    costs.cost_png(report)
+    top = figures[0].axes[0]
+    assert not top.lines and any(t.get_text() == "no priced resources in this run" for t in top.texts)
+
+    event(store, clock, 1, "launch", "a1", backend="skypilot", provider="aws", gpu="L4", price_usd_per_hour=0.5)
+    priced = cost_report(store, now=T0 + 2 * 3600)
+    assert priced["priced_resources"] and "No priced resources" not in costs.cost_markdown(priced)
+    costs.cost_png(priced)
+    assert figures[1].axes[0].lines and not figures[1].axes[0].texts

@@ -65,6 +65,11 @@ def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
     assert 0 <= summary["max_lag_used"] <= 2
     assert summary["rollouts_used"] >= 4  # one 2-group file per step at least... each step needs 2 groups
     assert "held-out greedy accuracy" in proc.stdout
+    # it ends with two lines, the metric with its intervals and where the reports are; the JSON is summary.json
+    assert re.search(r"^held-out greedy accuracy: [0-9.]+ \[95% [0-9.]+, [0-9.]+\] -> .*; 4 steps, .*$", proc.stdout,
+                     re.M) and proc.stdout.rstrip().splitlines()[-1] == \
+        f"run e2e: reports in {tmp_path}/runs/e2e/reports/ (summary.json, curves.png, cost.md)"
+    assert "{" not in proc.stdout and summary["cost_priced"] is False  # the quickstart prices nothing
     # stdout is a pipe here, as under nohup or `make run > file`: one plain line per step, no live bar
     steps = re.findall(r"^step (\d+)/4: reward [0-9.]+, lag [0-9.]+ \(max \d+\), \d+ completions, [0-9.]+s$",
                        proc.stdout, re.M)

@@ -1,14 +1,16 @@
 """``echo2``: the command line (``python -m echo2`` too). One module per command or group of commands:
 
-    run.py      echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run]
+    run.py      echo2 run CONFIG [--set key=value ...] [--resume] [--dry-run] [--json]
                 echo2 learner CONFIG [--nproc P] [--nnodes N --node-rank R --rdzv-endpoint HOST:PORT]  (torchrun)
     actor.py    echo2 actor --run STORE/runs/ID --actor-id ID                  (started by the fleet)
-    export.py   echo2 export RUN [--step N] DIR
+    export.py   echo2 export RUN [--step N] DIR [--dtype D] [--adapter-only] [--push-to-hub REPO [--private]]
+    hub.py      what export writes beyond the weights: dtype, a LoRA adapter alone, the model card, the upload
     eval.py     echo2 eval MODEL_OR_CHECKPOINT [--task T] [--config C] [--set k=v] [--json]
     report.py   echo2 report RUN; echo2 audit RUN [--json]                     (from the run's ledger)
     chaos.py    echo2 chaos [--scenario S] [--quick]                           (the chaos suite)
     fleet.py    echo2 plan; echo2 prices; echo2 fleet down RUN                 (capacity, prices, clusters)
     bench.py    echo2 bench broadcast|overlap|cost|learner|staleness|gpu-check (benchmarks, the GPU check)
+    config.py   echo2 config schema; echo2 config show [CONFIG] [--set k=v]   (the config's schema, resolved)
     common.py   what they share: fail(), the set-up of a process that runs the flow, logging
 
 Bad input (config, model, store) prints one line and exits 2 (``common.fail``). No module here imports Prefect,
@@ -30,8 +32,12 @@ from typing import Optional  # noqa: E402
 import typer  # noqa: E402
 
 import echo2  # noqa: E402
-from echo2.cli import actor, bench, chaos, export, fleet, report, run
+from echo2.cli import actor, bench, chaos, config, export, fleet, report, run
 from echo2.cli import eval as eval_
+from echo2.cli.common import quiet_bars_when_piped
+
+# before any library that draws a bar is imported: the command modules import none at module level
+quiet_bars_when_piped()
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="echo2: distributed RL post-training with bounded staleness.")
@@ -63,6 +69,7 @@ app.command("chaos")(chaos.chaos)
 app.command("plan")(fleet.plan_fleet)
 app.command("prices")(fleet.prices_table)
 app.add_typer(fleet.fleet_app, name="fleet")
+app.add_typer(config.config_app, name="config")
 
 
 def main() -> None:

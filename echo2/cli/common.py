@@ -92,6 +92,35 @@ def store_options_from_env() -> dict:
     return json.loads(raw) if raw else {}
 
 
+def quiet_bars_when_piped(stdout=None, stderr=None) -> bool:
+    """No third-party progress bars (tqdm's, huggingface_hub's, transformers': the GGUF conversion, "Loading
+    weights", downloads) unless both stdout and stderr are terminals: in a file or a pipe a bar is a run of
+    carriage returns that buries the lines around it. Environment variables, so that libraries imported later and
+    the processes this one starts (actors, torchrun's ranks) read them too; a user's own setting stands. Returns
+    whether bars were turned off."""
+    if _isatty(sys.stdout if stdout is None else stdout) and _isatty(sys.stderr if stderr is None else stderr):
+        return False
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":  # already imported: they read the variable at import
+        if "huggingface_hub" in sys.modules:
+            from huggingface_hub.utils import disable_progress_bars
+
+            disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+    return True
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
 

@@ -18,6 +18,9 @@ from echo2.errors import Echo2InputError
 START_OR_RESUME = ("With run.id set: resume the run if it exists, else create it (the same command at every start "
                    "of a relaunched learner, e.g. a SkyPilot managed job).")
 
+JSON_HELP = ("End by printing the run's whole summary as JSON (reports/summary.json) instead of its two-line "
+             "digest.")
+
 if TYPE_CHECKING:  # the launcher's helpers are imported where used: an actor's `echo2` imports no echo2.learner
     from echo2.learner.torchrun import Rendezvous
 
@@ -30,14 +33,16 @@ def run(
     start_or_resume: bool = typer.Option(False, "--start-or-resume", help=START_OR_RESUME),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print the resolved config; start nothing."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Run GRPO training: learner + actor fleet, driven by the echo2-train Prefect flow."""
     _launch(config, set_ or [], resume, dry_run, verbose, rdzv_endpoint=None, rdzv_timeout=None,
-            start_or_resume=start_or_resume)
+            start_or_resume=start_or_resume, json_out=json_out)
 
 
 def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, verbose: bool, *,
-            rdzv_endpoint: str | None, rdzv_timeout: float | None, start_or_resume: bool = False) -> None:
+            rdzv_endpoint: str | None, rdzv_timeout: float | None, start_or_resume: bool = False,
+            json_out: bool = False) -> None:
     """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
     with ``train.nnodes > 1``)."""
     from echo2.config import dump_config
@@ -62,11 +67,12 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
     except Echo2InputError as exc:
         fail(str(exc))
     if cfg.train.nproc * cfg.train.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
-        _torchrun(cfg.train.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose)
-    _run_flow(cfg, f"echo2 run {config}", resume, verbose)
+        _torchrun(cfg.train.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose,
+                  json_out=json_out)
+    _run_flow(cfg, f"echo2 run {config}", resume, verbose, json_out=json_out)
 
 
-def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = False) -> None:
+def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = False, json_out: bool = False) -> None:
     """The echo2-train flow in this process (``rank_0``: of a learner under torchrun), with progress, and what to
     print or exit with."""
     from flows.api_server import start_prefect_api
@@ -100,21 +106,54 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = Fa
         if isinstance(exc, TimeoutError):  # no rollouts arrived: say so plainly, the logs have the rest
             fail(str(exc), code=1)
         raise
-    before, after = summary["eval_before"], summary["eval_after"]
-    typer.echo(json.dumps(summary, indent=1))
+    if json_out:
+        typer.echo(json.dumps(summary, indent=1))
+        return
+    from echo2.data import layout
+
+    reports = f"{cfg.store.url.rstrip('/')}/{layout.RUNS}/{summary['run_id']}/{layout.REPORTS}"
+    for line in summary_lines(summary, reports):
+        typer.echo(line)
+
+
+def summary_lines(summary: dict, reports: str) -> list[str]:
+    """The two lines a finished run ends with: the held-out metric before -> after with their 95% intervals, steps,
+    wall time and cost; then where the reports are. The whole summary stays in ``reports/summary.json`` (or
+    ``--json``): forty lines of JSON at the end of a run bury the one number a user looks for."""
+    from echo2.learner.report import score_interval
+
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    metric = summary.get("eval_metric") or "accuracy"
     if before is not None and after is not None:
-        metric = summary.get("eval_metric", "accuracy")
         name = "held-out greedy accuracy" if metric == "accuracy" else f"held-out {metric}"
-        typer.echo(f"{name}: {before:.3f} -> {after:.3f} ({after - before:+.3f}) "
-                   f"in {summary['steps']} steps, {summary['wall_seconds']:.0f}s; run {summary['run_id']}")
-        metrics = summary.get("eval_metrics", {})
-        shown = set(metrics.get("before", {})) & set(metrics.get("after", {}))
-        for key in sorted(k for k in shown if k not in ("n", "k", "score", metric) and not k.endswith(".hands")):
-            b, a = metrics["before"][key], metrics["after"][key]
-            typer.echo(f"  {key}: {b:.3f} -> {a:.3f} ({a - b:+.3f})")
+        evals = summary.get("eval_metrics") or {}
+        first = f"{name}: {_with_interval(before, score_interval(evals.get('before'), metric))} -> " \
+                f"{_with_interval(after, score_interval(evals.get('after'), metric))} ({after - before:+.3f})"
+    elif after is not None:  # a resumed run skips "before" (the killed run's, if any, is in its logs)
+        first = f"held-out {metric} after training: " \
+                f"{_with_interval(after, score_interval((summary.get('eval_metrics') or {}).get('after'), metric))}"
+    else:
+        first = "no held-out evaluation before and after"
+    cost = summary.get("cost_usd")
+    cost_text = ("cost unknown" if cost is None else "no priced resources" if summary.get("cost_priced") is False
+                 else f"${cost:,.4f}")
+    wall = float(summary.get("wall_seconds") or 0)
+    return [f"{first}; {summary.get('steps')} steps, {_duration(wall)}, {cost_text}",
+            f"run {summary.get('run_id')}: reports in {reports} (summary.json, curves.png, cost.md)"]
 
 
-def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool, verbose: bool) -> None:
+def _with_interval(value: float, interval: tuple[float, float] | None) -> str:
+    return f"{value:.3f}" if interval is None else f"{value:.3f} [95% {interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool, verbose: bool, *,
+              json_out: bool = False) -> None:
     """Run this node's ``nproc`` learner processes under ``torchrun`` (``echo2/learner/torchrun.py``) and exit
     with its code; they start from ``rank_file`` (private, removed once they have formed the group, else here)."""
     import subprocess
@@ -122,7 +161,7 @@ def _torchrun(nproc: int, rendezvous: Rendezvous, rank_file: Path, resume: bool,
     from echo2.learner.torchrun import never_joined, torchrun_command
 
     program = ["-m", "echo2.cli", "learner", "--rank-config", str(rank_file), *(["--resume"] if resume else []),
-               *(["-v"] if verbose else [])]
+               *(["-v"] if verbose else []), *(["--json"] if json_out else [])]
     proc = subprocess.Popen(torchrun_command(nproc, rendezvous, program))
     try:
         forwarded = False
@@ -166,10 +205,11 @@ def learner(
     rank_config: Optional[Path] = typer.Option(None, "--rank-config", hidden=True,
                                                help="Inside torchrun: the file this node's processes start from."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logs and Prefect's own logs."),
+    json_out: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """The learner on N processes (torchrun, FSDP), on this node or several; rank 0 runs the echo2-train flow."""
     if rank_config is not None:
-        _learner_process(rank_config, resume, verbose)
+        _learner_process(rank_config, resume, verbose, json_out)
         return
     if config is None:  # the launcher of a node
         fail("echo2 learner needs a config file")
@@ -177,7 +217,7 @@ def learner(
                  *([f"train.nnodes={nnodes}"] if nnodes else [])]
     if node_rank == 0:  # resolve the run once, then torchrun (or the flow here, on one process)
         _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout,
-                start_or_resume=start_or_resume)
+                start_or_resume=start_or_resume, json_out=json_out)
         return
     _follower_node(config, overrides, node_rank, rdzv_endpoint, rdzv_timeout, verbose)
 
@@ -198,7 +238,7 @@ def _follower_node(config: Path, overrides: list[str], node_rank: int, rdzv_endp
     _torchrun(nproc, rendezvous, rank_file, False, verbose)
 
 
-def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
+def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: bool = False) -> None:
     """One process under torchrun: rank 0 runs the flow on the run's config; every other rank, on this node or
     another, follows rank 0 (``distributed.start_process``) and returns when it says stop."""
     from echo2.learner.distributed import release_followers, start_process
@@ -212,7 +252,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool) -> None:
         rerun += f" --nnodes {cfg.train.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
                  f"{os.environ.get('MASTER_PORT')}"
     try:
-        _run_flow(cfg, rerun, resume, verbose, rank_0=True)
+        _run_flow(cfg, rerun, resume, verbose, rank_0=True, json_out=json_out)
     except typer.Exit as exc:
         from echo2.learner.notice import RECLAIMED_EXIT
 

@@ -57,6 +57,7 @@ from echo2.fleet.providers import transfer_usd_per_gb
 from echo2.plots import figure_png
 
 STARTS = ("launch", "requested")
+NO_PRICES_WHY = "no worker and no traffic had a price, so the $0 figures below mean unknown, not free"
 STATUS = ("running", "ready")
 ENDS = ("exited", "terminated", "reclaimed", "crashed", "unavailable")  # unavailable: the offer had no capacity
 LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
@@ -335,6 +336,8 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
         "traffic_bytes_from_peers": sum(t["bytes_from_peers"] for t in traffic),
         "traffic_unpriced_bytes": sum(t["unpriced_bytes"] for t in traffic),
         "traffic": traffic,
+        # nothing had a price (local actors, an unpriced learner): $0 means "not known", not "free"
+        "priced_resources": any(r["price_usd_per_hour"] > 0 for r in rows) or any(t["usd"] > 0 for t in traffic),
         "hours": sum(r["hours"] for r in rows),
         "by_role": _group(rows, "role"),
         "by_gpu": _group(rows, "gpu"),
@@ -377,6 +380,8 @@ def cost_markdown(report: dict) -> str:
     if sim:
         lines += ["Some workers were priced as catalog offers they are not (simulated_price): the dollars are "
                   "what their hours would have cost, not a bill.", ""]
+    if not report.get("priced_resources", True):
+        lines += [f"No priced resources in this run: {NO_PRICES_WHY}.", ""]
     saved = report["on_demand_equivalent_usd"] - report["total_usd"]
     gain = report["accuracy_points_gained"]
     lines += [f"- {report['hours']:.4f} worker-hours; {report['steps']} steps, "
@@ -443,10 +448,14 @@ def cost_png(report: dict) -> bytes:
     alive = [sum(1 for s, e, r in spans if r["role"] != "learner" and s <= t < e) for t in points]
     minutes = [(t - t0) / 60 for t in points]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True)
-    ax1.plot(minutes, cum)
+    if report.get("priced_resources", True):
+        ax1.plot(minutes, cum)
+        ax1.set_title(f"{report['run_id']}: {_usd(report['total_usd'])}"
+                      + (" (simulated prices)" if report["simulated_prices"] else ""))
+    else:  # a flat line at $0 would read as "free"
+        ax1.text(0.5, 0.5, "no priced resources in this run", ha="center", va="center", transform=ax1.transAxes)
+        ax1.set_title(f"{report['run_id']}: no priced resources")
     ax1.set_ylabel("cumulative $")
-    ax1.set_title(f"{report['run_id']}: {_usd(report['total_usd'])}"
-                  + (" (simulated prices)" if report["simulated_prices"] else ""))
     ax2.step(minutes, alive, where="post")
     ax2.set_ylabel("actors alive")
     ax2.yaxis.set_major_locator(MaxNLocator(integer=True))

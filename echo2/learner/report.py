@@ -77,6 +77,12 @@ def publish_totals(history: list[dict]) -> dict:
 def held_out_points(evals: dict[str, dict], history: list[dict]) -> list[tuple[int, float]]:
     """The held-out metric per step, from the run's evaluations by label: "before" at the step before the
     first one trained here (0 for a new run), "step-N" at N, "after" at the last step; unscored ones left out."""
+    return [(step, score) for step, score, _ in held_out_evaluations(evals, history)]
+
+
+def held_out_evaluations(evals: dict[str, dict], history: list[dict],
+                         metric: str | None = None) -> list[tuple[int, float, tuple[float, float] | None]]:
+    """``held_out_points`` with each evaluation's 95% interval of its headline (None where it has none)."""
     first = history[0]["step"] - 1 if history else 0
     last = history[-1]["step"] if history else 0
     points = {}
@@ -84,17 +90,34 @@ def held_out_points(evals: dict[str, dict], history: list[dict]) -> list[tuple[i
         score = _score(result)
         if score is None:
             continue
+        interval = score_interval(result, metric or result.get("metric") or "accuracy")
         if label == "before":
-            points[first] = score
+            points[first] = (score, interval)
         elif label == "after":
-            points[last] = score
+            points[last] = (score, interval)
         elif label.startswith("step-") and label[5:].isdigit():
-            points[int(label[5:])] = score
-    return sorted(points.items())
+            points[int(label[5:])] = (score, interval)
+    return [(step, score, interval) for step, (score, interval) in sorted(points.items())]
 
 
-def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metric: str = "score") -> bytes:
-    """Reward, held-out metric and policy lag per step, side by side (the Prefect run page shows it)."""
+def score_interval(result: dict | None, metric: str) -> tuple[float, float] | None:
+    """The 95% interval an evaluation computed for its headline ``metric`` (an evaluation result, or its
+    ``flat_metrics`` as in ``summary.json``): accuracy is greedy pass@1, whose Wilson interval the task names
+    ``pass_at_1_ci95_*``; another metric's is ``<metric>_ci95_*`` or the result's own ``ci95_*``."""
+    if not isinstance(result, dict):
+        return None
+    name = "pass_at_1" if metric == "accuracy" else metric
+    for low, high in ((f"{name}_ci95_low", f"{name}_ci95_high"), ("ci95_low", "ci95_high")):
+        lo, hi = result.get(low), result.get(high)
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+            return float(lo), float(hi)
+    return None
+
+
+def curves_figure(history: list[dict], evals: dict[str, dict] | None = None, metric: str = "score"):
+    """Reward, held-out metric and policy lag per step, side by side (the Prefect run page shows it). The reward
+    is a line (a value every step); an evaluation is a point with its 95% interval and nothing joins two of them,
+    since the run knows nothing of the metric between the steps it was evaluated at."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,12 +125,19 @@ def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metri
 
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(12, 3.2))
     steps = [m["step"] for m in history]
-    ax1.plot(steps, [m["reward"] for m in history], marker="o")
+    ax1.plot(steps, [m["reward"] for m in history])
     ax1.set_xlabel("step")
     ax1.set_ylabel("mean reward of the batch")
-    held_out = held_out_points(evals or {}, history)
+    held_out = held_out_evaluations(evals or {}, history, None if metric == "score" else metric)
     if held_out:
-        ax2.plot([s for s, _ in held_out], [v for _, v in held_out], marker="s", color="tab:green")
+        xs, ys = [s for s, _, _ in held_out], [v for _, v, _ in held_out]
+        # an evaluation without an interval gets a zero-length bar, not a made-up one
+        below = [v - i[0] if i else 0.0 for _, v, i in held_out]
+        above = [i[1] - v if i else 0.0 for _, v, i in held_out]
+        ax2.errorbar(xs, ys, yerr=[below, above], fmt="s", linestyle="none", color="tab:green", capsize=4,
+                     label="evaluation (95% interval)")
+        ax2.set_xlim(min(xs + steps) - 0.5, max(xs + steps) + 0.5)
+        ax2.legend(loc="best", fontsize="small")
     else:
         ax2.text(0.5, 0.5, "no held-out evaluation", ha="center", va="center", transform=ax2.transAxes)
     ax2.set_xlabel("step")
@@ -117,7 +147,11 @@ def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metri
     ax3.set_xlabel("step")
     ax3.set_ylabel("policy lag t - v")
     ax3.legend()
-    return figure_png(fig)
+    return fig
+
+
+def _curves_png(history: list[dict], evals: dict[str, dict] | None = None, metric: str = "score") -> bytes:
+    return figure_png(curves_figure(history, evals, metric))
 
 
 def _score(result: dict | None) -> float | None:
@@ -142,6 +176,7 @@ def write_reports(store, run: ReportInputs) -> dict:
         "final_version": run.steps,
         "audit": run.audit,
         "cost_usd": None,
+        "cost_priced": None,
         "finished_at": time.time(),
     }
     store.put(layout.report_key("metrics.json"), json.dumps(run.history, indent=1).encode(), if_absent=False)
@@ -149,6 +184,7 @@ def write_reports(store, run: ReportInputs) -> dict:
         store.put(layout.report_key("curves.png"), _curves_png(run.history, run.evals, run.eval_metric),
                   if_absent=False)
     # cost.json, cost.md (the Prefect cost artifact) and cost.png: every figure from fleet/costs.py
-    summary["cost_usd"] = write_cost_reports(store, summary=summary)["total_usd"]
+    cost = write_cost_reports(store, summary=summary)
+    summary["cost_usd"], summary["cost_priced"] = cost["total_usd"], cost["priced_resources"]
     store.put_json(layout.SUMMARY, summary)
     return summary
