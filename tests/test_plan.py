@@ -1,12 +1,9 @@
-"""The cost-aware planner (echo2/fleet/sizing/plan.py, prices.py) and `echo2 plan`: known answers on a
-hand-made catalog, optimality against brute force, the reclaim simulation, the CLI's contract."""
+"""`echo2 plan` on a hand-made catalog (the CLI's contract, its known answer), the catalog's reader, and the reclaim
+simulation (echo2/fleet/planner/reclaim_simulation.py)."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import random
 import subprocess
 import sys
 
@@ -14,17 +11,9 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
+from echo2.fleet.planner.reclaim_simulation import WorkerType, simulate_reclaims
 from echo2.fleet.prices.catalog import DEFAULT_CATALOG, Offer, load_catalog, load_profiles, profile_for
 from echo2.fleet.sizing.capacity import Workload
-from echo2.fleet.sizing.plan import (
-    WorkerType,
-    cheapest_mix,
-    meets,
-    plan,
-    simulate_reclaims,
-    tokens_per_batch,
-    worker_types,
-)
 
 HEADER = ("provider,instance_type,gpu,gpu_count,gpu_memory_gib,vcpus,memory_gib,region,"
           "on_demand_usd_per_hour,spot_usd_per_hour\n")
@@ -60,77 +49,14 @@ def files(tmp_path):
     return tmp_path / "offers.csv", tmp_path / "profiles.yaml"
 
 
-def _types(files, spot=True, **kw):
-    catalog, profiles = files
-    return worker_types(load_catalog(catalog, spot=spot), load_profiles(profiles), model_params_b=1,
-                        batch_tokens=tokens_per_batch(1, 4, 250), spot=spot, **kw)
+def _cheapest_spot_fleet() -> list[tuple[WorkerType, int]]:
+    """The known cheapest spot fleet of CATALOG for WORKLOAD: four SLOW at $0.20/h, 4 s a batch (250 tok/s)."""
+    slow = WorkerType(Offer("cloud", "slow.1", "SLOW", 1, 24, "r1", 0.50, 0.20), 0.20, 4.0, 250.0, "test")
+    return [(slow, 4)]
 
 
-def test_catalog_rows_become_the_cheapest_worker_of_each_kind(files):
-    types = _types(files)
-    # one FAST, one SLOW (r1, the cheaper spot region): no gpu-only, no unprofiled, no spot-less row,
-    # and the 1 GiB FAST does not hold a 1B model in bf16
-    assert sorted((t.offer.gpu, t.offer.region, t.usd_per_hour, t.batch_seconds) for t in types) == [
-        ("FAST", "r1", 1.00, 1.0), ("SLOW", "r1", 0.20, 4.0)]
-    on_demand = _types(files, spot=False)
-    assert sorted((t.offer.gpu, t.offer.region, t.usd_per_hour) for t in on_demand) == [
-        ("FAST", "r1", 0.70), ("SLOW", "r3", 0.40)]
-    assert [t.offer.gpu for t in _types(files, gpus=["slow-2"])] == ["SLOW"]  # an alias, any case
-
-
-def test_planner_picks_the_known_cheapest_mix(files):
-    spot = plan(WORKLOAD, _types(files))
-    assert spot["feasible"] and spot["usd_per_hour"] == pytest.approx(0.80)
-    assert [(r["offer"]["gpu"], r["count"]) for r in spot["fleet"]] == [("SLOW", 4)]
-    assert spot["predicted_utilization"] >= 0.95 and spot["required_throughput"] == pytest.approx(0.8)
-    assert spot["min_staleness"] is not None and spot["min_staleness"] <= WORKLOAD.staleness
-    assert [n["staleness"] for n in spot["neighbours"]] == [3, 5, 6]
-    # on-demand, one FAST ($0.70) beats four SLOW ($1.60)
-    on_demand = plan(WORKLOAD, _types(files, spot=False))
-    assert [(r["offer"]["gpu"], r["count"]) for r in on_demand["fleet"]] == [("FAST", 1)]
-    # synchronous (S = 0): the learner waits for every batch, no fleet reaches 95%
-    sync = plan(Workload(**{**WORKLOAD.__dict__, "staleness": 0}), _types(files))
-    assert not sync["feasible"] and sync["fleet"] == [] and "S=0" in sync["reason"]
-    assert [n["staleness"] for n in sync["neighbours"]] == [1, 2]
-    # under a budget below the cheapest, the reason names the cheapest price
-    poor = plan(WORKLOAD, _types(files), budget_usd_per_hour=0.5)
-    assert not poor["feasible"] and "$0.80/h" in poor["reason"]
-
-
-def _random_instance(rng: random.Random) -> tuple[Workload, list[WorkerType], float]:
-    b = rng.choice([1, 2, 4])
-    R = b * rng.choice([1, 2, 3, 4])
-    k = rng.choice([1, 1, 2])
-    w = Workload(train_seconds=rng.uniform(10, 60), groups_per_step=R, groups_per_batch=b,
-                 staleness=rng.randint(k - 1, k + 2), dissemination_seconds=rng.uniform(0, 40),
-                 upload_seconds=rng.uniform(0, 3), publish_every=k, max_pending_batches=math.ceil(R / b))
-    types = [WorkerType(Offer("p", f"t{i}", "X", 1, None, "r", None, None), round(rng.uniform(0.1, 3), 2),
-                        rng.uniform(3, 120), 1.0, "test") for i in range(3)]
-    return w, types, rng.choice([0.8, 0.9, 0.95])
-
-
-def test_cheapest_mix_matches_brute_force_on_small_instances():
-    rng = random.Random(11)
-    feasible = 0
-    for _ in range(8):
-        w, types, u = _random_instance(rng)
-        best = None
-        for counts in itertools.product(range(4), repeat=len(types)):
-            batch = [t.batch_seconds for t, c in zip(types, counts) for _ in range(c)]
-            cost = sum(t.usd_per_hour * c for t, c in zip(types, counts))
-            if batch and (best is None or cost < best - 1e-9) and meets(w, batch, u):
-                best = cost
-        mix = cheapest_mix(w, types, u, max_per_type=3)
-        assert (mix is None) == (best is None), (w, u, best)
-        if mix is not None:
-            feasible += 1
-            assert mix.usd_per_hour == pytest.approx(best) and mix.proven_optimal
-            assert mix.prediction.utilization >= u
-    assert feasible >= 3  # the instances are not all trivially infeasible
-
-
-def test_reclaim_simulation_is_seeded_and_over_provisions(files):
-    mix = cheapest_mix(WORKLOAD, _types(files))
+def test_reclaim_simulation_is_seeded_and_over_provisions():
+    mix = _cheapest_spot_fleet()
     calm = simulate_reclaims(mix, 24, 0.0, 600, seed=3, workload=WORKLOAD, trials=50)
     assert calm["extra_workers"] == 0 and calm["share_of_time_at_target"] == 1.0 and calm["expected_reclaims"] == 0
     assert calm["expected_usd"] == pytest.approx(0.80 * 24)
@@ -226,6 +152,23 @@ def test_cli_from_run_compares_predicted_with_measured(tmp_path, files):
     assert out["workload"]["groups_per_step"] == settings.groups_per_step and "fleet" in out
     table = _cli("--from-run", str(run))
     assert table.returncode == 0 and "predicted" in table.stdout and "measured" in table.stdout, table.stderr
+    # --machine: the same run predicted from its config and a machine profile alone, beside what it measured
+    config = json.loads((run / "run.json").read_text())["config"]
+    profile = {"model": config["model"]["name"], "config": "overlap", "load_seconds": 1.0, "prompt_tokens": 8,
+               "decode": {"actors": 2, "seconds_per_position_alone": 0.001, "seconds_per_position_contended": None},
+               "eval_decode": {"rows": 8, "seconds_per_position": 0.001},
+               "learner": {"fixed_seconds_alone": 0.3, "seconds_per_token_alone": 0.0,
+                           "fixed_seconds_contended": 0.3, "seconds_per_token_contended": 0.0}}
+    (tmp_path / "machine.yaml").write_text(json.dumps(profile))  # JSON is YAML
+    proc = _cli("--from-run", str(run), "--machine", str(tmp_path / "machine.yaml"), "--json", "--draws", "20")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["quantity"]: r for r in json.loads(proc.stdout)["check"]["rows"]}
+    assert rows["utilization"]["measured"] == pytest.approx(r["measured_utilization"])
+    assert rows["hours"]["p10"] <= rows["hours"]["p50"] <= rows["hours"]["p90"]
+    table = _cli("--from-run", str(run), "--machine", str(tmp_path / "machine.yaml"), "--draws", "20")
+    assert table.returncode == 0 and "inside P10-P90" in table.stdout, table.stderr
+    refused = _cli("--machine", str(tmp_path / "machine.yaml"))
+    assert refused.returncode == 2 and "--from-run" in refused.stderr
 
 
 def test_cli_flags_with_steps_give_run_totals(files):

@@ -248,7 +248,7 @@ def bench_cost(
     """Activation's fleet $/h vs an all-on-demand single-GPU-type fleet of equal throughput, and each fleet's traffic
     per run with the relay against every actor reading the store."""
     from echo2.bench.cost import SWEEP, print_cost, run_cost_bench
-    from echo2.fleet.sizing.dissemination import DEFAULT_CHANGED_FRACTION, changed_fraction_from_run
+    from echo2.fleet.planner.dissemination import DEFAULT_CHANGED_FRACTION, changed_fraction_from_run
 
     try:
         if from_run and changed_fraction is not None:
@@ -397,3 +397,25 @@ def bench_staleness(
         table.add_row(*row)
     Console(width=200).print(table)
     typer.echo(f"curves: {plot}")
+
+
+@bench_app.command("machine")
+def bench_machine(
+    config: str = typer.Option("configs/quickstart.yaml", "--config", help="The run config whose shapes are measured."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="More key=value settings of that config."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the profile here (YAML) as well as printing it."),
+) -> None:
+    """This machine's profile for a run config: decode and learner-step seconds, alone and while the config's
+    actors decode, the prompt's tokens, loading: what `echo2 plan --from-run --machine` predicts a local run with."""
+    import yaml
+
+    from echo2.bench.machine import measure_machine
+    from echo2.config import load_config
+
+    quiet_transformers()
+    profile = measure_machine(load_config(config, list(set_ or [])), progress=lambda line: typer.echo(line, err=True))
+    text = yaml.safe_dump(profile, sort_keys=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    typer.echo(text)

@@ -27,7 +27,7 @@ def plan_fleet(
                                                  help="Same as --model-params (a profiled size's figures are used "
                                                       "as listed)."),
     train_seconds: Optional[float] = typer.Option(None, "--train-seconds",
-                                                  help="T: learner busy seconds per step [the FLOP model]."),
+                                                  help="T: learner busy seconds per step \\[the FLOP model]."),
     mfu_from: Optional[Path] = typer.Option(None, "--mfu-from",
                                             help="`echo2 bench learner --json` output: the learner's MFU."),
     mfu: Optional[float] = typer.Option(None, "--mfu", help="The learner's MFU for the FLOP model [0.25]."),
@@ -46,9 +46,9 @@ def plan_fleet(
     publish_every: Optional[int] = typer.Option(None, "--publish-every",
                                                 help="k (kappa): publish a version every k steps [1]."),
     max_pending_batches: Optional[int] = typer.Option(None, "--max-pending-batches",
-                                                      help="Q: flow control [ceil(R / b)]."),
+                                                      help="Q: flow control \\[ceil(R / b)]."),
     dissemination_seconds: Optional[float] = typer.Option(None, "--dissemination-seconds",
-                                                          help="D [keyframes + deltas through the relay]."),
+                                                          help="D \\[keyframes + deltas through the relay]."),
     changed_fraction: Optional[float] = typer.Option(None, "--changed-fraction",
                                                      help="Share of parameters a delta carries [2.1%, measured]."),
     changed_from_run: Optional[str] = typer.Option(None, "--changed-from-run",
@@ -58,9 +58,9 @@ def plan_fleet(
     upload_seconds: Optional[float] = typer.Option(None, "--upload-seconds",
                                                    help="U: batch upload until the learner sees it [1]."),
     catalog: Optional[Path] = typer.Option(None, "--catalog",
-                                           help="Price catalog CSV [infra/prices/gpu-offers-2026-11.csv]."),
+                                           help="Price catalog CSV \\[infra/prices/gpu-offers-2026-11.csv]."),
     profiles: Optional[Path] = typer.Option(None, "--profiles",
-                                            help="Worker profiles [infra/profiles/rollout-throughput.yaml]."),
+                                            help="Worker profiles \\[infra/profiles/rollout-throughput.yaml]."),
     spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Actors at spot (default) or on-demand."),
     gpu: Optional[List[str]] = typer.Option(None, "--gpu",
                                             help="Only these actor GPUs (repeatable), e.g. --gpu L4 --gpu 'RTX 4090'."),
@@ -72,12 +72,15 @@ def plan_fleet(
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="When the run must end."),
     hours: Optional[float] = typer.Option(None, "--hours", help="Simulate spot reclaims over this many hours."),
     reclaim_rate: Optional[float] = typer.Option(None, "--reclaim-rate",
-                                                 help="Reclaims per spot instance-hour [providers.py's table]."),
+                                                 help="Reclaims per spot instance-hour \\[providers.py's table]."),
     replacement_seconds: Optional[float] = typer.Option(None, "--replacement-seconds",
                                                         help="Reclaim to replacement producing [600]."),
     from_run: Optional[str] = typer.Option(None, "--from-run",
                                            help="Fit the workload from a finished run; compare predicted with "
                                                 "measured."),
+    machine: Optional[Path] = typer.Option(None, "--machine",
+                                           help="With --from-run: predict that run from its config and this "
+                                                "machine profile (echo2 bench machine) alone, beside the run."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     point: bool = typer.Option(False, "--point",
                                help="One point at the likely inputs, with every assumption, instead of the range."),
@@ -86,16 +89,23 @@ def plan_fleet(
 ) -> None:
     """A run's fleet, hours and dollars: a workload (file or flags) planned by the one chooser echo2 buys with,
     as P10/P50/P90 over its uncertain inputs (--point: one point)."""
+    from echo2.fleet.planner.run_plan import plan_run
+    from echo2.fleet.planner.workload_file import from_flags, load_workload, parse_workload
     from echo2.fleet.prices.catalog import DEFAULT_CATALOG, DEFAULT_PROFILES, load_catalog, load_profiles
-    from echo2.fleet.sizing.plan import fit_summary
-    from echo2.fleet.sizing.run_plan import plan_run
-    from echo2.fleet.sizing.workload_file import from_flags, load_workload, parse_workload
 
     out: dict = {}
     try:
         fitted = None
         if from_run:
+            from echo2.fleet.sizing.fit import fit_summary  # reads run folders: only --from-run needs it
+
             out["fit"], fitted = fit_summary(from_run)
+            if machine is not None:
+                from echo2.fleet.planner.run_check import check_run
+
+                out["check"] = check_run(from_run, machine, draws=draws, seed=seed)
+        elif machine is not None:
+            fail("--machine checks a finished run: give --from-run RUN as well")
         size = model_params if model_params is not None else profile_size
         if workload_file is None and size is None and fitted is None:
             fail("give the model size: --model-params BILLIONS or --profile-size SIZE, or --workload NAME|FILE")
@@ -105,19 +115,18 @@ def plan_fleet(
             if fitted is not None:  # the fitted run's values, under the flags
                 _merge(base, {"train": {"train_seconds": fitted.train_seconds, "staleness": fitted.staleness,
                                         "publish_every": fitted.publish_every,
-                                        "max_pending_batches": fitted.max_pending_batches},
-                              "rollout": {"groups_per_step": fitted.groups_per_step,
+                                        "groups_per_step": fitted.groups_per_step},
+                              "rollout": {"max_pending_batches": fitted.max_pending_batches,
                                           "groups_per_batch": fitted.groups_per_batch},
                               "network": {"upload_seconds": fitted.upload_seconds,
                                           "dissemination_seconds": fitted.dissemination_seconds}})
             _merge(base, {
                 "model": {"total_params_b": size, "active_params_b": active_params},
-                "data": {"steps": steps},
-                "rollout": {"group_size": group_size, "groups_per_step": groups_per_step,
-                            "groups_per_batch": groups_per_batch, "completion_tokens_mean": completion_tokens,
-                            "completion_tokens_p95": completion_tokens_p95},
-                "train": {"staleness": staleness, "publish_every": publish_every, "train_seconds": train_seconds,
-                          "max_pending_batches": max_pending_batches},
+                "rollout": {"group_size": group_size, "groups_per_batch": groups_per_batch,
+                            "completion_tokens_mean": completion_tokens, "completion_tokens_p95": completion_tokens_p95,
+                            "max_pending_batches": max_pending_batches},
+                "train": {"max_steps": steps, "groups_per_step": groups_per_step, "staleness": staleness,
+                          "publish_every": publish_every, "train_seconds": train_seconds},
                 "learner": {"gpu": learner_gpu, "gpus": learner_gpus, "mfu": mfu},
                 "actors": {"market": None if spot is None else "spot" if spot else "on-demand", "gpus": gpu or None,
                            "target_utilization": target_utilization, "reclaim_per_hour": reclaim_rate,
@@ -132,12 +141,12 @@ def plan_fleet(
                 workload = from_flags(**base)
             measured_mfu = None
             if mfu_from is not None:
-                from echo2.fleet.sizing.step_time import mfu_from_bench
+                from echo2.fleet.planner.step_time import mfu_from_bench
 
                 measured_mfu = mfu_from_bench(mfu_from)
             changed = None
             if changed_from_run:
-                from echo2.fleet.sizing.dissemination import changed_fraction_from_run
+                from echo2.fleet.planner.dissemination import changed_fraction_from_run
 
                 changed = (changed_fraction_from_run(changed_from_run), f"measured: {changed_from_run}'s metrics")
             offers = load_catalog(catalog or DEFAULT_CATALOG, spot=None)
@@ -147,7 +156,7 @@ def plan_fleet(
                                 changed_fraction=changed, budget_usd=budget_usd, deadline_hours=deadline_hours,
                                 budget_usd_per_hour=max_usd_per_hour, reclaim_hours=hours, keep=keep))
             if not point and out.get("feasible") and "steps" in out:
-                from echo2.fleet.sizing.run_range import plan_range
+                from echo2.fleet.planner.run_range import plan_range
 
                 out["range"] = plan_range(workload, keep, out, loaded, offers, draws=draws, seed=seed)
     except Echo2InputError as exc:
@@ -156,12 +165,16 @@ def plan_fleet(
         fail(str(exc))
     if as_json:
         typer.echo(json.dumps(_range_json(out) if "range" in out else out))
+    elif "check" in out and "fleet" not in out:
+        from echo2.fleet.planner.run_check import print_check
+
+        print_check(out["check"])
     elif "range" in out:
-        from echo2.fleet.sizing.range_table import print_range
+        from echo2.fleet.planner.range_table import print_range
 
         print_range(out)
     else:
-        from echo2.fleet.sizing.plan_table import print_plan
+        from echo2.fleet.planner.plan_table import print_plan
 
         print_plan(out)
     if "fleet" in out and not out["feasible"]:
@@ -192,9 +205,10 @@ def prices_table(
     source: str = typer.Option("snapshot", "--source",
                                help="Price source: snapshot, aws (live spot prices), skypilot."),
     catalog: Optional[Path] = typer.Option(None, "--catalog",
-                                           help="Snapshot CSV (snapshot, aws) [infra/prices/gpu-offers-2026-11.csv]."),
+                                           help="Snapshot CSV (snapshot, aws) "
+                                                "\\[infra/prices/gpu-offers-2026-11.csv]."),
     region: Optional[List[str]] = typer.Option(None, "--region",
-                                               help="aws: regions to ask (repeatable) [the snapshot's]."),
+                                               help="aws: regions to ask (repeatable) \\[the snapshot's]."),
     limit: int = typer.Option(40, "--limit", help="Rows in the table (0 = all); --json prints all."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list of offers, cheapest first."),
 ) -> None:
