@@ -10,8 +10,8 @@ notice path, and this watcher ends in the same handler (``_thread.interrupt_main
 
 A spot learner (``train.market: spot``) uses the same probes and watcher for its own machine
 (``echo2/learner/notice.py``): it checkpoints within the notice and leaves its actors running. This
-module lives outside ``echo2/rollout/`` so the learner need not import the rollout plane
-(``echo2/rollout/preemption.py`` re-exports it for the actor).
+module lives outside ``echo2/rollout/`` so the learner need not import the rollout plane; the actor imports it
+from here too.
 
 Off by default, so no actor ever talks to a metadata address it was not told to. Enabled by
 ``rollout.preemption_source`` or, per machine, ``$ECHO2_PREEMPTION_SOURCE`` (``aws`` | ``gcp`` |

@@ -60,7 +60,7 @@ def main(root: Path) -> None:
 
     from echo2.config import SkyPilotFleetConfig
     from echo2.fleet.backends.base import ActorLaunch, ActorOffer
-    from echo2.fleet.backends.skypilot import build_task
+    from echo2.fleet.backends.skypilot_task import build_task
     from echo2.fleet.backends.skypilot_trust import launch_config, remove_staged, stage_actor_source
 
     east = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,

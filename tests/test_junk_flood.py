@@ -69,7 +69,8 @@ def _collector(store, **kw):
 def test_junk_from_one_actor_does_not_stop_another_actors_flow_control(tiny_model, tmp_path, monkeypatch):
     """A real actor's flow control (``Actor._has_capacity``) beside a flood: 40 garbage files in the
     current folder and 20 in a folder far in the future, all in the hostile actor's name."""
-    from echo2.rollout.actor import Actor, backlog_bound, per_actor_cap
+    from echo2.config import backlog_bound
+    from echo2.rollout.actor import Actor, per_actor_cap
 
     tensors = unique_state_dict(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
     config = {"rollout": {"group_size": 2, "groups_per_batch": 2, "max_pending_batches": 2},
@@ -83,7 +84,9 @@ def test_junk_from_one_actor_does_not_stop_another_actors_flow_control(tiny_mode
     counting = Counting(store)
     actor = Actor(counting, "honest")
     try:
-        assert backlog_bound(actor.config) == 2 and per_actor_cap(actor.config) == 1
+        r = actor.config.rollout
+        assert backlog_bound(r.max_pending_batches, actor.config.train.groups_per_step, r.groups_per_batch) == 2
+        assert per_actor_cap(actor.config) == 1
         actor.version = 0
         assert actor._has_capacity()  # the flood counts as one batch of its share, not 60
         assert not any(layout.version_name(FAR) in p for p in counting.listed), counting.listed

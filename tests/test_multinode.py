@@ -130,7 +130,7 @@ def test_the_learner_task_starts_echo2_learner_on_every_node_with_node_0_as_the_
     node's rank, every node meeting at the first address of SKYPILOT_NODE_IPS (the head node, rank 0)."""
     import sky
 
-    from echo2.fleet.backends.skypilot import DEFAULT_TASK_FILE, load_task_config
+    from echo2.fleet.backends.skypilot_task import DEFAULT_TASK_FILE, load_task_config
 
     task = sky.Task.from_yaml_config(load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml"))
     assert task.num_nodes == 1

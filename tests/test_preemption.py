@@ -20,6 +20,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from echo2 import preemption
 from echo2.config import Config
 from echo2.data import layout
 from echo2.data.relay_tokens import RELAY_TOKEN_ENV
@@ -27,7 +28,6 @@ from echo2.data.rollouts import decode_rollouts
 from echo2.data.run_folder import create_run
 from echo2.data.store import open_store
 from echo2.data.weights import publish_version
-from echo2.rollout import preemption
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -426,8 +426,8 @@ def test_gcp_preempted_instances_in_a_zone_and_in_all(compute):
 def test_a_skypilot_cluster_on_gcp_is_a_reclaim_when_gcp_preempted_its_instance(compute):
     from google.auth.credentials import AnonymousCredentials
 
-    from echo2.fleet.backends.reclaims import gcp_operations_client
-    from echo2.fleet.backends.skypilot import Launched, cloud_end_reason
+    from echo2.fleet.backends.reclaims import cloud_end_reason, gcp_operations_client
+    from echo2.fleet.backends.skypilot_api import Launched
 
     client = gcp_operations_client(zonal=False, api_endpoint=compute.url, credentials=AnonymousCredentials())
     launched = Launched(1, "gcp", "europe-west4", "g2-standard-4", True)

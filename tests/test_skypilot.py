@@ -19,19 +19,15 @@ from echo2.data.ledger import read_events  # noqa: E402
 from echo2.data.store.fsspec_store import FsspecStore  # noqa: E402
 from echo2.fleet.backends import skypilot_trust  # noqa: E402
 from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState  # noqa: E402
-from echo2.fleet.backends.skypilot import (  # noqa: E402
+from echo2.fleet.backends.reclaims import cloud_end_reason  # noqa: E402
+from echo2.fleet.backends.skypilot import SkyPilotBackend, fleet_down, offer_of  # noqa: E402
+from echo2.fleet.backends.skypilot_api import Cluster, Launched, SkySdk  # noqa: E402
+from echo2.fleet.backends.skypilot_task import (  # noqa: E402
     DEFAULT_TASK_FILE,
     RUN_LABEL,
-    Cluster,
-    Launched,
-    SkyPilotBackend,
-    SkySdk,
     build_task,
-    cloud_end_reason,
     cluster_name,
-    fleet_down,
     load_task_config,
-    offer_of,
     run_label,
 )
 from echo2.fleet.backends.skypilot_trust import allowed_source_file, remove_staged, stage_actor_source  # noqa: E402
@@ -616,7 +612,7 @@ def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credential
     from sky.server.requests import payloads
     from sky.utils import annotations, registry, schemas
 
-    from echo2.fleet.backends.skypilot import SkySdk
+    from echo2.fleet.backends.skypilot_api import SkySdk
 
     monkeypatch.setattr(annotations, "is_on_api_server", False)  # what SkyPilot's client-API wrapper sets
 
@@ -874,7 +870,7 @@ def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_retur
     only while that launch is under way. SkyPilot's SDK module is stubbed at the network call."""
     from sky.utils import annotations
 
-    from echo2.fleet.backends.skypilot import SkySdk
+    from echo2.fleet.backends.skypilot_api import SkySdk
 
     monkeypatch.setattr(annotations, "is_on_api_server", False)
     cancelled, answer = [], threading.Event()

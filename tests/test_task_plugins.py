@@ -270,7 +270,7 @@ def test_skypilot_actors_install_extra_packages_from_their_staged_workdir(tmp_pa
     from sky.catalog import aws_catalog
     from test_skypilot import FakeLaunchApi, backend_with, cluster_name, spec, wait_for
 
-    from echo2.fleet.backends.skypilot import RUN_LABEL  # noqa: F401 (the backend module loads with SkyPilot)
+    import echo2.fleet.backends.skypilot  # noqa: F401 (the backend module loads with SkyPilot)
 
     monkeypatch.setattr(check, "get_cached_enabled_clouds_or_refresh",  # test_skypilot's offline_optimizer
                         lambda *a, **k: [sky.clouds.AWS(), sky.clouds.GCP()])

@@ -61,7 +61,7 @@ def _env() -> dict:
 
 
 def test_the_installed_package_and_its_shipped_files_come_from_the_venv(installed, tmp_path):
-    code = ("import json, sys, echo2, echo2.fleet.prices.catalog as p, echo2.fleet.backends.skypilot as s\n"
+    code = ("import json, sys, echo2, echo2.fleet.prices.catalog as p, echo2.fleet.backends.skypilot_task as s\n"
             "print(json.dumps({'package': echo2.__file__, 'files': [str(p.DEFAULT_CATALOG), str(p.DEFAULT_PROFILES),"
             " str(s.DEFAULT_TASK_FILE)], 'editable': [m for m in sys.modules if m.startswith('__editable__')]}))")
     out = json.loads(_run(installed / "bin" / "python", "-c", code, cwd=tmp_path, env=_env()).stdout)

@@ -71,6 +71,7 @@ from typing import NamedTuple
 
 from echo2.broadcast.forest import half_octave, rated_forest, relayed_lately
 from echo2.data import layout
+from echo2.data.site import site_name, site_part
 from echo2.data.store import NotFound, ObjectStore, StoreError
 
 log = logging.getLogger("echo2.broadcast")
@@ -91,18 +92,7 @@ record stays valid: a bad rate never costs a peer its place, it only loses what 
 READ_THREADS = 8
 """Peer records read at once while publishing (two small requests each: a HEAD, a ranged GET)."""
 
-_SITE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-
-
-def site_part(value: object) -> bool:
-    """Whether ``value`` may be a site's provider or region (a name, no slash or space)."""
-    return isinstance(value, str) and _SITE_PART.match(value) is not None
 _URL_RE = re.compile(r"https?://(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
-
-
-def site_name(provider: str, region: str) -> str:
-    """How a site is spelled in a plan (the same spelling as ``fleet/egress.site_name``)."""
-    return f"{provider.lower()}/{region}"
 
 
 class PeerRecord(NamedTuple):

@@ -54,6 +54,7 @@ def export(
     from echo2.data import layout
     from echo2.data.delta import DeltaRejected
     from echo2.data.manifest import ManifestRejected
+    from echo2.data.run_folder import RunInfo
     from echo2.data.store import NotFound, StoreError, open_store
     from echo2.data.weights import CorruptWeights, latest_version
 
@@ -79,8 +80,7 @@ def export(
             manifest = download_weights(store, prefix, dest, trust_run_json_key=trust_run_json_key)
             hub.cast_folder(dest, dtype)
         if push_to_hub:
-            record = store.get_json(layout.RUN_JSON)
-            config = record.get("config") if isinstance(record.get("config"), dict) else {}
+            config = RunInfo.of(store.get_json(layout.RUN_JSON)).config
             card = hub.model_card(repo=push_to_hub, config=config, summary=_summary(store), exported=prefix,
                                   steps_trained=manifest.get("step", manifest.get("version", step)), dtype=dtype,
                                   adapter_only=adapter_only)
@@ -139,12 +139,13 @@ def export_adapter(store, prefix: str, dest: Path, *, dtype: str, trust_run_json
     (``hub.write_adapter``), verified as ``download_weights`` verifies a folder. A run without LoRA has no adapter,
     and version 0 of a LoRA run is its base: both refused in one line. Returns the manifest."""
     from echo2.data import layout
+    from echo2.data.run_folder import RunInfo
     from echo2.data.weights import download, iter_tensors, read_manifest
 
     public_key = _verifying_key(store, prefix, trust_run_json_key)
-    record = store.get_json(layout.RUN_JSON)
-    config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    if not (config.get("train") or {}).get("lora_rank"):
+    run = RunInfo.of(store.get_json(layout.RUN_JSON))
+    config = run.config
+    if not run.section("train").get("lora_rank"):
         raise Echo2InputError(f"{store.url} has no adapter to export: the run trained every weight (train.lora_rank "
                               "0); export the model without --adapter-only")
     if prefix.startswith(layout.CHECKPOINTS):

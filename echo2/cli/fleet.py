@@ -234,8 +234,8 @@ def fleet_down(
     run: str = typer.Argument(..., help="Run id, or the run folder (path or URL of STORE/runs/ID)."),
 ) -> None:
     """Tear down every SkyPilot cluster labelled with the run (after a learner crash, or to be sure)."""
-    from echo2.fleet.backends.skypilot import SkyPilotUnavailable
     from echo2.fleet.backends.skypilot import fleet_down as down_all
+    from echo2.fleet.backends.skypilot_api import SkyPilotUnavailable
 
     run_id = run.rstrip("/").rsplit("/", 1)[-1]
     try:

@@ -46,6 +46,7 @@ from echo2.config.tasks import (
     RandomOpponentConfig,
     TaskConfig,
 )
+from echo2.data.site import store_site
 
 __all__ = [
     "ArithmeticTaskConfig", "AwsPricesConfig", "BroadcastConfig", "CallStationOpponentConfig",
@@ -99,7 +100,7 @@ class StoreConfig(_Section):
     @property
     def site(self) -> tuple[str, str] | None:
         """(provider, region) of the store, lower-case provider; region "?" when only the provider is known."""
-        return None if self.provider is None else (self.provider.lower(), self.region or "?")
+        return store_site(self.provider, self.region)
 
 
 class ModelConfig(_Section):
@@ -145,7 +146,7 @@ class RolloutConfig(_Section):
     """Poll this cloud's instance metadata for a spot preemption notice (AWS IMDSv2 spot/instance-action,
     GCP instance/preempted) and stop cleanly on one; ``$ECHO2_PREEMPTION_SOURCE`` on the actor's machine
     overrides it (the SkyPilot task sets ``auto``: the cloud SkyPilot launched the machine on). Off: no
-    metadata request is ever made; SIGTERM is a notice either way (``echo2/rollout/preemption.py``)."""
+    metadata request is ever made; SIGTERM is a notice either way (``echo2/preemption.py``)."""
     preemption_endpoint: str | None = None
     """Base URL of the metadata service (None: the cloud's own, 169.254.169.254 or metadata.google.internal);
     ``$ECHO2_PREEMPTION_ENDPOINT`` overrides it."""
@@ -161,6 +162,14 @@ class RolloutConfig(_Section):
         if isinstance(value, dict) and "kind" not in value:
             return {"kind": "transformers", **value}
         return value
+
+
+def backlog_bound(max_pending_batches: int, groups_per_step: int, groups_per_batch: int) -> int:
+    """Batches the fleet may have waiting unconsumed (Q): ``rollout.max_pending_batches``, but never fewer than
+    one step needs (``ceil(train.groups_per_step / rollout.groups_per_batch)``), or the learner would wait forever
+    for a step the fleet stopped short of. Actors hold to it, the learner tells them with it, and the capacity model
+    simulates it, so all three call this one function."""
+    return max(max_pending_batches, -(-groups_per_step // groups_per_batch))
 
 
 class TrainConfig(_Section):

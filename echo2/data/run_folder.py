@@ -22,6 +22,9 @@ record it wrote, so a ``run.json`` swapped in the store (another public key or r
 would then trust, or another config) stops the resume in one line instead of being carried on.
 ``weights_key`` is the key ``echo2 export`` checks weights with: the local run key when this machine
 holds it (after the same check of ``run.json``), else ``run.json``'s public key, what actors trust.
+
+``RunInfo`` is the one reading of ``run.json``'s plain fields (its config, the learner's market, where the store
+lives) for the readers that only look: it checks no signature, so what must be trusted is checked as above first.
 """
 
 from __future__ import annotations
@@ -29,20 +32,71 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from echo2.data import layout
+from echo2.data.audit import finite_number
 from echo2.data.manifest import ManifestRejected, check_file_name, sign, verify_signature
 from echo2.data.quarantine import by_reference as quarantine_by_reference
 from echo2.data.relay_certs import RelayCA
 from echo2.data.run_key import KEY_ENV, MissingRunKey, fingerprint, key_path, public_key_of, public_key_text, run_key
+from echo2.data.site import store_site
 from echo2.data.store import AlreadyExists, NotFound, ObjectStore, is_transient, is_unreadable_object
 from echo2.errors import Echo2InputError
 
 log = logging.getLogger("echo2.data")
 
+MARKETS = ("on-demand", "spot")
+"""The learner's markets (``train.market``); anything else in a ``run.json`` reads as on-demand."""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The plain fields of a ``run.json`` record, each read leniently: absent or of the wrong type reads as
+    absent (None, or an empty dict). A view only: it verifies nothing, so a reader that must trust the record
+    checks its signature first (``check_run_key``, ``weights_key``)."""
+
+    created_at: float | None = None
+    config: dict = field(default_factory=dict)
+    """The run's resolved config as written (not validated: ``config_from_dict`` does that)."""
+
+    @classmethod
+    def of(cls, record: object) -> RunInfo:
+        if not isinstance(record, dict):
+            return cls()
+        return cls(created_at=finite_number(record.get("created_at")), config=_dict(record.get("config")))
+
+    @classmethod
+    def read(cls, store: ObjectStore) -> RunInfo:
+        """The run folder's ``run.json``; an empty view where there is none or it is not JSON (a folder being
+        made, tests of one part alone): every reader here has a default for each field."""
+        try:
+            return cls.of(store.get_json(layout.RUN_JSON))
+        except (NotFound, ValueError):
+            return cls()
+
+    def section(self, name: str) -> dict:
+        """One section of the config (``train``, ``store``...), empty where absent or not an object."""
+        return _dict(self.config.get(name))
+
+    @property
+    def learner_market(self) -> str:
+        """``train.market``, "on-demand" where absent or unknown."""
+        market = self.section("train").get("market")
+        return market if market in MARKETS else "on-demand"
+
+    @property
+    def store_site(self) -> tuple[str, str] | None:
+        """Where the run's store lives (``store.provider``/``store.region``), as ``StoreConfig.site`` reads it."""
+        section = self.section("store")
+        return store_site(section.get("provider"), section.get("region"))
+
+
+def _dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
 
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"

@@ -51,6 +51,8 @@ from typing import Any
 from echo2.data import layout
 from echo2.data.audit import failure_kind, finite_number
 from echo2.data.ledger import consumed_keys, read_events
+from echo2.data.run_folder import RunInfo
+from echo2.data.site import site_name, split_site
 from echo2.data.store import NotFound, ObjectStore
 from echo2.fleet import egress, learner_bill
 from echo2.fleet.providers import transfer_usd_per_gb
@@ -208,15 +210,13 @@ def _get(store: ObjectStore, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _learner_rows(run_record: dict, summary: dict, facts: dict, timeline: list[dict], now: float) -> list[dict]:
+def _learner_rows(run: RunInfo, summary: dict, facts: dict, timeline: list[dict], now: float) -> list[dict]:
     """One row per learner session (``learner_bill.py``), priced from the run's config."""
-    start = _num(run_record.get("created_at"))
+    start = _num(run.created_at)
     if start is None:
         return []
-    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
-    section = config.get(LEARNER_PRICE_FIELD[0]) if isinstance(config.get(LEARNER_PRICE_FIELD[0]), dict) else {}
-    price = _price(section.get(LEARNER_PRICE_FIELD[1]))
-    spot = learner_bill.learner_market(config) == "spot"
+    price = _price(run.section(LEARNER_PRICE_FIELD[0]).get(LEARNER_PRICE_FIELD[1]))
+    spot = run.learner_market == "spot"
     rows = []
     for s in learner_bill.sessions(start, timeline, facts["written"], finished_at=_num(summary.get("finished_at")),
                                    wall_seconds=_num(summary.get("wall_seconds")), now=now):
@@ -234,17 +234,6 @@ def _group(rows: list[dict], field: str) -> dict[str, dict]:
         g["hours"] += r["hours"]
         g["usd"] += r["usd"]
     return dict(sorted(out.items()))
-
-
-def store_site(run_record: dict) -> tuple[str, str] | None:
-    """Where the run's store lives, from its config in ``run.json`` (``store.provider``/``store.region``);
-    None if the config does not say. A provider without a region gives region "?"."""
-    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
-    section = config.get("store") if isinstance(config.get("store"), dict) else {}
-    provider, region = section.get("provider"), section.get("region")
-    if not isinstance(provider, str) or not provider:
-        return None
-    return provider.lower(), region if isinstance(region, str) and region else "?"
 
 
 def _placement(rows: list[dict]) -> dict[str, tuple[str | None, str | None]]:
@@ -284,7 +273,7 @@ def traffic_rows(reads: dict[str, egress.ReadBytes], placement: dict[str, tuple[
         else:
             usd += read.store / egress.GB * store_price
         for site, n in read.peers.items():
-            parent = egress.split_site(site)
+            parent = split_site(site)
             price = _usd_per_gb(at if parent is None else (parent[0].lower(), parent[1]), at)
             if price is None:
                 unpriced += n
@@ -304,16 +293,15 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
     events = read_events(store)
     facts = _ledger_facts(store)
     rows = worker_rows(events, now, learner_activity=facts["written"])
-    run_record = _get(store, layout.RUN_JSON)
+    run = RunInfo.read(store)
     timeline = _timeline(events)
     if not any(r["role"] == "learner" for r in rows):
-        rows += _learner_rows(run_record, summary, facts, timeline, now)
+        rows += _learner_rows(run, summary, facts, timeline, now)
     learner_rows = [r for r in rows if r["role"] == "learner"]
-    config = run_record.get("config") if isinstance(run_record.get("config"), dict) else {}
     gaps = learner_bill.gaps(learner_rows, timeline, now=now, committed=facts["committed"]) if learner_rows else []
     learner = learner_bill.learner_summary(learner_rows, gaps, [r for r in rows if r["role"] != "learner"],
-                                           market=learner_bill.learner_market(config), now=now)
-    store_at = store_site(run_record)
+                                           market=run.learner_market, now=now)
+    store_at = run.store_site
     traffic = traffic_rows(egress.read_snapshots(store), _placement(rows), store_at)
     gpu_usd = sum(r["usd"] for r in rows)
     traffic_usd = sum(t["usd"] for t in traffic)
@@ -331,7 +319,7 @@ def cost_report(store: ObjectStore, *, summary: dict | None = None, now: float |
         "total_usd": total,
         "gpu_usd": gpu_usd,
         "traffic_usd": traffic_usd,
-        "store_site": None if store_at is None else egress.site_name(*store_at),
+        "store_site": None if store_at is None else site_name(*store_at),
         "traffic_bytes_from_store": sum(t["bytes_from_store"] for t in traffic),
         "traffic_bytes_from_peers": sum(t["bytes_from_peers"] for t in traffic),
         "traffic_unpriced_bytes": sum(t["unpriced_bytes"] for t in traffic),

@@ -107,17 +107,6 @@ def parse_read_bytes(value: object) -> ReadBytes | str:
     return ReadBytes(store, dict(peers))
 
 
-def site_name(provider: str, region: str) -> str:
-    """How a site is spelled in plans and counters."""
-    return f"{provider.lower()}/{region}"
-
-
-def split_site(site: str) -> tuple[str, str] | None:
-    """(provider, region) of a site name; None for the unknown site ""."""
-    provider, sep, region = site.partition("/")
-    return (provider, region) if sep else None
-
-
 class _Once:
     def __init__(self, limit: int = 4096):
         self.seen: set[tuple[str, str]] = set()

@@ -34,14 +34,6 @@ from echo2.data.audit import finite_number
 NOTICE = "learner_notice"
 LEFT = "learner_left"
 RESUME = "resume"
-MARKETS = ("on-demand", "spot")
-
-
-def learner_market(config: dict) -> str:
-    """``train.market`` of the run's config (``run.json``), "on-demand" where absent or unknown."""
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    market = train.get("market")
-    return market if market in MARKETS else "on-demand"
 
 
 def sessions(start: float, timeline: list[dict], written: list[float], *, finished_at: float | None = None,

@@ -13,8 +13,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.config import FleetConfig
-from echo2.data import layout
-from echo2.data.store import NotFound, ObjectStore
+from echo2.data.run_folder import RunInfo
+from echo2.data.store import ObjectStore
 from echo2.fleet.backends import LaunchContext, make_backend
 from echo2.fleet.backends.base import RelaySecrets
 from echo2.fleet.manager import FleetManager
@@ -36,7 +36,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     (``train.market``; default: what the run's ``run.json`` says, else on-demand): a spot learner's actors outlive
     it (``LaunchContext.outlive_learner``)."""
     run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
-    market = market or learner_market(store)
+    market = market or RunInfo.read(store).learner_market
     launch = LaunchContext(store_url=store.url, store_options=store_options,
                            relay_secrets=RelaySecrets(run_key, run_id), run_id=run_id, actor_command=actor_command,
                            outlive_learner=market == "spot")
@@ -52,12 +52,3 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     return FleetManager(backend, config, store, launch=launch, offers=offers, chooser=chooser, plan_from=plan_from,
                         **backend.manager_options())
 
-
-def learner_market(store: ObjectStore) -> str:
-    """``train.market`` as the run's ``run.json`` records it ("on-demand" where it has none, or no run.json)."""
-    try:
-        record = store.get_json(layout.RUN_JSON)
-    except (NotFound, ValueError):
-        return "on-demand"
-    market = ((record.get("config") or {}).get("train") or {}).get("market") if isinstance(record, dict) else None
-    return market if market in ("on-demand", "spot") else "on-demand"

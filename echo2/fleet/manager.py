@@ -53,7 +53,6 @@ from echo2.config import FleetConfig
 from echo2.data.ledger import read_events, write_event
 from echo2.data.store import ObjectStore
 from echo2.fleet import adoption
-from echo2.fleet.adoption import ENDED_KINDS  # noqa: F401  (re-exported: the kinds that end an actor's bill)
 from echo2.fleet.backends import (
     ActorLaunch,
     ActorOffer,

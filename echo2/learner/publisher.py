@@ -43,6 +43,7 @@ from echo2.config import BroadcastConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
 from echo2.data.delta_chain import chain_closure
+from echo2.data.run_folder import RunInfo
 from echo2.data.store import NotFound, ObjectStore, StoreError
 from echo2.data.weights import delete_folder, publish_delta_version, publish_version, published_versions
 from echo2.fleet.egress import EgressLedger
@@ -62,21 +63,6 @@ def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, re
     return relay_plan(store, version, fanout=broadcast.fanout, roots=broadcast.roots,
                       max_age_s=broadcast.peer_timeout_s, revoked=revoked, known=fleet.ids,
                       placement=fleet.placement, store_site=store_site, plans=plans)
-
-
-def store_site_of_run(store: ObjectStore) -> tuple[str, str] | None:
-    """The store's (provider, region) from the run's own config in ``run.json`` (written by the learner);
-    None where it does not say, or there is no readable run record (tests of the publisher alone)."""
-    try:
-        record = store.get_json(layout.RUN_JSON)
-    except (NotFound, ValueError):
-        return None
-    section = record.get("config", {}).get("store", {}) if isinstance(record, dict) else {}
-    provider = section.get("provider") if isinstance(section, dict) else None
-    region = section.get("region") if isinstance(section, dict) else None
-    if not isinstance(provider, str) or not provider:
-        return None
-    return provider.lower(), region if isinstance(region, str) and region else "?"
 
 
 def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, cache: dict[int, dict] | None = None) -> None:
@@ -105,7 +91,7 @@ class Publisher:
                  key: Ed25519PrivateKey, extra_files: dict[str, bytes], store_site: tuple[str, str] | None = None):
         """``store_site``: where the store lives (``StoreConfig.site``); None: read from ``run.json``'s config."""
         self.store, self.train, self.broadcast, self.key, self.extra_files = store, train, broadcast, key, extra_files
-        self.store_site = store_site if store_site is not None else store_site_of_run(store)
+        self.store_site = store_site if store_site is not None else RunInfo.read(store).store_site
         self.egress = EgressLedger(store)
         """The actors' byte counters, folded into the ledger at each publish (the bill's traffic)."""
         self.last: tuple[int, dict[str, torch.Tensor]] | None = None

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from echo2 import __version__
-from echo2.config import Config
+from echo2.config import Config, backlog_bound
 from echo2.data import layout
 from echo2.data.failpoints import failpoint
 from echo2.data.lease import take as take_lease
@@ -139,7 +139,7 @@ class LearnerRun:
                                max_completion_tokens=r.max_new_tokens + self.task.max_env_tokens,
                                max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range,
                                max_groups=r.groups_per_batch)  # an honest file holds one batch: no more in a step
-        backlog = max(r.max_pending_batches, -(-t.groups_per_step // r.groups_per_batch))  # as actors bound it
+        backlog = backlog_bound(r.max_pending_batches, t.groups_per_step, r.groups_per_batch)  # as actors bound it
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens),

@@ -59,7 +59,7 @@ from transformers import AutoTokenizer
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay_tls import relay_tls
 from echo2.broadcast.weight_source import ReadyVersion, VersionRejected, WeightSource
-from echo2.config import Config, config_from_dict
+from echo2.config import Config, backlog_bound, config_from_dict
 from echo2.data import layout
 from echo2.data.lease import Incarnation
 from echo2.data.ledger import ConsumedIndex
@@ -67,23 +67,15 @@ from echo2.data.relay_tokens import token_from_env
 from echo2.data.rollouts import Rollout, encode_rollouts, policy_digest
 from echo2.data.run_key import public_key_of
 from echo2.data.store import NotFound, ObjectStore, is_transient
+from echo2.preemption import Notice, start_watcher
 from echo2.rollout.engines import Engine, SamplingParams, make_engine
 from echo2.rollout.learner_watch import LearnerWatch
 from echo2.rollout.machine import machine_broadcast, machine_site
-from echo2.rollout.preemption import Notice, start_watcher
 from echo2.rollout.refill import Played, refillable, stream_batches
 from echo2.tasks import make_task
 from echo2.tasks.task_data import localize
 
 log = logging.getLogger("echo2.actor")
-
-
-def backlog_bound(config: Config) -> int:
-    """Batches the fleet may have waiting unconsumed: ``rollout.max_pending_batches``, but never
-    fewer than one step needs (``ceil(groups_per_step / groups_per_batch)``), or the learner would
-    wait forever for a step the fleet stopped short of."""
-    per_step = -(-config.train.groups_per_step // config.rollout.groups_per_batch)
-    return max(config.rollout.max_pending_batches, per_step)
 
 
 def per_actor_cap(config: Config) -> int:
@@ -93,7 +85,8 @@ def per_actor_cap(config: Config) -> int:
     honest fleet nothing, while an actor that floods the store with files counts no more than its share
     (and nothing once the learner found one of its files junk: ``ledger.fleet_backlog``)."""
     actors = config.fleet.actors if isinstance(config.fleet.actors, int) else config.fleet.max_actors
-    return max(1, -(-backlog_bound(config) // actors))
+    r = config.rollout
+    return max(1, -(-backlog_bound(r.max_pending_batches, config.train.groups_per_step, r.groups_per_batch) // actors))
 
 
 class _Stop(Exception):
@@ -351,7 +344,9 @@ class Actor:
             return False
         newest = max(self.consumed.latest_step, self.version)
         waiting = self.consumed.backlog(self.actor_id, oldest_usable, newest, per_actor_cap(self.config))
-        return waiting + in_flight < backlog_bound(self.config)
+        r = self.config.rollout
+        return waiting + in_flight < backlog_bound(r.max_pending_batches, self.config.train.groups_per_step,
+                                                   r.groups_per_batch)
 
     def _may_start_batch(self, in_flight: int) -> bool:
         """A refill stream's check before each batch it takes: the actor's before each batch (stopping, a newer

@@ -25,9 +25,9 @@ import logging
 import os
 import socket
 
-from echo2.broadcast.topology import site_name, site_part
 from echo2.config import BroadcastConfig
-from echo2.rollout.preemption import CLUSTER_INFO_ENV, DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
+from echo2.data.site import site_name, site_part
+from echo2.preemption import CLUSTER_INFO_ENV, DEFAULT_ENDPOINTS, MetadataProbe, machine_cloud, resolve
 
 log = logging.getLogger("echo2.actor")
 

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from echo2.config import LocalFleetConfig
+from echo2.data.site import site_name
 from echo2.fleet.backends.base import (
     ActorLaunch,
     ActorOffer,
@@ -64,7 +65,6 @@ from echo2.fleet.backends.base import (
     LaunchContext,
 )
 from echo2.fleet.backends.offers import local_offers
-from echo2.fleet.egress import site_name
 
 log = logging.getLogger("echo2.fleet")
 

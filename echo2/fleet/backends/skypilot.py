@@ -89,25 +89,12 @@ from echo2.fleet.backends.base import (
 )
 from echo2.fleet.backends.offers import skypilot_offers
 from echo2.fleet.backends.reclaims import cloud_end_reason
-from echo2.fleet.backends.skypilot_api import (  # noqa: F401
-    Cluster,
-    LaunchCancelled,
-    Launched,
-    SkyApi,
-    SkyPilotUnavailable,
-    SkySdk,
-    import_sky,
-)
-from echo2.fleet.backends.skypilot_task import (  # noqa: F401 (tests and the CLI import these from here)
-    ACTOR_LABEL,
-    DEFAULT_TASK_FILE,
+from echo2.fleet.backends.skypilot_api import Cluster, LaunchCancelled, Launched, SkyApi, SkySdk
+from echo2.fleet.backends.skypilot_task import (
     RUN_LABEL,
-    _fold,
-    actor_envs,
     build_task,
     cluster_name,
     load_task_config,
-    price_ceiling,
     refuse_uploads,
     run_label,
 )

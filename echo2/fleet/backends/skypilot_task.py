@@ -55,7 +55,7 @@ def load_task_config(path: str | Path | None) -> dict:
 def actor_envs(spec: ActorLaunch, relay_port: int) -> dict[str, str]:
     """The plain environment of one actor on a cloud VM (nothing secret). Which cloud it landed on, and
     so where its preemption notices and public address come from, the actor reads from SkyPilot's own
-    job environment (the task file's ``auto``s, ``rollout/preemption.py``)."""
+    job environment (the task file's ``auto``s, ``echo2/preemption.py``)."""
     return {"ECHO2_RUN_URL": spec.run_url, "ECHO2_ACTOR_ID": spec.actor_id, **spec.env,
             "ECHO2_RELAY_HOST": "0.0.0.0", "ECHO2_RELAY_PORT": str(relay_port)}
 

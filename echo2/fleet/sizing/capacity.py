@@ -15,7 +15,7 @@ Inputs (every time in seconds; a *group* is one prompt with its G completions)
         around it: for the receiver to be free, for the batch under way to end, the swap)
     S   staleness: a group of version v is usable at learner version t iff t - v <= S
     k   publish period (train.publish_every): versions 0, k, 2k, ... reach the actors
-    Q   fleet-wide backlog bound in batches: max(rollout.max_pending_batches, ceil(R / b))
+    Q   fleet-wide backlog bound in batches: max(rollout.max_pending_batches, ceil(R / b)) (``config.backlog_bound``)
 
 Derivation (the idealized pipeline: every actor identical in behaviour, D and U constant)
 
@@ -70,6 +70,8 @@ import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+
+from echo2.config import backlog_bound
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ class _Pipeline:
     def __init__(self, w: Workload, batch_seconds: list[float]):
         self.w = w
         self.actors = [_Actor(i, g) for i, g in enumerate(batch_seconds)]
-        self.backlog_bound = max(w.max_pending_batches, math.ceil(w.groups_per_step / w.groups_per_batch))
+        self.backlog_bound = backlog_bound(w.max_pending_batches, w.groups_per_step, w.groups_per_batch)
         self.events: list = []
         self.seq = itertools.count()
         self.now = 0.0
