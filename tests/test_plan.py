@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
@@ -169,6 +170,21 @@ def test_cli_from_run_compares_predicted_with_measured(tmp_path, files):
     assert table.returncode == 0 and "inside P10-P90" in table.stdout, table.stderr
     refused = _cli("--machine", str(tmp_path / "machine.yaml"))
     assert refused.returncode == 2 and "--from-run" in refused.stderr
+    # calibrated on this run (the learner's measured busy time over the bare step's), the profile refuses to be
+    # checked against it: the one run the prediction has seen is no check
+    calibrated = tmp_path / "calibrated.yaml"
+    proc = subprocess.run([sys.executable, "-m", "echo2.cli", "bench", "machine", "--profile",
+                           str(tmp_path / "machine.yaml"), "--calibrate-run", str(run), "--out", str(calibrated)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    calibration = yaml.safe_load(calibrated.read_text())["calibration"]
+    assert calibration["run_id"] == r["run_id"]
+    assert calibration["learner_overhead"] == pytest.approx(
+        calibration["measured_train_seconds"] / calibration["bare_train_seconds"])
+    assert calibration["measured_train_seconds"] == pytest.approx(json.loads(
+        _cli("--from-run", str(run), "--json").stdout)["fit"]["workload"]["train_seconds"])
+    seen = _cli("--from-run", str(run), "--machine", str(calibrated))
+    assert seen.returncode == 2 and "calibrated on" in seen.stderr
 
 
 def test_cli_flags_with_steps_give_run_totals(files):

@@ -39,6 +39,21 @@ def test_a_learner_bound_run_is_its_steps_plus_loading_and_evaluations(quickstar
     assert out["usd"]["p50"] == 0.0  # local processes are not priced
 
 
+def test_publishes_and_checkpoints_add_their_share_to_every_step(quickstart):
+    """The quickstart publishes every step and checkpoints every 8: 2 s a publish and 8 s a checkpoint add 3 s."""
+    plain = run_check.predict_run(quickstart, _profile(fixed=10.0, position=0.01), draws=10)
+    profile = {**_profile(fixed=10.0, position=0.01), "publish_seconds": 2.0, "checkpoint_seconds": 8.0}
+    busier = run_check.predict_run(quickstart, profile, draws=10)
+    assert busier["train_seconds"]["likely"] == pytest.approx(plain["train_seconds"]["likely"] + 3.0)
+
+
+def test_the_calibrated_overhead_scales_the_learners_busy_time(quickstart):
+    plain = run_check.predict_run(quickstart, _profile(fixed=10.0, position=0.01), draws=10)
+    profile = {**_profile(fixed=10.0, position=0.01), "calibration": {"run_id": "x", "learner_overhead": 1.5}}
+    calibrated = run_check.predict_run(quickstart, profile, draws=10)
+    assert calibrated["train_seconds"]["likely"] == pytest.approx(1.5 * plain["train_seconds"]["likely"])
+
+
 def test_an_actor_bound_run_waits_for_batches_and_contention_slows_both(quickstart):
     """One actor makes 8 groups a batch of 24 x 1 s; the learner needs 8 groups a step and trains 1 s: the actor is
     the bound (step ~ one batch, utilization ~ 1/24). Contention (x2 while the other side works) slows the batch by
@@ -103,6 +118,7 @@ def test_bench_machine_measures_a_profile_the_check_reads(tiny_model, tmp_path):
     assert [len(p) for p in learner["points_alone"]] == [2, 2]
     assert learner["points_alone"][0][0] < learner["points_alone"][1][0]  # a quarter of the limit, then all of it
     assert profile["prompt_tokens"] > 0 and profile["load_seconds"] > 0
+    assert profile["publish_seconds"] > 0 and profile["checkpoint_seconds"] > 0
     config = load_config("configs/quickstart.yaml", tiny)
     predicted = run_check.predict_run(config, profile, draws=20)
     assert 0 < predicted["hours"]["p10"] <= predicted["hours"]["p90"]

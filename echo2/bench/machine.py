@@ -12,6 +12,8 @@ For the config's model and shapes it measures:
   as ``fixed + per_token x tokens`` (tokens the model runs on: each group's prompt once, as the learner packs it);
 - **the prompt**: the median token count of 16 of the task's prompts through the model's chat template;
 - **loading**: seconds to resolve and load the model as a process of the run does;
+- **publishing and checkpoints**: the learner's real publish of a version after a step (through ``Publisher``, a
+  delta where the config publishes deltas) and one checkpoint, into a store in a temporary folder;
 
 each of decode and the step both alone and *contended*: while ``fleet.actors`` child processes decode as the run's
 actors would (the learner's step timed meanwhile, the children's batches timed meanwhile). On one machine a run's
@@ -68,9 +70,10 @@ def _decode_seconds(engine, prompt_tokens: int, groups: int, group_size: int, ma
 
 def _decoder(model_dir: str, shape: tuple, threads: int, ready, stop, out) -> None:
     """A child standing in for one actor: decodes batches of the run's shape until told to stop, reporting each."""
+    parent = os.getppid()
     engine = _engine(Path(model_dir), shape[1] * shape[2], threads)
     ready.set()
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:  # a killed bench leaves no child decoding
         out.put((time.perf_counter(), _decode_seconds(engine, *shape)))
 
 
@@ -95,6 +98,33 @@ def _learner_points(learner, *, groups: int, group_size: int, prompt_tokens: int
             times.append(time.perf_counter() - start)
         points.append([computed_tokens(learner, columns), statistics.median(times)])
     return points
+
+
+def publish_and_checkpoint_seconds(learner, config, columns) -> tuple[float, float]:
+    """Seconds of the learner's real publish of a version after a step (a delta where the config publishes deltas,
+    the previous version a keyframe) and of one checkpoint, each into a store in a temporary folder."""
+    import tempfile
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from echo2.data.store import open_store
+    from echo2.learner.checkpoint import save_checkpoint
+    from echo2.learner.publisher import Publisher
+
+    key = Ed25519PrivateKey.generate()
+    with tempfile.TemporaryDirectory(prefix="echo2-bench-machine-") as folder:
+        store = open_store(folder)
+        publisher = Publisher(store, train=config.train, broadcast=config.broadcast, key=key,
+                              extra_files=learner.extra_files, store_site=("bench", "bench"))
+        publisher.publish(0, *learner.policy_version_tensors())
+        learner.step_on_columns(columns)
+        start = time.perf_counter()
+        publisher.publish(1, *learner.policy_version_tensors())
+        publish = time.perf_counter() - start
+        start = time.perf_counter()
+        save_checkpoint(store, 1, learner.save_sharded, {"history": []}, key=key, extra_files=learner.extra_files,
+                        meta={"weights": "full"})
+        return publish, time.perf_counter() - start
 
 
 def prompt_tokens_of(config, model_dir: Path) -> int:
@@ -162,6 +192,12 @@ def measure_machine(config, progress=lambda line: None) -> dict:
         if finished - seconds >= began and finished <= ended:  # wholly inside the learner's contended steps
             batches.append(seconds)
     progress(f"learner contended: {contended}; {len(batches)} actor batches meanwhile")
+    from echo2.bench.learner_steps import make_columns
+
+    publish, checkpoint = publish_and_checkpoint_seconds(
+        learner, config, make_columns(prompt, [r.max_new_tokens] * (t.groups_per_step * r.group_size), r.group_size,
+                                      vocab, seed=1))
+    progress(f"publish {publish:.2f}s, checkpoint {checkpoint:.2f}s")
     del learner
 
     engine = _engine(model_dir, r.groups_per_batch * r.group_size, r.num_threads)
@@ -184,6 +220,7 @@ def measure_machine(config, progress=lambda line: None) -> dict:
                                                       if batches else None)},
         "eval_decode": {"rows": eval_rows, "max_new_tokens": e.max_new_tokens,
                         "seconds_per_position": eval_seconds / e.max_new_tokens},
+        "publish_seconds": publish, "checkpoint_seconds": checkpoint,
         "learner": {"groups": t.groups_per_step, "points_alone": alone, "points_contended": contended,
                     "fixed_seconds_alone": fixed_alone, "seconds_per_token_alone": per_token_alone,
                     "fixed_seconds_contended": fixed_cont, "seconds_per_token_contended": per_token_cont},

@@ -404,6 +404,11 @@ def bench_machine(
     config: str = typer.Option("configs/quickstart.yaml", "--config", help="The run config whose shapes are measured."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="More key=value settings of that config."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the profile here (YAML) as well as printing it."),
+    calibrate_run: Optional[str] = typer.Option(None, "--calibrate-run",
+                                                help="A finished run of this config: measure the run's work around "
+                                                     "the learner's step on it (never checked against it then)."),
+    profile_in: Optional[Path] = typer.Option(None, "--profile", help="With --calibrate-run: calibrate this "
+                                              "profile instead of measuring a new one."),
 ) -> None:
     """This machine's profile for a run config: decode and learner-step seconds, alone and while the config's
     actors decode, the prompt's tokens, loading: what `echo2 plan --from-run --machine` predicts a local run with."""
@@ -411,9 +416,21 @@ def bench_machine(
 
     from echo2.bench.machine import measure_machine
     from echo2.config import load_config
+    from echo2.fleet.planner.run_check import calibrate
 
+    if profile_in is not None and calibrate_run is None:
+        fail("--profile is calibrated by --calibrate-run RUN: give both")
     quiet_transformers()
-    profile = measure_machine(load_config(config, list(set_ or [])), progress=lambda line: typer.echo(line, err=True))
+    try:
+        if profile_in is not None:
+            profile = yaml.safe_load(profile_in.read_text())
+        else:
+            profile = measure_machine(load_config(config, list(set_ or [])),
+                                      progress=lambda line: typer.echo(line, err=True))
+        if calibrate_run is not None:
+            profile = calibrate(profile, calibrate_run)
+    except (OSError, yaml.YAMLError, Echo2InputError) as exc:
+        fail(str(exc))
     text = yaml.safe_dump(profile, sort_keys=False)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

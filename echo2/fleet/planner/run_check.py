@@ -7,10 +7,13 @@ learner step as ``fixed + per_token x tokens``, each alone and while the config'
 tokens, loading. What the config does not say is drawn from a range (``INPUTS``): how long completions are (their
 mean sets the learner's tokens, the longest of a batch sets the batch's time: a batch decodes until its last row
 ends), the share of groups with a reward signal (the learner drops the others before its forward pass), the
-benchmark's own noise. Each draw:
+benchmark's own noise. The benchmark times the learner's bare step; what a run does around it (reading, validating
+and auditing rollout files, serving the relay, its other threads) is one factor measured on one calibration run
+(``calibrate``, ``echo2 bench machine --calibrate-run``), which is then never a check. Each draw:
 
     tokens per step  T_tok = signal x R x (P + G x mean x max_new_tokens)          (each prompt once per group)
-    learner busy     T = T_alone(T_tok) + (T_contended - T_alone) x d               (d: share of time actors decode)
+    learner busy     T = (T_alone(T_tok) + (T_contended - T_alone) x d) x overhead  (d: share of time actors decode)
+                       (+ publish seconds / publish_every + checkpoint seconds / checkpoint_every, in both)
     one batch        B = longest x max_new_tokens x (s_alone + (s_contended - s_alone) x u)
     step, u          the capacity model (``sizing/capacity.py``) on T, [B] x actors, S, k, Q
     d                = groups the learner uses per second x B / (actors x groups per batch), at most 1
@@ -20,8 +23,8 @@ after (and every ``eval.every`` steps: batches of the evaluation's greedy decode
 has stopped: ``eval_length``) and the first batch's fill. Dollars are hours times the fleet's hourly price: zero
 for local processes that are not priced. P10/P50/P90 are over ``draws`` seeded draws.
 
-Not modelled: checkpoints' and publishes' own seconds beyond what the step's fixed part holds, a code task's
-sandbox seconds on the actors, multi-turn tasks (the prompt is measured as one turn).
+Not modelled: reading, validating, re-scoring and auditing rollout files on the learner, a code task's sandbox
+seconds on the actors, multi-turn tasks (the prompt is measured as one turn).
 """
 
 from __future__ import annotations
@@ -66,8 +69,14 @@ def _one(config, profile: dict, x: dict[str, float]) -> dict:
     learner, decode = profile["learner"], profile["decode"]
     tokens = x["signal"] * t.groups_per_step * (profile["prompt_tokens"] + r.group_size * x["mean_length"]
                                                 * r.max_new_tokens)
-    alone = (learner["fixed_seconds_alone"] + learner["seconds_per_token_alone"] * tokens) * x["noise"]
-    crowded = (learner["fixed_seconds_contended"] + learner["seconds_per_token_contended"] * tokens) * x["noise"]
+    # a step also publishes (every publish_every steps) and checkpoints (every checkpoint_every): their share
+    extra = (profile.get("publish_seconds", 0.0) / t.publish_every
+             + profile.get("checkpoint_seconds", 0.0) / t.checkpoint_every)
+    # the run's own work around a step that the benchmark's bare step leaves out, as the calibration run measured it
+    around = profile.get("calibration", {}).get("learner_overhead", 1.0) * x["noise"]
+    alone = (learner["fixed_seconds_alone"] + learner["seconds_per_token_alone"] * tokens + extra) * around
+    crowded = (learner["fixed_seconds_contended"] + learner["seconds_per_token_contended"] * tokens
+               + extra) * around
     s_alone = decode["seconds_per_position_alone"] * x["noise"]
     s_crowded = (decode["seconds_per_position_contended"] or decode["seconds_per_position_alone"]) * x["noise"]
     positions = x["longest"] * r.max_new_tokens
@@ -140,6 +149,25 @@ def compare(predicted: dict, measured: dict) -> list[dict]:
     return rows
 
 
+def calibrate(profile: dict, run: str) -> dict:
+    """The profile with ``calibration``: how much longer ``run``'s learner was busy a step than the benchmark's
+    bare step predicts at the likely inputs (reading, validating and auditing rollout files, serving the relay,
+    the run's other threads and processes). ``run`` then never counts as a check of the profile (``check_run``
+    refuses it): it is the one run the prediction has seen."""
+    from echo2.config import config_from_dict
+    from echo2.data import layout
+    from echo2.fleet.sizing.fit import open_run
+
+    store = open_run(run)
+    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    bare = {k: v for k, v in profile.items() if k != "calibration"}
+    predicted = _one(config, bare, {k: v.likely for k, v in INPUTS.items()})["train_seconds"]
+    measured = measured_run(run)["train_seconds"]
+    return {**bare, "calibration": {"run_id": store.url.rstrip("/").rsplit("/", 1)[-1], "config": config.run.name,
+                                    "learner_overhead": measured / predicted,
+                                    "measured_train_seconds": measured, "bare_train_seconds": predicted}}
+
+
 def check_run(run: str, machine, *, draws: int = 400, seed: int = 0) -> dict:
     """``echo2 plan --from-run RUN --machine PROFILE``: the run's config predicted on the profile, beside the run."""
     import yaml
@@ -154,6 +182,8 @@ def check_run(run: str, machine, *, draws: int = 400, seed: int = 0) -> dict:
     except (OSError, yaml.YAMLError) as exc:
         raise Echo2InputError(f"cannot read the machine profile {machine}: {exc}") from None
     store = open_run(run)
+    if profile.get("calibration", {}).get("run_id") == store.url.rstrip("/").rsplit("/", 1)[-1]:
+        raise Echo2InputError(f"{run} is the run this profile was calibrated on: check it on a run it did not see")
     config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
     try:
         predicted = predict_run(config, profile, draws=draws, seed=seed)
@@ -161,6 +191,7 @@ def check_run(run: str, machine, *, draws: int = 400, seed: int = 0) -> dict:
         raise Echo2InputError(str(exc)) from None
     measured = measured_run(run)
     return {"run": run, "config": config.run.name, "machine": profile.get("machine", {}),
+            "calibration": profile.get("calibration"),
             "profile_config": profile.get("config"), "draws": draws, "seed": seed,
             "inputs": {k: vars(v) for k, v in INPUTS.items()}, "rows": compare(predicted, measured)}
 
