@@ -426,7 +426,7 @@ def run_wan_targets(*, size_mb: float = 64.0, base_size_mb: float = 256.0, chunk
     checks = [
         # judged at the chunks the learner publishes a version of this size in; the --chunk-mb row is reported
         # beside it (a chain that verifies each chunk before passing it on pays one chunk per hop: at 1 MB that
-        # alone is 1.25x here, docs/broadcast.md "Where target A's time goes")
+        # alone is 1.25x here, docs/runs/2026-12-03-broadcast-wan.md "Where target A's time goes")
         ("A", f"relay / no-RTT ideal (S/B), {small_chunk_mb:g} MB chunks (as published)",
          a_small["relay_over_ideal"], "<=", 1.25),
         ("A", f"the same, {chunk_mb:g} MB chunks (--chunk-mb)", a["relay_over_ideal"], "", None),

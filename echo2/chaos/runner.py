@@ -6,7 +6,7 @@ found where it must never be, or when a property it checks beyond those did not 
 command exits 1 when any scenario failed. ``--quick`` runs the small sizes; the full ones are what the
 reliability table in docs/reliability.md shows.
 
-Interrupted (Ctrl-C, or SIGTERM: ``command.py`` makes it the same), the suite stops every process its
+Interrupted (Ctrl-C, or SIGTERM: ``echo2/cli/chaos.py`` makes it the same), the suite stops every process its
 scenarios started -- runs in sessions of their own, their actors and Prefect servers, hostile actors --
 before it waits for the scenarios' threads: each such process carries the suite's tag in its environment
 (``SUITE_TAG_ENV``, inherited from this process), and ``reap_suite`` ends the ones that carry it.

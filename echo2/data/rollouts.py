@@ -1,4 +1,4 @@
-"""Rollout files: Arrow IPC, one row per completion (schema in DESIGN.md).
+"""Rollout files: Arrow IPC, one row per completion (schema in docs/architecture.md, "Rollout file schema").
 
 ``encode_rollouts`` builds a file's bytes, ``decode_rollouts`` reads them back into a table and
 ``validate_rollouts`` checks everything the learner relies on before a row can reach the loss.
