@@ -84,6 +84,9 @@ def main(root: Path) -> None:
         printed = buffer.getvalue()
     except Exception as exc:  # reported, not raised: the server must be stopped either way
         error, result = f"{type(exc).__name__}: {exc}", None
+        log = home / ".sky" / "api_server" / "server.log"  # the test's HOME goes with its tmp_path: show why here
+        if log.exists():
+            error += "\n--- the API server's log, last lines:\n" + "\n".join(log.read_text().splitlines()[-40:])
     finally:
         stop = subprocess.run([str(Path(sys.executable).parent / "sky"), "api", "stop"], capture_output=True,
                               text=True, timeout=120)
