@@ -191,16 +191,20 @@ def is_commit(revision: str | None) -> bool:
     return revision is not None and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
 
 
-def params_from_config(path: str | Path) -> tuple[float, float]:
-    """(total, active) billions of parameters counted from an HF-style config.json (``params_from_config_dict``)."""
+def read_model_config(path: str | Path) -> dict:
+    """An HF-style config.json as a dict; a missing or malformed file is one ``Echo2InputError`` naming it."""
     path = Path(path)
     try:
-        config = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise Echo2InputError(f"model config {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise Echo2InputError(f"model config {path}: not JSON ({exc})") from None
-    return params_from_config_dict(config, str(path))
+
+
+def params_from_config(path: str | Path) -> tuple[float, float]:
+    """(total, active) billions of parameters counted from an HF-style config.json (``params_from_config_dict``)."""
+    return params_from_config_dict(read_model_config(path), str(path))
 
 
 def params_from_config_dict(c: dict, where: str = "model config") -> tuple[float, float]:

@@ -10,15 +10,14 @@ least its p95 completion decoded alone when ``completion_tokens_p95`` is given (
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
 from echo2.devices import PEAK_BF16_TFLOPS
-from echo2.errors import Echo2InputError
 from echo2.fleet.planner import decode
 from echo2.fleet.planner.workload_file import WorkloadFile
 from echo2.fleet.prices.catalog import Profile, gpu_key
+from echo2.models import read_model_config
 
 DRAIN_BINDS = 0.95
 """A batch whose drained speed is below this share of its full speed is said to be tail-bound."""
@@ -45,13 +44,7 @@ def model_shape(wf: WorkloadFile) -> decode.ModelShape | None:
     path = wf.config_path()
     if path is None:
         return None
-    try:
-        config = json.loads(path.read_text())
-    except OSError as exc:
-        raise Echo2InputError(f"model config {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise Echo2InputError(f"model config {path}: not JSON ({exc})") from None
-    return decode.shape_from_config(config, str(path))
+    return decode.shape_from_config(read_model_config(path), str(path))
 
 
 def gpu_of(profile: Profile) -> decode.Gpu | None:

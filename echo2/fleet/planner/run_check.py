@@ -124,12 +124,12 @@ def _quantile(values: list[float], q: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (position - lo)
 
 
-def measured_run(run: str) -> dict:
-    """What the finished run measured: wall hours and cost (its summary), learner utilization (``fit.fit_run``)."""
+def measured_run(store) -> dict:
+    """What the finished run in ``store`` measured: wall hours and cost (its summary), learner utilization
+    (``fit.fit_run``)."""
     from echo2.data import layout
-    from echo2.fleet.sizing.fit import fit_run, open_run
+    from echo2.fleet.sizing.fit import fit_run
 
-    store = open_run(run)
     summary = json.loads(store.get(layout.report_key("summary.json")))
     fit = fit_run(store)
     return {"hours": summary["wall_seconds"] / 3600, "usd": summary.get("cost_usd", 0.0),
@@ -149,21 +149,24 @@ def compare(predicted: dict, measured: dict) -> list[dict]:
     return rows
 
 
+def _run_id(store) -> str:
+    """The run's id: its folder's name."""
+    return store.url.rstrip("/").rsplit("/", 1)[-1]
+
+
 def calibrate(profile: dict, run: str) -> dict:
     """The profile with ``calibration``: how much longer ``run``'s learner was busy a step than the benchmark's
     bare step predicts at the likely inputs (reading, validating and auditing rollout files, serving the relay,
     the run's other threads and processes). ``run`` then never counts as a check of the profile (``check_run``
     refuses it): it is the one run the prediction has seen."""
-    from echo2.config import config_from_dict
-    from echo2.data import layout
-    from echo2.fleet.sizing.fit import open_run
+    from echo2.fleet.sizing.fit import open_run, run_config
 
     store = open_run(run)
-    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    config = run_config(store)
     bare = {k: v for k, v in profile.items() if k != "calibration"}
     predicted = _one(config, bare, {k: v.likely for k, v in INPUTS.items()})["train_seconds"]
-    measured = measured_run(run)["train_seconds"]
-    return {**bare, "calibration": {"run_id": store.url.rstrip("/").rsplit("/", 1)[-1], "config": config.run.name,
+    measured = measured_run(store)["train_seconds"]
+    return {**bare, "calibration": {"run_id": _run_id(store), "config": config.run.name,
                                     "learner_overhead": measured / predicted,
                                     "measured_train_seconds": measured, "bare_train_seconds": predicted}}
 
@@ -172,24 +175,22 @@ def check_run(run: str, machine, *, draws: int = 400, seed: int = 0) -> dict:
     """``echo2 plan --from-run RUN --machine PROFILE``: the run's config predicted on the profile, beside the run."""
     import yaml
 
-    from echo2.config import config_from_dict
-    from echo2.data import layout
     from echo2.errors import Echo2InputError
-    from echo2.fleet.sizing.fit import open_run
+    from echo2.fleet.sizing.fit import open_run, run_config
 
     try:
         profile = yaml.safe_load(open(machine).read())
     except (OSError, yaml.YAMLError) as exc:
         raise Echo2InputError(f"cannot read the machine profile {machine}: {exc}") from None
     store = open_run(run)
-    if profile.get("calibration", {}).get("run_id") == store.url.rstrip("/").rsplit("/", 1)[-1]:
+    if profile.get("calibration", {}).get("run_id") == _run_id(store):
         raise Echo2InputError(f"{run} is the run this profile was calibrated on: check it on a run it did not see")
-    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    config = run_config(store)
     try:
         predicted = predict_run(config, profile, draws=draws, seed=seed)
     except ValueError as exc:
         raise Echo2InputError(str(exc)) from None
-    measured = measured_run(run)
+    measured = measured_run(store)
     return {"run": run, "config": config.run.name, "machine": profile.get("machine", {}),
             "calibration": profile.get("calibration"),
             "profile_config": profile.get("config"), "draws": draws, "seed": seed,

@@ -96,6 +96,11 @@ def open_run(run: str) -> ObjectStore:
     return store
 
 
+def run_config(store: ObjectStore):
+    """The run's resolved config, as its ``run.json`` records it."""
+    return config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+
+
 def _finite(value) -> float | None:
     try:
         x = float(value)
@@ -107,7 +112,7 @@ def _finite(value) -> float | None:
 def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | None = None) -> RunFit:
     """The capacity model's inputs and the measured outcome of the run in ``store``; ``history``
     (the learner's per-step metrics) fits a run still in progress."""
-    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    config = run_config(store)
     if history is None:
         try:
             history = json.loads(store.get(layout.report_key("metrics.json")))
@@ -227,7 +232,7 @@ def _measured_from_file(store: ObjectStore, key: str, max_file_bytes: int) -> di
 
 def file_limit(store: ObjectStore) -> int:
     """The run's own limit on a rollout file's size in bytes (``train.max_rollout_file_mb``)."""
-    config = config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    config = run_config(store)
     return int(config.train.max_rollout_file_mb * 2**20)
 
 
