@@ -54,7 +54,7 @@ def _tracebacks(log: str) -> str:
 
 
 def _stop_mid_run(tiny_model, tmp_path, stop, expected_code: int) -> tuple:
-    """`echo2 learner --nproc 2` stopped by ``stop(launcher)`` once step 2 is consumed: it exits ``expected_code``
+    """`echo2 learner --nproc 2` stopped by ``stop(launcher)`` once step 2 is done: it exits ``expected_code``
     within seconds, nothing of the run left running, no traceback, and a checkpoint of the step it reached
     (checkpoint_every is 1000: the interruption's own). Returns (run folder, that step)."""
     from helpers import reap_session, reap_tagged, wait_until
@@ -73,8 +73,11 @@ def _stop_mid_run(tiny_model, tmp_path, stop, expected_code: int) -> tuple:
                                    cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "ECHO2_TEST_TAG": str(tmp_path), "PYTHONFAULTHANDLER": "1"})
     try:
-        wait_until(lambda: (run / "ledger" / "consumed" / "step-000002.json").exists() or learner.poll() is not None,
-                   300, "step 2")
+        # step 3's batch is recorded once step 2 has moved the version. Step 2's own record is written before its
+        # update, and a signal then lands at a safe point before the optimizer step: the learner rightly checkpoints
+        # step 1 (seen once in CI), and a test waiting on that record could not tell the two apart
+        wait_until(lambda: (run / "ledger" / "consumed" / "step-000003.json").exists() or learner.poll() is not None,
+                   300, "step 2's end")
         stop(learner)
         signalled = time.monotonic()
         try:
