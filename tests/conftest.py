@@ -31,6 +31,25 @@ os.environ["SKY_RUNTIME_DIR"] = str(_SKY_RUNTIME)
 os.environ.setdefault("SKYPILOT_DISABLE_USAGE_COLLECTION", "1")
 
 
+def sky_python_or_skip() -> str:
+    """SkyPilot's Python (its own environment: `make setup` builds .venv-sky); the test is skipped without one."""
+    from echo2.fleet.backends.skypilot_api import SkyPilotUnavailable, sky_python
+
+    try:
+        return sky_python()
+    except SkyPilotUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def sky_task(task: dict) -> dict:
+    """``task`` (as echo2 sends it to sky_bridge.py) built by SkyPilot into its ``sky.Task``, in SkyPilot's own
+    environment, and described back (``sky_bridge.describe_task``); the test is skipped without that environment."""
+    sky_python_or_skip()
+    from echo2.fleet.backends.skypilot_api import bridge
+
+    return bridge("task", task)
+
+
 def pytest_configure(config):
     home = _STATE / "prefect-home"
     home.mkdir(parents=True, exist_ok=True)

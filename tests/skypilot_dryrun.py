@@ -1,12 +1,12 @@
 """A dry-run launch of the actor task through SkyPilot's real API server, with AWS played by moto on
-loopback (run by tests/test_skypilot.py in a process of its own: SkyPilot reads $HOME and
-$SKY_RUNTIME_DIR when it is imported). Prints one JSON line: what SkyPilot printed, and whether its API
-server is gone again. Usage: python tests/skypilot_dryrun.py WORKDIR"""
+loopback (run by tests/test_skypilot.py in a process of its own, whose environment the bridge's SkyPilot
+process and the API server it starts inherit: SkyPilot reads $HOME and $SKY_RUNTIME_DIR when it is imported).
+The launch goes as echo2 sends every launch: through sky_bridge.py in SkyPilot's own environment
+(``skypilot_api.bridge``). Prints one JSON line: what SkyPilot printed, and whether its API server is gone again.
+Usage: python tests/skypilot_dryrun.py WORKDIR"""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -47,6 +47,10 @@ def main(root: Path) -> None:
 
     from moto.server import ThreadedMotoServer
 
+    from echo2.fleet.backends.skypilot_api import bridge, sky_python
+
+    sky_bin = Path(sky_python()).parent  # SkyPilot's environment: its `sky` command, and the API server's Python
+
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     moto.start()
     host, port = moto.get_host_and_port()
@@ -55,13 +59,11 @@ def main(root: Path) -> None:
                       AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
                       AWS_ENDPOINT_URL=f"http://{host}:{port}", SKYPILOT_API_SERVER_LOCAL_PORT=str(PORT),
                       SKYPILOT_DISABLE_USAGE_COLLECTION="1",
-                      PATH=f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}")
-    import sky
-
+                      PATH=f"{shims}:{sky_bin}:{os.environ['PATH']}")
     from echo2.config import SkyPilotFleetConfig
     from echo2.fleet.backends.base import ActorLaunch, ActorOffer
     from echo2.fleet.backends.skypilot_task import build_task
-    from echo2.fleet.backends.skypilot_trust import launch_config, remove_staged, stage_actor_source
+    from echo2.fleet.backends.skypilot_trust import remove_staged, stage_actor_source
 
     east = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1", spot=True,
                  usd_per_hour=0.31)
@@ -74,21 +76,18 @@ def main(root: Path) -> None:
     task = build_task(spec, SkyPilotFleetConfig(), run_id="r1", workdir=source)
     started = time.time()
     printed, error = "", None
-    try:
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer):
-            with launch_config():  # as SkySdk.launch sends it: remote_identity NO_UPLOAD for every cloud
-                request = sky.launch(task, cluster_name="e2-r1-actor0-abc123", dryrun=True, down=True,
-                                     idle_minutes_to_autostop=10)
-            result = sky.stream_and_get(request)
-        printed = buffer.getvalue()
+    try:  # as SkySdk.launch sends it (remote_identity NO_UPLOAD for every cloud), but a dry run
+        sent = bridge("launch", {"task": task, "cluster_name": "e2-r1-actor0-abc123", "idle_minutes": 10,
+                                 "dryrun": True})
+        streamed = bridge("wait", {"request_id": sent["request_id"], "stream": True})
+        printed, result = streamed["printed"], streamed["result"]
     except Exception as exc:  # reported, not raised: the server must be stopped either way
         error, result = f"{type(exc).__name__}: {exc}", None
         log = home / ".sky" / "api_server" / "server.log"  # the test's HOME goes with its tmp_path: show why here
         if log.exists():
             error += "\n--- the API server's log, last lines:\n" + "\n".join(log.read_text().splitlines()[-40:])
     finally:
-        stop = subprocess.run([str(Path(sys.executable).parent / "sky"), "api", "stop"], capture_output=True,
+        stop = subprocess.run([str(sky_bin / "sky"), "api", "stop"], capture_output=True,
                               text=True, timeout=120)
         moto.stop()
         remove_staged(source)
@@ -97,7 +96,7 @@ def main(root: Path) -> None:
         server_gone = s.connect_ex(("127.0.0.1", PORT)) != 0
     # the cluster config the provisioner wrote for the launch: its file_mounts are what would reach the VM
     cluster_yaml = [p.read_text() for p in (home / ".sky" / "generated").glob("e2-r1-actor0-abc123.yml*")]
-    print(json.dumps({"printed": printed, "result": repr(result), "error": error, "seconds": time.time() - started,
+    print(json.dumps({"printed": printed, "result": result, "error": error, "seconds": time.time() - started,
                       "stop": stop.stdout + stop.stderr, "server_gone": server_gone, "cluster_yaml": cluster_yaml}))
 
 

@@ -8,10 +8,9 @@ import math
 import os
 import subprocess
 import sys
-from collections import namedtuple
 
 import pytest
-from conftest import REPO
+from conftest import REPO, sky_python_or_skip
 
 from echo2.config import load_config
 from echo2.errors import Echo2InputError
@@ -123,8 +122,13 @@ def test_aws_failures_are_one_line_naming_the_region(tmp_path, monkeypatch):
 
 # --- SkyPilot's catalog ------------------------------------------------------------------------------------
 
-Info = namedtuple("Info", "cloud instance_type accelerator_name accelerator_count cpu_count device_memory memory "
-                          "price spot_price region")
+def Info(cloud, instance_type, accelerator_name, accelerator_count, cpu_count, device_memory, memory, price,
+         spot_price, region):
+    """One row of sky_bridge.py's ``accelerators`` listing (``InstanceTypeInfo``'s fields, NaN as None)."""
+    nan = None if device_memory is not None and math.isnan(device_memory) else device_memory
+    return {"cloud": cloud, "instance_type": instance_type, "accelerator_name": accelerator_name,
+            "accelerator_count": accelerator_count, "device_memory": nan, "region": region, "price": price,
+            "spot_price": None if spot_price is not None and math.isnan(spot_price) else spot_price}
 
 
 def test_skypilot_listing_becomes_offers_like_the_snapshot_keeps_them():
@@ -141,21 +145,19 @@ def test_skypilot_listing_becomes_offers_like_the_snapshot_keeps_them():
     assert offers["aws/g6.2xlarge@us-east-1"].spot_usd_per_hour is None  # NaN: no spot quoted
 
 
-def test_skypilot_source_without_skypilot_says_how_to_install_it():
-    try:
-        import sky  # noqa: F401
-    except ImportError:
-        with pytest.raises(PriceSourceUnavailable, match=r"pip install -e '\.\[cloud\]'"):
+def test_skypilot_source_without_skypilot_says_how_to_install_it(tmp_path):
+    env = {**os.environ, "ECHO2_SKY_PYTHON": str(tmp_path / "no-python")}  # SkyPilot's environment not there
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("ECHO2_SKY_PYTHON", env["ECHO2_SKY_PYTHON"])
+        with pytest.raises(PriceSourceUnavailable, match=r"make setup.* builds \.venv-sky"):
             make_price_source("skypilot").offers()
-        proc = _cli("prices", "--source", "skypilot")
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "[cloud]" in proc.stderr
-    else:
-        pytest.skip("skypilot is installed: test_skypilot_source_lists_a_seeded_catalog covers it")
+    proc = _cli("prices", "--source", "skypilot", env=env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and ".venv-sky" in proc.stderr
 
 
 @pytest.mark.e2e
 def test_skypilot_source_lists_a_seeded_catalog(tmp_path):
-    pytest.importorskip("sky", reason="skypilot is not installed (the cloud extra: pip install -e '.[cloud]')")
+    sky_python_or_skip()  # SkyPilot's own environment lists it (sky_bridge.py)
     home = tmp_path / "home"
     catalogs = home / ".sky" / "catalogs" / "v8"
     (catalogs / "aws").mkdir(parents=True)

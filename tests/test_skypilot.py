@@ -1,18 +1,27 @@
 """The SkyPilot fleet backend (echo2/fleet/backends/skypilot.py) on SkyPilot's real Task, Resources, YAML schema and
-optimizer, over the fixture catalog that tests/conftest.py seeds; with a test double only where SkyPilot would
+optimizer, over the fixture catalog that tests/conftest.py seeds, each run in SkyPilot's own environment (.venv-sky)
+through echo2's bridge (sky_bridge.py; tests/sky_helper.py); with a test double only where SkyPilot would
 reach a cloud (launch, status, job status, down: ``FakeLaunchApi``, which also drops requests on demand and
 plays a spot notice), and moto's EC2 telling a spot reclaim from a crash."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from sky_helper import SkySide, run_once
 
-sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud extra: pip install -e '.[cloud]')")
+from echo2.fleet.backends import skypilot_api
+from echo2.fleet.backends.skypilot_api import SkyPilotUnavailable, sky_error, sky_python
+
+try:
+    SKY_PYTHON = sky_python()
+except SkyPilotUnavailable as exc:  # `make setup` builds it
+    pytest.skip(str(exc), allow_module_level=True)
 
 from echo2.config import ConfigError, SkyPilotFleetConfig, load_config  # noqa: E402
 from echo2.data.ledger import read_events  # noqa: E402
@@ -67,15 +76,26 @@ def enabled_clouds(monkeypatch):
     return clouds
 
 
-@pytest.fixture
-def offline_optimizer(monkeypatch):
-    """SkyPilot's optimizer in this process: enabled clouds and AWS zone ids would ask the clouds."""
-    from sky import check
-    from sky.catalog import aws_catalog
+_SKY_SIDE: list[SkySide] = []
+_ENV = dict(os.environ)
+"""The environment SkyPilot's side starts in: the session's, not that of the test that happens to start it."""
 
-    monkeypatch.setattr(check, "get_cached_enabled_clouds_or_refresh",
-                        lambda *a, **k: [sky.clouds.AWS(), sky.clouds.GCP()])
-    monkeypatch.setattr(aws_catalog, "_get_az_mappings", lambda *a, **k: None)
+
+def sky_side() -> SkySide:
+    """SkyPilot's side of these tests (tests/sky_helper.py served by SkyPilot's Python), started once."""
+    if not _SKY_SIDE:
+        import atexit
+
+        _SKY_SIDE.append(SkySide(SKY_PYTHON, _ENV))
+        atexit.register(_SKY_SIDE[0].close)
+    return _SKY_SIDE[0]
+
+
+@pytest.fixture
+def offline_optimizer():
+    """SkyPilot's optimizer, offline (enabled clouds and AWS zone ids would ask the clouds), in its own
+    environment: ``optimize``."""
+    return sky_side()
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +106,14 @@ def source():
     remove_staged(path)
 
 
-def optimize(task):
-    with sky.Dag() as dag:
-        dag.add(task)
-    sky.Optimizer.optimize(dag, minimize=sky.OptimizeTarget.COST, quiet=True)
-    return task.best_resources
+def optimize(task: dict) -> dict:
+    """The resources SkyPilot's optimizer takes for ``task`` (as ``build_task`` makes it)."""
+    return sky_side().call("optimize", task)
+
+
+def described(task: dict) -> dict:
+    """``task`` as SkyPilot built it into ``sky.Task`` (``sky_bridge.describe_task``)."""
+    return sky_side().call("task", task)
 
 
 class FakeLaunchApi:
@@ -125,21 +148,21 @@ class FakeLaunchApi:
         self.hold.wait(30)
         self._maybe_fail("launch")
         self.tasks[cluster_name] = task
-        if {g for r in task.resources for g in (r.accelerators or {})} & self.no_capacity_gpus:
-            raise sky.exceptions.ResourcesUnavailableError(f"no capacity for {cluster_name} in any candidate")
+        if {g for c in task["candidates"] for g in (c.get("accelerators") or {})} & self.no_capacity_gpus:
+            raise sky_error("ResourcesUnavailableError", f"no capacity for {cluster_name} in any candidate")
         best = optimize(task)
         name_on_cloud = f"{cluster_name}-2ea4"
         if self.ec2 is not None:
             ami = self.ec2.describe_images()["Images"][0]["ImageId"]
-            reply = self.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=best.instance_type,
+            reply = self.ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType=best["instance_type"],
                                            InstanceMarketOptions={"MarketType": "spot"},
                                            TagSpecifications=[{"ResourceType": "instance", "Tags": [
                                                {"Key": "skypilot-cluster-name", "Value": name_on_cloud}]}])
             self.instances[cluster_name] = reply["Instances"][0]["InstanceId"]
-        self.table[cluster_name] = Cluster(cluster_name, "UP", dict(best.labels or {}), name_on_cloud)
+        self.table[cluster_name] = Cluster(cluster_name, "UP", dict(best["labels"]), name_on_cloud)
         self.jobs[cluster_name] = "RUNNING"
         self.calls.append(("launched", cluster_name))
-        return Launched(1, str(best.cloud).lower(), best.region, best.instance_type, bool(best.use_spot), name_on_cloud)
+        return Launched(1, best["cloud"], best["region"], best["instance_type"], best["use_spot"], name_on_cloud)
 
     def fail(self, call, times, exc):
         self.failures[call].extend([exc] * times)
@@ -208,33 +231,33 @@ def wait_for(predicate, what, timeout=30.0):
 # --- the task ------------------------------------------------------------------------------------------
 
 def test_the_actor_task_is_a_real_sky_task_with_spot_any_of_ports_labels_and_secrets(source):
-    task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
-    assert isinstance(task, sky.Task) and isinstance(task.resources, set) and len(task.resources) == 3
-    assert {(str(r.cloud).lower(), r.region, r.instance_type) for r in task.resources} == {
+    task = described(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source))
+    assert task["resources_kind"] == "set" and len(task["resources"]) == 3
+    assert {(r["cloud"], r["region"], r["instance_type"]) for r in task["resources"]} == {
         ("aws", "us-east-1", "g6.xlarge"), ("aws", "us-west-2", "g6.xlarge"), ("gcp", "us-central1", "g2-standard-4")}
-    for r in task.resources:
-        assert r.use_spot and r.ports == ["8443"] and r.accelerators == {"L4": 1} and r.disk_size == 100
-        assert r.labels == {RUN_LABEL: RUN, "echo2-actor": "actor0-abc123"}
-    assert task.envs["ECHO2_RUN_URL"] == f"s3://bucket/prefix/runs/{RUN}"
-    assert task.envs["ECHO2_ACTOR_ID"] == "actor0-abc123"
-    assert task.envs["ECHO2_RELAY_HOST"] == "0.0.0.0" and task.envs["ECHO2_RELAY_PORT"] == "8443"
-    assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto" and task.envs["ECHO2_ADVERTISE_HOST"] == "auto"
+    for r in task["resources"]:
+        assert r["use_spot"] and r["ports"] == ["8443"] and r["accelerators"] == {"L4": 1} and r["disk_size"] == 100
+        assert r["labels"] == {RUN_LABEL: RUN, "echo2-actor": "actor0-abc123"}
+    envs, secrets = task["yaml"]["envs"], task["yaml"]["secrets"]
+    assert envs["ECHO2_RUN_URL"] == f"s3://bucket/prefix/runs/{RUN}"
+    assert envs["ECHO2_ACTOR_ID"] == "actor0-abc123"
+    assert envs["ECHO2_RELAY_HOST"] == "0.0.0.0" and envs["ECHO2_RELAY_PORT"] == "8443"
+    assert envs["ECHO2_PREEMPTION_SOURCE"] == "auto" and envs["ECHO2_ADVERTISE_HOST"] == "auto"
     # the secret travels as a SkyPilot secret only: never an env, and redacted where SkyPilot shows the task
-    assert SECRET not in str(task.envs) and "ECHO2_RELAY_TOKEN" in task.secrets
-    assert TLS_SECRET not in str(task.envs) and "ECHO2_RELAY_TLS" in task.secrets  # the relay's certificate + key
-    assert SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
-    assert TLS_SECRET not in str(task.to_yaml_config(use_user_specified_yaml=True))
-    assert task.run.strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
+    assert SECRET not in str(envs) and "ECHO2_RELAY_TOKEN" in secrets
+    assert TLS_SECRET not in str(envs) and "ECHO2_RELAY_TLS" in secrets  # the relay's certificate + key
+    assert SECRET not in str(task["shown"]) and TLS_SECRET not in str(task["shown"])
+    assert task["yaml"]["run"].strip().endswith('actor --run "$ECHO2_RUN_URL" --actor-id "$ECHO2_ACTOR_ID"')
 
 
 def test_every_candidate_carries_the_price_the_plan_bought_as_max_hourly_cost(offline_optimizer, source):
     task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
     # the dearest of the launch's offer and its alternatives (the manager names none dearer than the plan's)
-    assert {r.max_hourly_cost for r in task.resources} == {0.31}
-    assert optimize(task).instance_type == "g2-standard-4"  # SkyPilot's optimizer takes the ceiling in its stride
+    assert {r["max_hourly_cost"] for r in described(task)["resources"]} == {0.31}
+    assert optimize(task)["instance_type"] == "g2-standard-4"  # SkyPilot's optimizer takes the ceiling in its stride
     free = ActorOffer(provider="aws", instance_type="g6.xlarge", gpu="L4", gpu_count=1, region="us-east-1")
-    assert {r.max_hourly_cost for r in build_task(spec(offer=free, alternatives=()), SkyPilotFleetConfig(),
-                                                  run_id=RUN, workdir=source).resources} == {None}
+    assert {r["max_hourly_cost"] for r in described(build_task(spec(offer=free, alternatives=()), SkyPilotFleetConfig(),
+                                                               run_id=RUN, workdir=source))["resources"]} == {None}
 
 
 def test_candidate_clouds_are_those_skypilot_has_enabled(tmp_path, monkeypatch):
@@ -250,11 +273,10 @@ def test_candidate_clouds_are_those_skypilot_has_enabled(tmp_path, monkeypatch):
     api.enabled = ("kubernetes",)
     with pytest.raises(Echo2InputError, match="SkyPilot has none of .* enabled .*sky check"):
         backend_with(api, **config).offers(0.135)
-    # the real SDK asks its API server (sky.client.sdk.enabled_clouds, then sky.get): played here
-    from sky.client import sdk
-
-    monkeypatch.setattr(sdk, "enabled_clouds", lambda *a, **k: "request-1")
-    monkeypatch.setattr(sky, "get", lambda request: ["aws", "lambda"] if request == "request-1" else None)
+    # the real SDK asks its API server (sky.client.sdk.enabled_clouds, then sky.get) through the bridge: the
+    # server's answer played in SkyPilot's environment (tests/sky_helper.py)
+    monkeypatch.setattr(skypilot_api, "bridge",
+                        lambda op, request=None: sky_side().call(op, {"answer": ["aws", "lambda"]}))
     assert REAL_ENABLED_CLOUDS(SkySdk()) == ["aws", "lambda"]
 
 
@@ -276,7 +298,7 @@ def test_the_skypilot_optimizer_takes_the_cheapest_candidate_and_the_ledger_bill
     task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
     best = optimize(task)
     # fixture catalog: GCP L4 0.18 + g2 host 0.04 = 0.22 spot, under AWS us-west-2 0.28 and us-east-1 0.31
-    assert (str(best.cloud).lower(), best.region, best.instance_type) == ("gcp", "us-central1", "g2-standard-4")
+    assert (best["cloud"], best["region"], best["instance_type"]) == ("gcp", "us-central1", "g2-standard-4")
     bought = offer_of(Launched(1, "gcp", "us-central1", "g2-standard-4", True), (L4_EAST, L4_WEST, L4_GCP))
     assert bought == L4_GCP
 
@@ -538,10 +560,10 @@ def test_a_dry_run_launch_of_the_actor_task_through_skypilots_own_api_server(tmp
 
 
 def test_the_learner_task_file_is_a_valid_sky_task_that_starts_echo2_learner():
-    task = sky.Task.from_yaml_config(load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml"))
-    assert {r.use_spot for r in task.resources} == {False}
-    assert {tuple(r.accelerators.items()) for r in task.resources} == {(("H100", 8),), (("A100-80GB", 8),)}
-    assert 'echo2" learner "$ECHO2_CONFIG" --nproc "$ECHO2_NPROC"' in task.run
+    task = described({"config": load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml")})
+    assert {r["use_spot"] for r in task["resources"]} == {False}
+    assert {tuple(r["accelerators"].items()) for r in task["resources"]} == {(("H100", 8),), (("A100-80GB", 8),)}
+    assert 'echo2" learner "$ECHO2_CONFIG" --nproc "$ECHO2_NPROC"' in task["yaml"]["run"]
 
 
 # --- what reaches an actor VM (issue 18, item 2) -------------------------------------------------------
@@ -559,9 +581,9 @@ def test_an_actor_uploads_echo2s_source_alone_whatever_folder_the_learner_runs_i
     api = FakeLaunchApi()
     backend = backend_with(api)
     backend.launch(spec("actor0-abc123", L4_GCP, ()))
-    task = wait_for(lambda: api.tasks.get(cluster_name(RUN, "actor0-abc123")), "the launch")
-    assert not task.file_mounts and not task.storage_mounts  # nothing beside the workdir
-    root = Path(task.workdir)
+    task = described(wait_for(lambda: api.tasks.get(cluster_name(RUN, "actor0-abc123")), "the launch"))
+    assert not task["file_mounts"] and not task["storage_mounts"]  # nothing beside the workdir
+    root = Path(task["workdir"])
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     outside = [f for f in files if not allowed_source_file(f)]
     assert not outside, f"the actor's workdir holds files outside echo2's source: {outside[:10]}"
@@ -586,62 +608,53 @@ def test_a_task_file_may_not_upload_local_files():
     assert "workdir" not in load_task_config(DEFAULT_TASK_FILE)  # the shipped task leaves it to the backend
 
 
-def recording_sdk(sent: list):
-    """SkyPilot's SDK module at the network call (a test double of the API server's side): ``launch`` appends the
-    SkyPilot config override the request body it builds would carry to ``sent`` and sends nothing; ``get``
-    finds no server. Needs ``annotations.is_on_api_server`` False, as SkyPilot's client-API wrapper sets it."""
-    from sky.server.requests import payloads
+def recording_bridge(sent: list):
+    """``skypilot_api.bridge`` with SkyPilot's SDK stopped at the network call (a test double of the API server's
+    side): ``launch`` runs the bridge's real launch in SkyPilot's environment, where ``sky.launch`` appends the
+    SkyPilot config override the request body it builds would carry to ``sent`` and sends nothing
+    (``tests/sky_helper.py``); ``wait`` finds no server."""
 
-    class Sdk:
-        exceptions = sky.exceptions
+    def bridge(op, request=None):
+        if op == "launch":
+            body = sky_side().call("launch_body", request)
+            sent.extend(body["sent"])
+            bridge.bodies.append(body)
+            return body["answer"]
+        if op == "wait":
+            raise sky_error("ApiServerConnectionError", "http://127.0.0.1:46599")
+        raise AssertionError(f"unexpected bridge call {op}")
 
-        def launch(self, task, **kwargs):
-            sent.append(payloads.RequestBody().override_skypilot_config)
-            return "request-1"
-
-        def get(self, request):
-            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
-
-    return Sdk
+    bridge.bodies = []
+    return bridge
 
 
 def test_every_launch_request_tells_skypilot_not_to_upload_any_clouds_credentials(monkeypatch, source):
     """SkyPilot uploads the local credentials of every cloud unless its remote_identity is NO_UPLOAD, a key a
-    task's own `config:` cannot set for AWS or GCP in 0.14: the backend sends it as the client config override
+    task's own `config:` cannot set for AWS or GCP in 0.14: the bridge sends it as the client config override
     every SDK request carries. Checked on the request body SkyPilot's SDK builds inside ``sky.launch``."""
-    from sky.server.requests import payloads
-    from sky.utils import annotations, registry, schemas
-
-    from echo2.fleet.backends.skypilot_api import SkySdk
-
-    monkeypatch.setattr(annotations, "is_on_api_server", False)  # what SkyPilot's client-API wrapper sets
-
     sent = []
-
-    Sdk = recording_sdk(sent)
-
+    bridge = recording_bridge(sent)
+    monkeypatch.setattr(skypilot_api, "bridge", bridge)
     sdk = SkySdk()
-    sdk.sky = Sdk()
-    with pytest.raises(sky.exceptions.ApiServerConnectionError):
+    with pytest.raises(skypilot_api.SkyError, match="ApiServerConnectionError|127.0.0.1"):
         sdk.launch(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source), "e2-x", idle_minutes=10)
     (config,) = sent
-    sections = schemas.get_config_schema()["properties"]
-    clouds = [c for c in registry.CLOUD_REGISTRY if "remote_identity" in sections.get(c, {}).get("properties", {})]
+    clouds = bridge.bodies[0]["clouds"]  # read from SkyPilot's config schema
     assert {"aws", "gcp", "azure", "kubernetes"} <= set(clouds)
     assert {c: config.get(c, {}).get("remote_identity") for c in clouds} == {c: "NO_UPLOAD" for c in clouds}
     # and only inside the launch: the process's own SkyPilot config is left as it was
-    assert payloads.RequestBody().override_skypilot_config.get("aws", {}).get("remote_identity") != "NO_UPLOAD"
+    assert bridge.bodies[0]["after"].get("aws", {}).get("remote_identity") != "NO_UPLOAD"
     # on AWS a named instance profile replaces SkyPilot's skypilot-v1 (S3 and EC2 full access) and uploads nothing
     sdk = SkySdk(aws_node_profile="echo2-actor-node")
-    sdk.sky = Sdk()
-    with pytest.raises(sky.exceptions.ApiServerConnectionError):
+    with pytest.raises(skypilot_api.SkyError):
         sdk.launch(build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source), "e2-x", idle_minutes=10)
     assert sent[1]["aws"] == {"remote_identity": "echo2-actor-node"}
     assert sent[1]["gcp"]["remote_identity"] == "NO_UPLOAD"
 
 
 def test_credential_files_no_setting_keeps_home_stop_the_backend(tmp_path, monkeypatch):
-    """Clouds without remote_identity (Lambda here) are uploaded whenever their files exist: refused."""
+    """Clouds without remote_identity (Lambda here) are uploaded whenever their files exist: refused (asked of
+    SkyPilot in its own environment, which reads this $HOME)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     assert skypilot_trust.files_uploaded_anyway() == []
     skypilot_trust.check_no_credentials_travel()
@@ -668,11 +681,11 @@ def test_a_dropped_status_request_does_not_end_the_run(tmp_path, offline_optimiz
         wait_for(lambda s=slot: backend.poll(s.actor_id).state == ActorState.RUNNING, "clusters up")
     fleet.reconcile()
     ids = [s.actor_id for s in fleet.slots]
-    api.fail("clusters", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
-    api.fail("job_status", 1, sky.exceptions.ClusterStatusFetchingError("GCP did not answer"))
+    api.fail("clusters", 1, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
+    api.fail("job_status", 1, sky_error("ClusterStatusFetchingError", "GCP did not answer"))
     assert fleet.reconcile()["actors_alive"] == 2  # retried within the pass
     # a request that keeps failing: the pass is skipped, nothing is concluded about any actor
-    api.fail("clusters", 10, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("clusters", 10, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
     assert fleet.reconcile()["actors_alive"] == 2 and fleet.skipped_passes == 1
     assert "reconcile pass skipped" in caplog.text
     api.failures["clusters"].clear()
@@ -687,13 +700,13 @@ def test_a_dropped_status_request_does_not_end_the_run(tmp_path, offline_optimiz
 
 def test_a_dropped_launch_request_is_sent_again_and_never_counts_as_a_crash(tmp_path, offline_optimizer):
     api = FakeLaunchApi()
-    api.fail("launch", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("launch", 1, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
     fleet, store, backend = manager(tmp_path, api, offers=(L4_GCP, A10G), actors=1, max_restarts=0)
     fleet.start()
     first = fleet.slots[0].actor_id
     wait_for(lambda: backend.poll(first).state == ActorState.RUNNING, "the launch sent again to come up")
     # a launch that keeps failing: its offers wait unavailable_retry_s, the next is tried; no crash, no FleetFailed
-    api.fail("launch", 3, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("launch", 3, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
     api.table.pop(backend.actors[first].cluster)  # the first is taken (reclaimed, per its end_reason: crashed here)
     backend.end_reason = lambda launched, name: ("reclaimed", "test: taken")
     fleet.reconcile()
@@ -811,7 +824,7 @@ def test_an_actor_skypilot_cannot_be_asked_about_at_the_resume_is_stopped_not_le
     wait_for(lambda: len(api.table) == 1, "the cluster up")
     old = fleet.slots[0].actor_id
     resumed_backend = backend_with(api)
-    api.fail("clusters", 3, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("clusters", 3, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
     resumed = FleetManager(resumed_backend, SkyPilotFleetConfig(actors=1), store, launch_spec=fleet.launch_spec,
                            offers=[L4_GCP])
     resumed.start()
@@ -854,7 +867,7 @@ def test_a_launch_not_yet_sent_when_its_actor_is_terminated_is_never_sent(tmp_pa
     """A launch whose request was dropped is sent again; not once its actor was terminated meanwhile."""
     api = FakeLaunchApi()
     api.hold.clear()
-    api.fail("launch", 1, sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46580"))
+    api.fail("launch", 1, sky_error("ApiServerConnectionError", "http://127.0.0.1:46580"))
     backend = backend_with(api)
     backend.launch(spec("actor0-abc123", L4_GCP, ()))
     backend.terminate("actor0-abc123")
@@ -866,33 +879,24 @@ def test_a_launch_not_yet_sent_when_its_actor_is_terminated_is_never_sent(tmp_pa
 
 
 def test_the_sdk_cancels_the_launch_request_under_way_and_nothing_after_it_returned(monkeypatch, source):
-    """``SkySdk.cancel_launch`` aborts the cluster's launch request in SkyPilot's API server (``sky.api_cancel``),
-    only while that launch is under way. SkyPilot's SDK module is stubbed at the network call."""
-    from sky.utils import annotations
-
-    from echo2.fleet.backends.skypilot_api import SkySdk
-
-    monkeypatch.setattr(annotations, "is_on_api_server", False)
+    """``SkySdk.cancel_launch`` aborts the cluster's launch request in SkyPilot's API server (``sky.api_cancel``, in
+    SkyPilot's environment, stopped at the network call), only while that launch is under way."""
     cancelled, answer = [], threading.Event()
 
-    class Sdk:
-        exceptions = sky.exceptions
-
-        def launch(self, task, **kwargs):
-            return "request-7"
-
-        def get(self, request):
+    def bridge(op, request=None):
+        if op == "launch":
+            return {"request_id": "request-7"}
+        if op == "wait":
             answer.wait(30)
-            raise sky.exceptions.ApiServerConnectionError("http://127.0.0.1:46599")
+            raise sky_error("ApiServerConnectionError", "http://127.0.0.1:46599")
+        assert op == "cancel"
+        cancelled.extend(sky_side().call("cancel", request))
 
-        def api_cancel(self, request, silent=False):
-            cancelled.append(request)
-
+    monkeypatch.setattr(skypilot_api, "bridge", bridge)
     sdk = SkySdk()
-    sdk.sky = Sdk()
     task = build_task(spec(), SkyPilotFleetConfig(), run_id=RUN, workdir=source)
-    launching = threading.Thread(target=lambda: pytest.raises(sky.exceptions.ApiServerConnectionError, sdk.launch,
-                                                              task, "e2-x", idle_minutes=10))
+    launching = threading.Thread(target=lambda: pytest.raises(skypilot_api.SkyError, sdk.launch, task, "e2-x",
+                                                              idle_minutes=10))
     launching.start()
     wait_for(lambda: "e2-x" in sdk._launches, "the launch request to be sent")
     sdk.cancel_launch("e2-x")
@@ -936,19 +940,14 @@ def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_
         tmp_path, monkeypatch, source, caplog):
     """Through the backend with SkyPilot's real SDK client (stubbed at the network call): the opt-out starts
     with a warning; a node profile is in the config override each launch request carries."""
-    from sky.utils import annotations
-
-    monkeypatch.setattr(annotations, "is_on_api_server", False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no credential file that would travel anyway
     sent = []
-
-    Sdk = recording_sdk(sent)
 
     opted_out = SkyPilotBackend(SkyPilotFleetConfig(allow_broad_vm_identity=True), run_id=RUN)
     assert "allow_broad_vm_identity is set" in caplog.text
     opted_out.close()
     backend = SkyPilotBackend(SkyPilotFleetConfig(providers=["aws"], aws_node_profile="echo2-actor-node"), run_id=RUN)
-    backend.api.sky = Sdk()
+    monkeypatch.setattr(skypilot_api, "bridge", recording_bridge(sent))
     backend.retry_wait_s = 0.01  # the stub's dropped answer is asked again at once
     backend.launch(spec("actor0-abc123", L4_EAST, (L4_WEST,)))
     wait_for(lambda: backend.actors["actor0-abc123"].future.done(), "the launch request")
@@ -957,17 +956,12 @@ def test_the_opt_out_launches_with_a_warning_and_the_node_profile_reaches_every_
 
 
 @pytest.mark.e2e
-def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_the_store(monkeypatch):
+def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_the_store(s3_server):
     """infra/iam/actor-node-policy.json against the EC2 calls SkyPilot's own autodown makes on the node
     (sky.provision.aws.instance.terminate_instances, run here on moto's EC2 and recorded at botocore): every
     call is granted, and the profile grants nothing outside EC2 (no S3, no IAM, no launches). moto does not
     evaluate the conditions (instance profile, the e2- cluster tag): they are checked on the document."""
     import json
-
-    import boto3
-    import botocore.client
-    moto = pytest.importorskip("moto")
-    from sky.provision.aws import instance as aws_instance
 
     policy = json.loads((DEFAULT_TASK_FILE.parents[1] / "iam" / "actor-node-policy.json").read_text())
     granted = {a for st in policy["Statement"]
@@ -976,29 +970,11 @@ def test_the_node_profile_grants_what_skypilots_autodown_calls_and_nothing_of_th
     terminate = next(st for st in policy["Statement"] if "ec2:TerminateInstances" in st["Action"])
     assert terminate["Condition"]["StringLike"] == {"aws:ResourceTag/ray-cluster-name": "e2-*"}
     assert "ec2:InstanceProfile" in terminate["Condition"]["ArnEquals"]
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(name, "testing")
-    calls = []
-    make_api_call = botocore.client.BaseClient._make_api_call
-
-    def recording(client, operation, params):
-        calls.append(f"{client.meta.service_model.endpoint_prefix}:{operation}")
-        return make_api_call(client, operation, params)
-
-    with moto.mock_aws():
-        ec2 = boto3.client("ec2", region_name="us-east-1")
-        group = ec2.create_security_group(GroupName="sky-sg-e2-run-actor0", Description="its ports")["GroupId"]
-        # SkyPilot's default group exists: the node moves itself there first (Case 3 of terminate_instances)
-        ec2.create_security_group(GroupName=sky.clouds.aws.DEFAULT_SECURITY_GROUP_NAME, Description="SkyPilot's")
-        ami = ec2.describe_images()["Images"][0]["ImageId"]
-        iid = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, SecurityGroupIds=[group], TagSpecifications=[
-            {"ResourceType": "instance", "Tags": [{"Key": "ray-cluster-name", "Value": "e2-run-actor0-2ea4"}]}],
-        )["Instances"][0]["InstanceId"]
-        monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", recording)
-        aws_instance.terminate_instances("e2-run-actor0-2ea4", {
-            "region": "us-east-1", "security_group": {"GroupName": "sky-sg-e2-run-actor0", "ManagedBySkyPilot": True}})
-        monkeypatch.undo()
-        state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    # SkyPilot's own code, in its environment, against moto's EC2 (a server here: SkyPilot's environment has no moto)
+    done = run_once(SKY_PYTHON, "aws_terminate", env={**os.environ, "AWS_ACCESS_KEY_ID": "testing",
+                                                      "AWS_SECRET_ACCESS_KEY": "testing",
+                                                      "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_server})
+    calls, state = done["calls"], done["state"]
     assert state in ("shutting-down", "terminated")
     made = set(calls)
     assert {"ec2:DescribeInstances", "ec2:TerminateInstances", "ec2:ModifyInstanceAttribute"} <= made
@@ -1037,6 +1013,6 @@ def test_an_auto_fleet_launches_the_choosers_mix_each_at_its_planned_price(tmp_p
     assert launched == planned
     wait_for(lambda: len(api.tasks) == sum(planned.values()), "every launch to reach the API server")
     for slot in fleet.slots:  # each launch's ceiling is its planned offer's price, never a dearer alternative's
-        task = api.tasks[cluster_name(RUN, slot.actor_id)]
-        assert {r.max_hourly_cost for r in task.resources} == {slot.planned.usd_per_hour}
+        task = described(api.tasks[cluster_name(RUN, slot.actor_id)])
+        assert {r["max_hourly_cost"] for r in task["resources"]} == {slot.planned.usd_per_hour}
     fleet.stop()

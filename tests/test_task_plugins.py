@@ -265,27 +265,20 @@ def test_skypilot_actors_install_extra_packages_from_their_staged_workdir(tmp_pa
     """SkyPilot's real Task from the shipped task file and its optimizer, with the test double of
     tests/test_skypilot.py where a cloud would be asked: the workdir the launch uploads holds the local package
     beside echo2's source and the requirements file the task's setup installs."""
-    sky = pytest.importorskip("sky", reason="SkyPilot is not installed (the cloud extra: pip install -e '.[cloud]')")
-    from sky import check
-    from sky.catalog import aws_catalog
-    from test_skypilot import FakeLaunchApi, backend_with, cluster_name, spec, wait_for
+    from test_skypilot import FakeLaunchApi, backend_with, cluster_name, described, spec, wait_for  # skips without
 
-    import echo2.fleet.backends.skypilot  # noqa: F401 (the backend module loads with SkyPilot)
-
-    monkeypatch.setattr(check, "get_cached_enabled_clouds_or_refresh",  # test_skypilot's offline_optimizer
-                        lambda *a, **k: [sky.clouds.AWS(), sky.clouds.GCP()])
-    monkeypatch.setattr(aws_catalog, "_get_az_mappings", lambda *a, **k: None)
     api = FakeLaunchApi()
     backend = backend_with(api, extra_packages=[str(PLUGIN), "my-rewards==1.2"])
     launch = spec()
     backend.launch(launch)
-    task = wait_for(lambda: api.tasks.get(cluster_name("run-20261201-191000-ab12", launch.actor_id)), "the launch")
-    root = Path(task.workdir)
+    task = described(wait_for(lambda: api.tasks.get(cluster_name("run-20261201-191000-ab12", launch.actor_id)),
+                              "the launch"))
+    root = Path(task["workdir"])
     assert (root / REQUIREMENTS_FILE).read_text() == "./extra-packages/0-echo2_example_plugin\nmy-rewards==1.2\n"
     assert (root / "extra-packages" / "0-echo2_example_plugin" / "echo2_example_plugin" / "rewards.py").is_file()
     assert (root / "echo2" / "rollout" / "actor.py").is_file()  # echo2's own source beside it
-    assert f"pip\" install --quiet -r {REQUIREMENTS_FILE}" in task.setup
-    assert not task.file_mounts and not task.storage_mounts
+    assert f"pip\" install --quiet -r {REQUIREMENTS_FILE}" in task["yaml"]["setup"]
+    assert not task["file_mounts"] and not task["storage_mounts"]
     backend.terminate(launch.actor_id)
     backend.close()
     assert not root.exists()

@@ -12,8 +12,9 @@
 Beside them, modules that are not backends: ``offers.py`` (the offers each backend launches on, from the price
 source and the sizing candidates), ``reclaims.py`` (a reclaim or a crash, from the provider's own record), and the
 SkyPilot backend's ``skypilot_api.py`` (every call into SkyPilot's SDK, behind ``SkyApi`` so tests put a double
-there) and ``skypilot_trust.py`` (the actor trust boundary: what an actor VM may be given and what it uploads;
-``docs/security.md`` and ``infra/`` point reviewers at it).
+there), ``sky_bridge.py`` (the script SkyPilot's own environment runs for each of those calls: echo2 never imports
+SkyPilot), ``skypilot_task.py`` (an actor's task as data) and ``skypilot_trust.py`` (the actor trust boundary:
+what an actor VM may be given and what it uploads; ``docs/security.md`` and ``infra/`` point reviewers at it).
 
 Adding a backend is three steps, as for tasks, engines and price sources:
 

@@ -53,7 +53,8 @@
     `echo2 fleet down RUN`  downs every cluster labelled with the run: teardown after a learner crash
 
 Everything SkyPilot is reached through ``SkyApi`` (``skypilot_api.py``: launch, clusters, job status,
-down, cancel a launch): ``SkySdk`` is the real one. The tests put a test double there (no cloud is reachable from
+down, cancel a launch): ``SkySdk`` is the real one, SkyPilot's SDK run in SkyPilot's own environment
+(``sky_bridge.py``). The tests put a test double there (no cloud is reachable from
 here) and exercise
 SkyPilot's real ``Task`` and ``Resources`` objects, its YAML schema and its optimizer on a fixture
 catalog. Nothing in this file has run against a real cloud account.
@@ -121,8 +122,9 @@ def transient(exc: BaseException) -> bool:
     """Whether ``exc`` from SkyPilot's SDK (or the clouds' and STS's clients under it) is worth asking again."""
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    if any(cls.__name__ in TRANSIENT_SKY_ERRORS for cls in type(exc).__mro__):
-        return True
+    if any(name in TRANSIENT_SKY_ERRORS for name in (*(c.__name__ for c in type(exc).__mro__),
+                                                      *getattr(exc, "sky_mro", ()))):
+        return True  # SkyPilot's errors reach here by name, from its own environment (skypilot_api.bridge)
     try:
         import requests
         if isinstance(exc, (requests.ConnectionError, requests.Timeout)):

@@ -1,18 +1,99 @@
 """SkyPilot as the SkyPilot backend (``backends/skypilot.py``) reaches it: ``SkyApi``, the calls that go to
 SkyPilot's API server (and through it, the clouds), and ``SkySdk``, those calls through SkyPilot's client SDK.
-The tests put a test double in ``SkySdk``'s place (no cloud is reachable from here)."""
+
+SkyPilot runs in an environment of its own (it pins click<8.2, which would hold the learner's transformers and
+huggingface-hub back): ``make setup`` builds ``.venv-sky``. echo2 never imports it; every call runs
+``sky_bridge.py`` (SkyPilot and the standard library only) with that environment's Python (``sky_python``), one
+JSON request in and one answer out (``bridge``). The tests put a test double in ``SkySdk``'s place (no cloud is
+reachable from here)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
-from echo2.fleet.backends import skypilot_trust
-from echo2.fleet.prices import skypilot as prices_skypilot
+SKY_PYTHON_ENV = "ECHO2_SKY_PYTHON"
+"""The Python of the environment SkyPilot is installed in (``.venv-sky/bin/python`` of the checkout by default)."""
+BRIDGE = Path(__file__).with_name("sky_bridge.py")
+CHECKOUT_SKY_VENV = Path(__file__).resolve().parents[3] / ".venv-sky"
+INSTALL = ("`make setup` builds .venv-sky beside the checkout (SkyPilot in an environment of its own), or set "
+           f"${SKY_PYTHON_ENV} to the Python of an environment with `pip install 'skypilot[aws,gcp]'`")
 
 
 class SkyPilotUnavailable(RuntimeError):
-    """SkyPilot is not installed here (the ``cloud`` extra)."""
+    """SkyPilot's environment is not found (``make setup`` builds it; ``$ECHO2_SKY_PYTHON`` names another)."""
+
+
+class SkyError(RuntimeError):
+    """An error SkyPilot raised in its own environment; each is raised as a subclass named as SkyPilot's class
+    (``sky_error``), so a caller tells them apart by name as it would in process. ``sky_mro``: its bases' names."""
+
+    sky_mro: tuple[str, ...] = ()
+
+
+_SKY_ERRORS: dict[str, type[SkyError]] = {}
+
+
+def sky_error(name: str, message: str, mro: list[str] | tuple[str, ...] = ()) -> SkyError:
+    """SkyPilot's exception ``name`` (bases ``mro``) as raised here."""
+    cls = _SKY_ERRORS.get(name)
+    if cls is None:
+        cls = _SKY_ERRORS[name] = type(name, (SkyError,), {"__module__": "sky.exceptions"})
+    exc = cls(message)
+    exc.sky_mro = tuple(mro)
+    return exc
+
+
+def sky_python() -> str:
+    """The Python SkyPilot is installed under: ``$ECHO2_SKY_PYTHON``, else the checkout's ``.venv-sky``, else the
+    interpreter behind a ``sky`` command on PATH; ``SkyPilotUnavailable`` saying how to install it otherwise."""
+    named = os.environ.get(SKY_PYTHON_ENV)
+    if named:
+        if not os.access(named, os.X_OK):
+            raise SkyPilotUnavailable(f"${SKY_PYTHON_ENV}={named} is not an executable Python: {INSTALL}")
+        return named
+    venv = CHECKOUT_SKY_VENV / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    command = shutil.which("sky")
+    if command:
+        try:
+            first = Path(command).read_text(errors="replace").split("\n", 1)[0]
+        except OSError:
+            first = ""
+        interpreter = first[2:].strip().split(" ")[0] if first.startswith("#!") else ""
+        if interpreter and os.access(interpreter, os.X_OK):
+            return interpreter
+    raise SkyPilotUnavailable(f"SkyPilot's environment is not found: {INSTALL}")
+
+
+def bridge(op: str, request: dict | None = None, *, timeout: float | None = None, env: dict | None = None) -> Any:
+    """``op`` of ``sky_bridge.py`` run by SkyPilot's Python: its result, or SkyPilot's error raised as a
+    ``SkyError`` of the same name. ``env``: the bridge process's environment (this one's by default)."""
+    python = sky_python()
+    try:
+        proc = subprocess.run([python, str(BRIDGE), op], input=json.dumps(request or {}), capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"SkyPilot {op} did not answer in {timeout:g} s") from None
+    lines = proc.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])[-500:]
+        raise SkyPilotUnavailable(f"SkyPilot's bridge ({python}) gave no answer to {op} (exit {proc.returncode}): "
+                                  f"{tail or 'no output'}; {INSTALL}") from None
+    error = answer.get("error")
+    if error:
+        if error["type"] in ("ImportError", "ModuleNotFoundError"):
+            raise SkyPilotUnavailable(f"{python} cannot import SkyPilot ({error['message']}): {INSTALL}")
+        raise sky_error(error["type"], error["message"], error.get("mro", ()))
+    return answer.get("result")
 
 
 # -- the boundary -------------------------------------------------------------------------------
@@ -42,8 +123,9 @@ class Cluster:
 class SkyApi(Protocol):
     """The calls that reach SkyPilot's API server (and through it, the clouds)."""
 
-    def launch(self, task: Any, cluster_name: str, *, idle_minutes: int) -> Launched:
-        """Provision the cluster and submit the task's job; blocks until both are done."""
+    def launch(self, task: dict, cluster_name: str, *, idle_minutes: int) -> Launched:
+        """Provision the cluster and submit the task's job (``skypilot_task.build_task``); blocks until both are
+        done."""
 
     def clusters(self, names: list[str] | None) -> list[Cluster]:
         """The clusters named (every cluster of every user with None), refreshed from the clouds."""
@@ -65,65 +147,41 @@ class LaunchCancelled(RuntimeError):
     """The actor was terminated while its launch was under way: the launch is not sent (again)."""
 
 
-def import_sky():
-    """SkyPilot's ``sky`` module, or ``SkyPilotUnavailable`` saying how to install it."""
-    return prices_skypilot.import_sky("fleet.backend skypilot", SkyPilotUnavailable, catalog=False)
-
-
 class SkySdk:
-    """``SkyApi`` through SkyPilot's client SDK: every call is a request to its API server (started
-    locally on first use unless ``SKYPILOT_API_SERVER_ENDPOINT`` names a remote one)."""
+    """``SkyApi`` through SkyPilot's client SDK, in SkyPilot's environment (``bridge``): every call is a request to
+    its API server (started locally on first use unless ``SKYPILOT_API_SERVER_ENDPOINT`` names a remote one)."""
 
     def __init__(self, aws_node_profile: str | None = None):
-        self.sky = import_sky()
+        sky_python()  # SkyPilot's environment missing is one line now, not at the first launch
         self.aws_node_profile = aws_node_profile
-        self._launches: dict[str, Any] = {}
+        self._launches: dict[str, str] = {}
         """Each cluster's launch request id, while its launch is under way (``cancel_launch``)."""
 
-    def launch(self, task, cluster_name: str, *, idle_minutes: int) -> Launched:
-        sky = self.sky
-        with skypilot_trust.launch_config(self.aws_node_profile):  # remote_identity: NO_UPLOAD for every cloud
-            request = sky.launch(task, cluster_name=cluster_name, down=True, idle_minutes_to_autostop=idle_minutes,
-                                 retry_until_up=False)
-        self._launches[cluster_name] = request
+    def launch(self, task: dict, cluster_name: str, *, idle_minutes: int) -> Launched:
+        # the bridge sends it with remote_identity: NO_UPLOAD for every cloud (skypilot_trust.py says why)
+        sent = bridge("launch", {"task": task, "cluster_name": cluster_name, "idle_minutes": idle_minutes,
+                                 "aws_node_profile": self.aws_node_profile})
+        self._launches[cluster_name] = sent["request_id"]
         try:
-            job_id, handle = sky.get(request)
+            r = bridge("wait", {"request_id": sent["request_id"]})
         finally:
             self._launches.pop(cluster_name, None)
-        r = handle.launched_resources
-        return Launched(job_id, str(r.cloud).lower(), r.region or "?", r.instance_type or "?", bool(r.use_spot),
-                        getattr(handle, "cluster_name_on_cloud", None))
+        return Launched(r["job_id"], r["cloud"], r["region"], r["instance_type"], bool(r["spot"]), r["name_on_cloud"])
 
     def clusters(self, names: list[str] | None) -> list[Cluster]:
-        sky = self.sky
-        records = sky.get(sky.status(names, refresh=sky.StatusRefreshMode.FORCE, all_users=names is None))
-        return [Cluster(r.name, getattr(r.status, "value", str(r.status)), dict(r.labels or {}),
-                        r.cluster_name_on_cloud) for r in records]
+        return [Cluster(c["name"], c["status"], dict(c["labels"]), c["name_on_cloud"])
+                for c in bridge("status", {"names": names})]
 
     def job_status(self, cluster_name: str, job_id: int | None) -> str | None:
-        sky = self.sky
-        try:
-            statuses = sky.get(sky.job_status(cluster_name, [job_id] if job_id is not None else None))
-        except (sky.exceptions.ClusterNotUpError, sky.exceptions.ClusterDoesNotExist):
-            return None
-        status = statuses.get(job_id) if job_id is not None else next(iter(statuses.values()), None)
-        return None if status is None else getattr(status, "value", str(status))
+        return bridge("job_status", {"cluster_name": cluster_name, "job_id": job_id})
 
     def down(self, cluster_name: str) -> None:
-        sky = self.sky
-        try:
-            sky.get(sky.down(cluster_name))
-        except sky.exceptions.ClusterDoesNotExist:
-            pass
+        bridge("down", {"cluster_name": cluster_name})
 
     def enabled_clouds(self) -> list[str]:
-        # sky.client.sdk.enabled_clouds (0.14; not re-exported as sky.enabled_clouds): a request to the API
-        # server, answered from its cache of `sky check` with each cloud's canonical_name() ("aws", "gcp")
-        from sky.client import sdk
-
-        return [str(name).lower() for name in self.sky.get(sdk.enabled_clouds())]
+        return bridge("enabled_clouds")
 
     def cancel_launch(self, cluster_name: str) -> None:
-        request = self._launches.get(cluster_name)
-        if request is not None:  # the POST is the cancel; its answer (what was cancelled) is not waited for
-            self.sky.api_cancel(request, silent=True)
+        request_id = self._launches.get(cluster_name)
+        if request_id is not None:
+            bridge("cancel", {"request_id": request_id})

@@ -1,6 +1,6 @@
-"""What SkyPilot is asked to run for one actor: its names and labels, the task file, and the ``sky.Task`` with
-its candidate offers (``build_task``). The backend that launches, watches and downs these tasks is
-``skypilot.py``; this half needs SkyPilot only inside ``build_task``."""
+"""What SkyPilot is asked to run for one actor: its names and labels, the task file, and the task with its
+candidate offers (``build_task``), as data that ``sky_bridge.py`` builds into SkyPilot's ``sky.Task`` in SkyPilot's
+own environment. The backend that launches, watches and downs these tasks is ``skypilot.py``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import yaml
 from echo2 import shipped
 from echo2.config import SkyPilotFleetConfig
 from echo2.fleet.backends.base import ActorLaunch, ActorOffer
-from echo2.fleet.backends.skypilot_api import import_sky
 
 DEFAULT_TASK_FILE = shipped.path("skypilot", "actor.yaml")
 RUN_LABEL = "echo2-run"
@@ -61,21 +60,18 @@ def actor_envs(spec: ActorLaunch, relay_port: int) -> dict[str, str]:
 
 
 def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, workdir: Path,
-               task_config: dict | None = None):
-    """The actor's ``sky.Task``: the task file, its envs and secrets, the any_of candidates, and ``workdir``
-    (echo2's staged source, ``skypilot_trust.stage_actor_source``) as all it uploads."""
-    sky = import_sky()
+               task_config: dict | None = None) -> dict:
+    """The actor's task, as ``sky_bridge.py`` takes it: the task file, its envs and secrets, the any_of candidates
+    (``sky.Resources`` keyword arguments), and ``workdir`` (echo2's staged source,
+    ``skypilot_trust.stage_actor_source``) as all it uploads."""
     base = dict(task_config if task_config is not None else load_task_config(config.task_file))
     refuse_uploads(base)
     base["workdir"] = str(workdir)
     resources_config = base.pop("resources", None) or {}
     offers = (spec.offer, *spec.alternatives)
-    envs = actor_envs(spec, config.relay_port)
-    task = sky.Task.from_yaml_config(base, env_overrides=list(envs.items()),
-                                     secrets_overrides=list(spec.secrets.items()))
     labels = {RUN_LABEL: run_label(run_id), ACTOR_LABEL: _fold(spec.actor_id, 63)}
     ceiling = price_ceiling(offers)
-    candidates = set()
+    candidates = []
     for offer in offers:
         overrides = {"infra": f"{offer.provider}/{offer.region}", "instance_type": offer.instance_type,
                      "use_spot": offer.spot, "ports": config.relay_port, "labels": labels}
@@ -83,9 +79,11 @@ def build_task(spec: ActorLaunch, config: SkyPilotFleetConfig, *, run_id: str, w
             overrides["max_hourly_cost"] = ceiling
         if offer.gpu_count:
             overrides["accelerators"] = {offer.gpu: offer.gpu_count}
-        candidates.add(sky.Resources(**{**_plain_resources(resources_config), **overrides}))
-    task.set_resources(candidates)
-    return task
+        candidate = {**_plain_resources(resources_config), **overrides}
+        if candidate not in candidates:  # any_of is a set of resources
+            candidates.append(candidate)
+    return {"config": base, "envs": actor_envs(spec, config.relay_port), "secrets": dict(spec.secrets),
+            "candidates": candidates}
 
 
 def price_ceiling(offers: tuple[ActorOffer, ...]) -> float | None:

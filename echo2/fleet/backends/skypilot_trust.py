@@ -12,7 +12,8 @@ SkyPilot's defaults would hand an untrusted VM much more:
   ``remote_identity`` is ``NO_UPLOAD``. That key exists only in the config (a task's ``config:`` may
   override it for Kubernetes and Azure only, ``OVERRIDEABLE_CONFIG_KEYS_IN_TASK`` in 0.14), so every
   launch request carries a config override with ``NO_UPLOAD`` for every cloud that has the key
-  (``launch_config``): the SDK sends the client's config with each request and the API server applies it.
+  (``launch_config`` of ``sky_bridge.py``, which sends every launch): the SDK sends the client's config with
+  each request and the API server applies it.
 - Clouds without the key (Lambda, RunPod ... in 0.14) and R2/CoreWeave storage keys are uploaded
   whenever their files exist on the API server's machine; with a local API server
   ``files_uploaded_anyway`` finds them and the backend refuses to start while there are any.
@@ -30,13 +31,12 @@ it gets its own scoped, expiring ones.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import echo2
+from echo2.fleet.backends.skypilot_api import bridge
 
 PROJECT_ROOT = Path(echo2.__file__).resolve().parents[1]
 """The source checkout the learner runs from (a wheel install has no source to stage: ``ActorSourceMissing``)."""
@@ -45,11 +45,6 @@ PACKAGES = ("echo2", "infra")
 its ``__init__.py`` alone lets that build; its data files (prices, task files) are no actor's business."""
 PROJECT_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE")
 """Beside the packages, what the actor's ``pip install -e .`` reads: the package list, ``readme``, ``license-files``."""
-
-_CONFIG_LOCK = threading.Lock()
-"""SkyPilot keeps the client's config in one global of the process: launches from several threads
-take turns to send their request with the override in force."""
-
 
 class ActorSourceMissing(RuntimeError):
     """echo2 does not run from a source checkout, so there is no source to stage for the actors."""
@@ -80,56 +75,23 @@ def allowed_source_file(relative: str) -> bool:
     return relative in PROJECT_FILES or (len(parts) > 1 and parts[0] in PACKAGES and relative.endswith(".py"))
 
 
-def clouds_with_remote_identity() -> list[str]:
-    """SkyPilot's clouds whose config has ``remote_identity`` (NO_UPLOAD keeps their credentials home)."""
-    from sky.utils import registry, schemas
-
-    sections = schemas.get_config_schema()["properties"]
-    return sorted(name for name in registry.CLOUD_REGISTRY
-                  if "remote_identity" in sections.get(name, {}).get("properties", {}))
-
-
-def no_upload_config(aws_node_profile: str | None = None) -> dict:
-    """The config override every actor launch is sent with: ``remote_identity: NO_UPLOAD`` everywhere; on AWS
-    the named instance profile instead where one is given (a name uploads nothing either, and replaces the
-    ``skypilot-v1`` profile SkyPilot would otherwise attach, with S3 and EC2 full access)."""
-    config = {cloud: {"remote_identity": "NO_UPLOAD"} for cloud in clouds_with_remote_identity()}
-    if aws_node_profile:
-        config["aws"] = {"remote_identity": aws_node_profile}
-    return config
-
-
-@contextlib.contextmanager
-def launch_config(aws_node_profile: str | None = None):
-    """Send the SDK requests made inside with ``no_upload_config`` merged over the client's config."""
-    from sky import skypilot_config
-
-    with _CONFIG_LOCK, skypilot_config.override_skypilot_config(no_upload_config(aws_node_profile)):
-        yield
-
-
 def files_uploaded_anyway() -> list[str]:
     """Local credential files SkyPilot would copy to every VM whatever ``remote_identity`` says (clouds
     without the key, storage-only clouds); only meaningful where the API server runs on this machine."""
-    from sky import check as sky_check
-    from sky.utils import registry
-
-    covered = [registry.CLOUD_REGISTRY.from_str(name) for name in clouds_with_remote_identity()]
-    return sorted(set(sky_check.get_cloud_credential_file_mounts(covered).values()))
+    return bridge("credentials")["files"]
 
 
 def api_server_is_local() -> bool:
     """Whether SkyPilot's API server runs here (started by the SDK on first use), so its files are ours."""
-    from sky.server import common
-
-    return common.is_api_server_local()
+    return bridge("credentials")["local"]
 
 
 def check_no_credentials_travel() -> None:
     """Refuse, in one line, a launch that would copy credential files no setting can keep home."""
-    if not api_server_is_local():
+    found = bridge("credentials")
+    if not found["local"]:
         return  # a remote API server's files are its operator's to keep clean (docs/fleet.md, "Spot actors")
-    leaked = files_uploaded_anyway()
+    leaked = found["files"]
     if leaked:
         raise RuntimeError(f"SkyPilot would copy {', '.join(leaked)} to every actor VM (its clouds have no "
                            f"remote_identity: NO_UPLOAD): move them off this machine, or launch through an API "
