@@ -1,7 +1,7 @@
-"""The cost report (echo2/fleet/costs.py) and the audit (echo2/data/audit.py) on synthetic ledgers,
+"""The cost report (echo2/fleet/bill/) and the audit (echo2/data/audit.py) on synthetic ledgers,
 and `echo2 report` / `echo2 audit` through the real CLI.
 
-Totals are recomputed here from the raw event files, independently of costs.py, so a change in how
+Totals are recomputed here from the raw event files, independently of bill/report.py, so a change in how
 rows are built cannot quietly change the bill."""
 
 import json
@@ -16,7 +16,8 @@ from helpers import T0, commit_rollouts, new_run
 
 from echo2.data import layout, ledger
 from echo2.data.audit import audit_run
-from echo2.fleet.costs import cost_report, fleet_usd, write_cost_reports
+from echo2.fleet.bill.ledger import fleet_usd
+from echo2.fleet.bill.report import cost_report, write_cost_reports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,7 @@ def test_simulated_prices_and_an_unpriced_learner_say_so(tmp_path, clock):
     assert report["on_demand_equivalent_usd"] == pytest.approx(1.4)
     # no summary: the learner ran until the last ledger activity, and has no price in the config
     assert not report["learner_priced"] and report["by_role"]["learner"]["usd"] == 0
-    from echo2.fleet.costs import cost_markdown
+    from echo2.fleet.bill.render import cost_markdown
 
     md = cost_markdown(report)
     assert md.splitlines()[0] == "## Cost of sim: $0.6000 (simulated prices)"
@@ -155,7 +156,7 @@ def test_simulated_prices_and_an_unpriced_learner_say_so(tmp_path, clock):
 def test_malformed_events_fall_back_to_defaults(tmp_path):
     rows = cost_report(new_run(tmp_path / "odd"), now=T0)["workers"]
     assert [r["role"] for r in rows] == ["learner"]
-    from echo2.fleet.costs import worker_rows
+    from echo2.fleet.bill.ledger import worker_rows
 
     odd = [{"ts": "x", "kind": "launch", "actor_id": "bad"}, {"kind": "launch"}, "junk",
            {"ts": T0, "kind": "launch", "actor_id": "a", "price_usd_per_hour": -5, "spot": "yes", "gpu": {"x": 1}},
@@ -307,22 +308,22 @@ def test_audit_and_report_through_the_cli(tmp_path, clock):
 def test_a_run_with_nothing_priced_says_so_instead_of_charting_zeros(tmp_path, clock, monkeypatch):
     """The quickstart's bill: local actors at $0 and a learner without a price. A cost chart of a flat $0 line
     reads as "free"; the report says that nothing was priced, in its Markdown and on its chart."""
-    from echo2.fleet import costs
+    from echo2.fleet.bill import render
 
     store = new_run(tmp_path / "local")
     event(store, clock, 0, "launch", "a0", backend="local", pid=1, price_usd_per_hour=0.0)
     event(store, clock, 1, "terminated", "a0", code=0)
     report = cost_report(store, now=T0 + 3600)
     assert report["total_usd"] == 0 and not report["priced_resources"]
-    assert "No priced resources in this run" in costs.cost_markdown(report)
+    assert "No priced resources in this run" in render.cost_markdown(report)
     figures = []
-    monkeypatch.setattr(costs, "figure_png", lambda fig: figures.append(fig) or b"")
-    costs.cost_png(report)
+    monkeypatch.setattr(render, "figure_png", lambda fig: figures.append(fig) or b"")
+    render.cost_png(report)
     top = figures[0].axes[0]
     assert not top.lines and any(t.get_text() == "no priced resources in this run" for t in top.texts)
 
     event(store, clock, 1, "launch", "a1", backend="skypilot", provider="aws", gpu="L4", price_usd_per_hour=0.5)
     priced = cost_report(store, now=T0 + 2 * 3600)
-    assert priced["priced_resources"] and "No priced resources" not in costs.cost_markdown(priced)
-    costs.cost_png(priced)
+    assert priced["priced_resources"] and "No priced resources" not in render.cost_markdown(priced)
+    render.cost_png(priced)
     assert figures[1].axes[0].lines and not figures[1].axes[0].texts

@@ -13,7 +13,7 @@ from echo2.data.ledger import read_events
 from echo2.data.run_key import run_key
 from echo2.data.store.fsspec_store import FsspecStore
 from echo2.fleet.backends.base import ActorLaunch, ActorOffer, ActorState, ActorStatus, CapacityError, FleetBackend
-from echo2.fleet.costs import fleet_usd
+from echo2.fleet.bill.ledger import fleet_usd
 from echo2.fleet.make import make_fleet
 from echo2.fleet.manager import FleetFailed, FleetManager
 
@@ -360,7 +360,7 @@ def test_stopping_the_fleet_bills_what_its_actors_read_since_the_last_publish(tm
     without a fold in ``stop`` the bytes read after the last publish (about one version per actor) were lost
     to the bill."""
     from echo2.broadcast import topology
-    from echo2.fleet.egress import ReadBytes, read_snapshots
+    from echo2.fleet.bill.egress import ReadBytes, read_snapshots
 
     cloud = FakeCloud()
     fleet, store = manager(tmp_path, cloud, actors=2)

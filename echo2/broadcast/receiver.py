@@ -46,7 +46,7 @@ upload the signed plan carries for it (``up_mbit`` over the plan's fan-out, wher
 what this actor needs: the version's chunk bytes over the median of the last (up to five) times between
 new LATEST versions as this actor saw them, once it saw two (``rates.min_rate_mbit``).
 
-What the actor read, for the bill (``fleet/egress.py``): every chunk byte read from the store (counted as it
+What the actor read, for the bill (``fleet/bill/egress.py``): every chunk byte read from the store (counted as it
 is read, whatever becomes of its fetch: abandoned, failed or a delta chain's link) and every chunk byte a
 parent peer delivered and that matched the manifest, per the parent's site in the signed plan (counted when
 its fetch ends, done or not; a chunk that failed its hash is not counted). Manifests and pointers (a few KB)
@@ -84,8 +84,8 @@ from echo2.data.weights import read_manifest
 log = logging.getLogger("echo2.broadcast")
 
 MAX_PEER_SITES = 8
-"""Sites the counters may hold (``fleet/egress.MAX_SITES``), "" included: bytes from parents of further sites
-count under "" (unknown, billed as within the actor's own site)."""
+"""Sites the counters may hold (``fleet/bill/egress.py``'s ``MAX_SITES``), "" included: bytes from parents of
+further sites count under "" (unknown, billed as within the actor's own site)."""
 IDENTITY_CHECK_S = 10.0
 """How often the manifest of the version held is checked to still be the one in the store (one HEAD)."""
 

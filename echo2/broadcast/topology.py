@@ -247,7 +247,7 @@ def register(store: ObjectStore, actor_id: str, url: str, version: int | None,
              failed_parents: dict[str, int] | None = None, read_bytes: dict | None = None,
              up_mbit: float | None = None, down_mbit: float | None = None) -> None:
     """Heartbeat: the peer record is a pointer, rewritten every few seconds. ``read_bytes``: what the actor
-    read so far (``fleet/egress.py``: only the learner's bill reads it; planning ignores it). ``up_mbit``,
+    read so far (``fleet/bill/egress.py``: only the learner's bill reads it; planning ignores it). ``up_mbit``,
     ``down_mbit``: the rates the actor measured on its own real transfers (None: not measured yet); only
     valid ones are written (``rate``)."""
     record = {"id": actor_id, "url": url, "version": version, "heartbeat": time.time(),

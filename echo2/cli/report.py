@@ -28,7 +28,8 @@ def report_costs(
 ) -> None:
     """Recompute the cost report from the run's ledger: reports/cost.json, cost.md, cost.png."""
     need_learner_extra("echo2 report")
-    from echo2.fleet.costs import cost_markdown, write_cost_reports
+    from echo2.fleet.bill.render import cost_markdown
+    from echo2.fleet.bill.report import write_cost_reports
 
     report = write_cost_reports(_open_run(run))
     typer.echo(cost_markdown(report), nl=False)

@@ -24,7 +24,10 @@
                              expel, budget), every event with its offer and price in the ledger
     slots.py                 a slot of the fleet: one actor at a time, the crashes that count against it, the
                              slots a resume adopts
-    costs.py                 every cost figure of a run, from its ledger (``echo2 report``)
+    bill/                    every dollar and byte of a run's bill, from its ledger (``echo2 report``): the
+                             workers' rows (ledger.py), the learner's sessions and gaps (learner.py), the
+                             actors' byte counters and their price (egress.py), the cost report (report.py),
+                             its Markdown and chart (render.py)
     credentials.py           scoped, expiring store credentials for one remote actor
 
 The CLI's commands for it (``echo2 plan``, ``echo2 prices``, ``echo2 fleet down``) are in ``echo2/cli/``.

@@ -35,7 +35,7 @@ from echo2.fleet.backends.base import ActorOffer, FleetBackend, LaunchContext
 log = logging.getLogger("echo2.fleet")
 
 ENDED_KINDS = frozenset({"exited", "crashed", "reclaimed", "unavailable", "terminated"})
-"""Ledger events after which an actor runs no more (``costs.py`` closes its bill at them)."""
+"""Ledger events after which an actor runs no more (``bill/ledger.py`` closes its bill at them)."""
 GONE_KINDS = ENDED_KINDS | {"expelled", "adopt_failed"}
 """... and the events after which no learner may adopt it."""
 

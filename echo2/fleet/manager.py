@@ -28,15 +28,15 @@
            chooser's mix for the fitted workload, the run's measured speeds and (where they differ beyond
            chance from the assumed ones) its ledger's reclaim rates in place; without catalog offers,
            resize(n) to the count the capacity model asks for; resize(n): grow, or retire the newest actors
-    expel(actor): retire an actor the learner caught lying (behavior_audit.py) and replace it, and deny its
+    expel(actor): retire an actor the learner caught lying (spot_check.py) and replace it, and deny its
            scoped store session at once where the fleet minted one (``credentials.SessionDenier``); the flow
            hands reconcile the learner's banned actors, and reconcile returns every actor that ended or was
            retired, whose relay tokens the next published version revokes
     stop: terminate every actor
 
 Every change goes to ``ledger/events/`` with the actor's offer and price (requested, running,
-reclaimed, crashed, exited, terminated, resize, budget), which is all ``fleet/costs.py`` needs
-to bill the run. The flow only talks to this class; a new backend does not touch ``flows/``.
+reclaimed, crashed, exited, terminated, resize, budget), which is all ``fleet/bill/`` needs
+to bill the run. The flow only talks to this class; a new backend does not touch ``echo2/flows/``.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ from echo2.fleet.backends import (
     FleetBackend,
     LaunchContext,
 )
-from echo2.fleet.costs import fleet_usd
+from echo2.fleet.bill.egress import fold_counters
+from echo2.fleet.bill.ledger import fleet_usd
 from echo2.fleet.credentials import SessionDenier
-from echo2.fleet.egress import EgressLedger
 from echo2.fleet.sizing.autosize import FleetChooser, FleetSize, Mix
 from echo2.fleet.sizing.autosize import due as autosize_due
 from echo2.fleet.slots import CRASH_WINDOW_S, Slot, adopted_slots, recent
@@ -342,7 +342,7 @@ class FleetManager:
         self._stopped = True
         # the actors' byte counters, before they stop and remove their peer records: the learner folds them only
         # at a publish, so without this the bill would miss what they read since (never raises: logged)
-        EgressLedger(self.store).fold([slot.actor_id for slot in self.slots])
+        fold_counters(self.store, [slot.actor_id for slot in self.slots])
         # every actor is told to stop at once, not one grace period after another: a cancelled flow run
         # has Prefect's 30 s grace for its checkpoint and the whole teardown
         # (threads, not a pool: this also runs at exit, where a pool takes no more work)
@@ -361,7 +361,7 @@ class FleetManager:
         return sum(slot.offer.usd_per_hour for slot in self.slots)
 
     def cost_so_far(self) -> float:
-        """Dollars the fleet has cost this run so far (``fleet/costs.py``, from the ledger)."""
+        """Dollars the fleet has cost this run so far (``fleet/bill/ledger.py``, from the ledger)."""
         return fleet_usd(self.store)
 
     # -- logs --------------------------------------------------------------------------------
@@ -443,7 +443,7 @@ class FleetManager:
                     self._replan_wanted = True
                     return False
                 continue
-            # the bill starts here: "launch" opens the billing row (fleet/costs.py); a "running" event
+            # the bill starts here: "launch" opens the billing row (fleet/bill/ledger.py); a "running" event
             # later names the alternative the backend took, whose price then bills the whole row
             write_event(self.store, "launch", actor_id, backend=self.backend.name, expires_at=spec.expires_at,
                         **offer.event_fields(), **details)

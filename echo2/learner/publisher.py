@@ -10,13 +10,13 @@ run config's ``store.provider``/``store.region``). Within a site the forest is l
 download rates the peers report in their records, fast peers near the roots (``broadcast/forest.py``); a
 report of a failed parent demotes it only if the plan this learner signed for the reported version (kept
 here, or read back from ``policy/`` after a resume) had it among the reporter's sources. Each publish also
-folds the byte counters actors report in their peer records into the ledger (``fleet/egress.py``: the bill's
+folds the byte counters actors report in their peer records into the ledger (``fleet/bill/egress.py``: the bill's
 traffic; nothing here waits on them).
 Versions older than t - S (no rollout of them can be used) are deleted beyond
-the newest ``keep_versions``; with LoRA version 0 stays, since every adapter version applies to it;
+the newest ``publish.keep_versions``; with LoRA version 0 stays, since every adapter version applies to it;
 with sparse deltas every version a kept version's chain needs stays (``delta_chain.chain_closure``).
 
-Sparse deltas (``train.publish_delta``, ``Publisher``): the learner keeps the tensors it last
+Sparse deltas (``publish.delta``, ``Publisher``): the learner keeps the tensors it last
 published (exactly what actors hold) and publishes version v as a delta against them. A version
 is a full keyframe instead when there is nothing to encode against (version 0, the first publish
 after a resume), when ``keyframe_every`` versions have passed since the last keyframe, when the
@@ -39,14 +39,14 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from echo2.broadcast.topology import REPORT_VERSIONS, LaunchedActors, relay_plan
-from echo2.config import BroadcastConfig, TrainConfig
+from echo2.config import BroadcastConfig, PublishConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected, NeedsKeyframe, apply_delta, encode_delta, tensor_table
 from echo2.data.delta_chain import chain_closure
 from echo2.data.run_folder import RunInfo
 from echo2.data.store import NotFound, ObjectStore, StoreError
 from echo2.data.weights import delete_folder, publish_delta_version, publish_version, published_versions
-from echo2.fleet.egress import EgressLedger
+from echo2.fleet.bill.egress import EgressLedger, fold_counters
 
 log = logging.getLogger("echo2.learner")
 
@@ -65,11 +65,12 @@ def _relay_plan(store: ObjectStore, version: int, broadcast: BroadcastConfig, re
                       placement=fleet.placement, store_site=store_site, plans=plans)
 
 
-def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, cache: dict[int, dict] | None = None) -> None:
+def collect_garbage(store: ObjectStore, version: int, train: TrainConfig, publish: PublishConfig,
+                    cache: dict[int, dict] | None = None) -> None:
     """Delete versions no actor can still use (older than t - S) beyond the newest ``keep_versions``,
     unless a kept version's delta chain runs through them."""
     versions = published_versions(store)
-    keep = set(versions[-train.keep_versions :]) | {v for v in versions if v >= version - train.staleness}
+    keep = set(versions[-publish.keep_versions :]) | {v for v in versions if v >= version - train.staleness}
     if train.lora_rank > 0 and versions and versions[0] == 0:
         keep.add(0)  # the base every adapter version applies to
     keep = chain_closure(store, keep, cache)
@@ -85,12 +86,15 @@ def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
 
 
 class Publisher:
-    """Publishes the learner's versions, as sparse deltas where ``train.publish_delta`` says so."""
+    """Publishes the learner's versions, as sparse deltas where ``publish.delta`` says so."""
 
     def __init__(self, store: ObjectStore, *, train: TrainConfig, broadcast: BroadcastConfig,
-                 key: Ed25519PrivateKey, extra_files: dict[str, bytes], store_site: tuple[str, str] | None = None):
-        """``store_site``: where the store lives (``StoreConfig.site``); None: read from ``run.json``'s config."""
+                 key: Ed25519PrivateKey, extra_files: dict[str, bytes], publish: PublishConfig | None = None,
+                 store_site: tuple[str, str] | None = None):
+        """``publish``: the run's ``publish`` section (None: its defaults); ``store_site``: where the store lives
+        (``StoreConfig.site``); None: read from ``run.json``'s config."""
         self.store, self.train, self.broadcast, self.key, self.extra_files = store, train, broadcast, key, extra_files
+        self.publish_config = publish if publish is not None else PublishConfig()
         self.store_site = store_site if store_site is not None else RunInfo.read(store).store_site
         self.egress = EgressLedger(store)
         """The actors' byte counters, folded into the ledger at each publish (the bill's traffic)."""
@@ -123,8 +127,9 @@ class Publisher:
             raise
         self._manifests[version] = manifest
         self._plans[version] = relay
-        collect_garbage(self.store, version, self.train, self._manifests)
-        self.egress.fold(self.fleet.ids)  # after the commit, so the version does not wait; never raises on input
+        collect_garbage(self.store, version, self.train, self.publish_config, self._manifests)
+        # after the commit, so the version does not wait; never raises on input
+        fold_counters(self.store, self.fleet.ids, ledger=self.egress)
         stats["publish_seconds"] = time.perf_counter() - started
         return manifest, stats
 
@@ -150,7 +155,7 @@ class Publisher:
     def _commit(self, version: int, tensors: dict[str, torch.Tensor], meta: dict, full_bytes: int, stats: dict,
                 relay: dict) -> dict:
         # a LoRA run publishes its base once, then adapters: nothing for a delta to encode against
-        delta_run = self.train.publish_delta and self.train.lora_rank == 0 and meta.get("weights") == "full"
+        delta_run = self.publish_config.delta and self.train.lora_rank == 0 and meta.get("weights") == "full"
         delta, reason = None, None
         if delta_run:
             reason = self._keyframe_reason(version)
@@ -173,8 +178,8 @@ class Publisher:
             self.keyframe, self.chain_bytes = version, 0
             stats["publish_keyframe"] = 1
         manifest = publish_version(self.store, version, tensors, extra_files=self.extra_files,
-                                   shard_mb=self.train.shard_mb, chunk_size=self.broadcast.chunk_bytes(full_bytes),
-                                   key=self.key,
+                                   shard_mb=self.publish_config.shard_mb,
+                                   chunk_size=self.broadcast.chunk_bytes(full_bytes), key=self.key,
                                    meta={"relay": relay, **meta, **extra})
         stats["publish_bytes"] = sum(e["size"] for e in manifest["files"] if e["kind"] == "shard")
         return manifest
@@ -182,8 +187,8 @@ class Publisher:
     def _keyframe_reason(self, version: int) -> str | None:
         if self.last is None or self.keyframe is None:
             return "no previous version to encode against (version 0 or a resumed run)"
-        if version - self.keyframe >= self.train.keyframe_every:
-            return f"{version - self.keyframe} versions since keyframe v{self.keyframe} (train.keyframe_every)"
+        if version - self.keyframe >= self.publish_config.keyframe_every:
+            return f"{version - self.keyframe} versions since keyframe v{self.keyframe} (publish.keyframe_every)"
         return None
 
     def _encode(self, tensors: dict[str, torch.Tensor], full_bytes: int, stats: dict):
@@ -192,7 +197,7 @@ class Publisher:
         base = self.last[1]
         t0 = time.perf_counter()
         try:
-            delta = encode_delta(base, tensors, max_file_bytes=self.train.shard_mb * 2**20)
+            delta = encode_delta(base, tensors, max_file_bytes=self.publish_config.shard_mb * 2**20)
         except NeedsKeyframe as exc:
             return None, str(exc)
         stats.update(publish_encode_seconds=time.perf_counter() - t0, publish_delta_bytes=delta.nbytes,

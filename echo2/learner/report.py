@@ -3,7 +3,7 @@ held-out metric and lag per step (``reports/curves.png``).
 
 Counts come from the ledger, the record of what each step used, dropped or quarantined, so the
 summary can never disagree with it. The cost report (cost.json, cost.md, cost.png) is
-``echo2/fleet/costs.py``'s, the one owner of every cost figure. The rest comes in a plain record
+``echo2/fleet/bill/``'s, the one owner of every cost figure. The rest comes in a plain record
 (``ReportInputs``, which ``LearnerRun.finish`` fills), so this module needs nothing of the run itself.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from echo2.data import layout
 from echo2.data.ledger import consumed_keys
-from echo2.fleet.costs import write_cost_reports
+from echo2.fleet.bill.report import write_cost_reports
 from echo2.learner.evaluate import flat_metrics
 from echo2.plots import figure_png
 
@@ -35,8 +35,8 @@ class ReportInputs:
     staleness_bound: int
     history: list[dict]
     """Every step's metrics, in order."""
-    audit: dict
-    """What the audit of actors found (``LearnerRun.audit_summary``)."""
+    spot_check: dict
+    """What the spot checks of actors found (``LearnerRun.spot_check_summary``)."""
 
 
 def ledger_totals(store) -> dict:
@@ -174,7 +174,7 @@ def write_reports(store, run: ReportInputs) -> dict:
         **ledger_totals(store),
         **publish_totals(run.history),
         "final_version": run.steps,
-        "audit": run.audit,
+        "spot_check": run.spot_check,
         "cost_usd": None,
         "cost_priced": None,
         "finished_at": time.time(),
@@ -183,7 +183,7 @@ def write_reports(store, run: ReportInputs) -> dict:
     if run.history:
         store.put(layout.report_key("curves.png"), _curves_png(run.history, run.evals, run.eval_metric),
                   if_absent=False)
-    # cost.json, cost.md (the Prefect cost artifact) and cost.png: every figure from fleet/costs.py
+    # cost.json, cost.md (the Prefect cost artifact) and cost.png: every figure from fleet/bill/
     cost = write_cost_reports(store, summary=summary)
     summary["cost_usd"], summary["cost_priced"] = cost["total_usd"], cost["priced_resources"]
     store.put_json(layout.SUMMARY, summary)

@@ -1,4 +1,5 @@
-"""What each actor read, in the learner's ledger: the actors' own byte counters, folded in by the learner.
+"""Bytes out and their price: what each actor read, in the learner's ledger (the actors' own byte counters,
+folded in by the learner), and what those bytes cost (``traffic_rows``).
 
 An actor counts the policy bytes it read (``broadcast/receiver.py``): chunks from the store, and chunks from
 relay peers by the parent's site (``provider/region`` from the signed relay plan, "" where the plan names
@@ -9,9 +10,10 @@ that its credentials may write), as ``read_bytes``::
 
 Counters are cumulative over the actor's life; an actor id is used for one life only (the fleet draws a new
 one per launch), so the larger of two readings is the newer. The learner (trusted) copies them into its
-ledger with ``fold``: at every publish and when the cost report is written, for the actors its fleet launched
-(the ledger's launch events), as ``ledger/egress/<actor>.json``, keeping per counter the largest value it has
-seen. The cost report (``costs.py``) prices those snapshots; a peer record is deleted when its actor stops,
+ledger with ``fold_counters``, the one fold every caller uses: at every publish (``learner/publisher.py``), when
+the fleet stops (``fleet/manager.py``) and when the cost report is written (``report.py``), for the actors its
+fleet launched, as ``ledger/egress/<actor>.json``, keeping per counter the largest value it has seen.
+``traffic_rows`` prices those snapshots for the cost report; a peer record is deleted when its actor stops,
 so what an actor read after the learner's last fold and before a clean stop is not in the bill (at most the
 versions published since that fold: the fold at each publish bounds it to about one version per actor).
 
@@ -27,6 +29,13 @@ it read (its own bill, never below what the learner saw before: snapshots only g
 actor's. A store where no version was ever published (no manifest, no sum) has nothing to bound by: there the
 cap is ``MAX_COUNTER``.
 
+Prices (``traffic_rows``, with ``providers.transfer_usd_per_gb``): bytes from the store from where the store lives
+(``store.provider``/``store.region`` in ``run.json``'s config) to the actor's placement (its billing row's provider
+and region, from its ledger events), bytes from peers from the parent's site (``provider/region`` as the signed
+relay plan named it) to the actor's, and from an unknown site ("") as if within the actor's own site (what a
+transfer within a site costs: $0 on hyperscalers). Where the store's place, the actor's provider, or (within the
+store's provider) its region is not known, those bytes are counted and unpriced, and the report says so.
+
 Assumption: a GB is 10^9 bytes (cloud providers bill per GB; the report prices bytes / 1e9).
 """
 
@@ -41,8 +50,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from echo2.data import layout
+from echo2.data.ledger import read_events
 from echo2.data.rollouts import policy_digest
+from echo2.data.site import split_site
 from echo2.data.store import NotFound, ObjectStore, StoreError
+from echo2.fleet.bill.ledger import STARTS
+from echo2.fleet.providers import transfer_usd_per_gb
 
 log = logging.getLogger("echo2.fleet")
 
@@ -181,7 +194,8 @@ def read_snapshots(store: ObjectStore) -> dict[str, ReadBytes]:
 
 class EgressLedger:
     """The learner's side: ``fold`` copies actors' counters into the ledger, writing a snapshot only when it
-    grew. Keeps what it wrote, so a fold costs one listing and one small GET per actor's record."""
+    grew. Keeps what it wrote, so a fold costs one listing and one small GET per actor's record. Callers fold
+    through ``fold_counters``."""
 
     def __init__(self, store: ObjectStore):
         self.store = store
@@ -244,3 +258,69 @@ class EgressLedger:
         except (OSError, StoreError) as exc:
             log.warning("egress counters not folded into the ledger this time: %s", exc)
         return dict(self.written or {})
+
+
+def fold_counters(store: ObjectStore, actors: Collection[str] | None = None, *,
+                  ledger: EgressLedger | None = None) -> dict[str, ReadBytes]:
+    """Fold the byte counters of ``actors`` into the ledger (``EgressLedger.fold``: never raises on a record, a
+    store failure is logged); returns every snapshot. ``actors``: those the fleet launched, None for every actor
+    the ledger's start events name. ``ledger``: the one a caller keeps across folds (the publisher's: it
+    remembers what it wrote), else a fresh one for this fold."""
+    if actors is None:
+        actors = {str(e.get("actor_id")) for e in read_events(store)
+                  if isinstance(e, dict) and e.get("kind") in STARTS}
+    return (ledger if ledger is not None else EgressLedger(store)).fold(actors)
+
+
+Place = tuple[str | None, str | None]
+"""(provider, region) of an actor or of the store, None where unknown."""
+
+
+def places(rows: list[dict]) -> dict[str, Place]:
+    """actor -> (provider, region) as its billing rows (``ledger.worker_rows``) know them (None where unknown)."""
+    out: dict[str, Place] = {}
+    for r in rows:
+        if r["role"] == "learner":
+            continue
+        provider = r["provider"] if r["provider"] not in (None, "?") else None
+        out[r["actor_id"]] = (provider and provider.lower(), r["region"] if r["region"] not in ("-", "") else None)
+    return out
+
+
+def _usd_per_gb(src: Place | None, dst: Place) -> float | None:
+    """``transfer_usd_per_gb`` from ``src`` to ``dst``, or None where what is unknown decides the price."""
+    if src is None or src[0] is None or dst[0] is None:
+        return None
+    if src[0] != dst[0]:  # across providers: the sender's internet egress (+ ingress), whatever the regions
+        return transfer_usd_per_gb(src[0], src[1] or "?", dst[0], dst[1] or "?")
+    if src[1] in (None, "?") or dst[1] is None:
+        return None  # within one provider: same region or not decides, and one is unknown
+    return transfer_usd_per_gb(src[0], src[1], dst[0], dst[1])
+
+
+def traffic_rows(reads: dict[str, ReadBytes], placement: dict[str, Place],
+                 store_at: tuple[str, str] | None) -> list[dict]:
+    """One row per actor the fleet launched with counters: bytes from the store and from peers, priced (module
+    docstring). ``reads``: ``read_snapshots``; ``placement``: ``places`` of the billing rows."""
+    rows = []
+    for actor, read in sorted(reads.items()):
+        if actor not in placement:
+            continue  # not an actor of this fleet's ledger: nothing to bill it to
+        at = placement[actor]
+        store_price = _usd_per_gb(store_at, at)
+        usd, unpriced = 0.0, 0
+        if store_price is None:
+            unpriced += read.store
+        else:
+            usd += read.store / GB * store_price
+        for site, n in read.peers.items():
+            parent = split_site(site)
+            price = _usd_per_gb(at if parent is None else (parent[0].lower(), parent[1]), at)
+            if price is None:
+                unpriced += n
+            else:
+                usd += n / GB * price
+        rows.append({"actor_id": actor, "provider": at[0], "region": at[1], "bytes_from_store": read.store,
+                     "bytes_from_peers": sum(read.peers.values()), "peers_by_site": dict(read.peers),
+                     "store_usd_per_gb": store_price, "usd": usd, "unpriced_bytes": unpriced})
+    return rows

@@ -1,5 +1,5 @@
-"""The learner's bill by session, and the gaps between sessions: what ``costs.py`` reports for the learner when no
-fleet event describes it.
+"""The learner's bill by session, and the gaps between sessions: what the cost report (``report.py``) bills for the
+learner when no fleet event describes it (``session_rows``), and its ``learner`` object (``learner_summary``).
 
 Model. A run's learner lives in sessions. The first starts at the run's start (``run.json``'s ``created_at``); each
 ``resume`` event (``LearnerRun._resume``) starts another: a new learner process, in general a new machine (a spot
@@ -9,7 +9,7 @@ next one starts -- a ledger event other than the next ``resume`` (the learner's 
 session, at the summary's ``finished_at`` (a finished run), else at ``run.json``'s start plus the summary's
 ``wall_seconds`` (a run that never resumed, as before sessions existed), else at the run's last activity. A session
 with no activity of its own ends where it started. Each session is billed at ``fleet.learner_usd_per_hour`` (the
-price of the learner's machine: for ``train.market: spot`` the spot price); between sessions nothing of the
+price of the learner's machine: for ``learner.market: spot`` the spot price); between sessions nothing of the
 learner's machine is known and nothing is billed (an on-demand host that stayed up through a crash and its retry is
 under-billed by the gap: the report lists the gap).
 
@@ -30,10 +30,14 @@ from __future__ import annotations
 from typing import Any
 
 from echo2.data.audit import finite_number
+from echo2.data.run_folder import RunInfo
+from echo2.fleet.bill import ledger
 
 NOTICE = "learner_notice"
 LEFT = "learner_left"
 RESUME = "resume"
+LEARNER_PRICE_FIELD = ("fleet", "learner_usd_per_hour")
+"""Where the learner's price lives in the run's config (``FleetConfig.learner_usd_per_hour``)."""
 
 
 def sessions(start: float, timeline: list[dict], written: list[float], *, finished_at: float | None = None,
@@ -117,30 +121,20 @@ def learner_summary(learner_rows: list[dict], gaps_: list[dict], actor_rows: lis
             "reclaims": len(gaps_), "with_notice": sum(g["notice"] for g in gaps_), "gaps": gaps_}
 
 
-def learner_lines(learner: dict) -> list[str]:
-    """The cost report's Markdown lines about the learner (``costs.cost_markdown``)."""
-    lines = [f"- learner: {learner['market']}, {learner['sessions']} session(s), {learner['hours']:.4f} h, "
-             f"${learner['usd']:,.4f}"]
-    if learner["reclaims"]:
-        lines.append(f"- learner reclaims: {learner['reclaims']} ({learner['with_notice']} with a notice); the "
-                     f"gap {learner['gap_hours']:.4f} h with the actors waiting: ${learner['gap_actor_usd']:,.4f} "
-                     "of their bill fell in it (the learner's machine is not billed in a gap)")
-    return lines
-
-
-def _or(value: Any, default: str) -> str:
-    return default if value is None else str(value)
-
-
-def gap_table(learner: dict) -> list[str]:
-    """One Markdown row per gap (none without gaps)."""
-    if not learner["gaps"]:
+def session_rows(run: RunInfo, summary: dict, facts: dict, timeline: list[dict], now: float) -> list[dict]:
+    """One billing row per learner session (``sessions``), priced from the run's config: at
+    ``fleet.learner_usd_per_hour`` where that field exists, otherwise at $0 and labelled unpriced (a bill that
+    guesses is worse than one that says what it does not know). ``facts``: ``ledger.ledger_facts``."""
+    start = ledger.num(run.created_at)
+    if start is None:
         return []
-    lines = ["", "| learner gap | last step | notice | hours | actors' $ in it | resumed from step | steps lost |",
-             "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
-    for i, g in enumerate(learner["gaps"], 1):
-        notice = f"yes ({g['source']})" if g["notice"] else ("left, no notice" if g["left"] else "no")
-        lines.append(f"| {i} | {_or(g['last_step'], _or(g['step'], '?'))} | {notice} | {g['hours']:.4f} | "
-                     f"{g['actor_usd']:.4f} | {_or(g['resume_step'], '?') if g['resumed'] else 'not yet'} | "
-                     f"{_or(g['steps_lost'], '?')} |")
-    return lines
+    price = ledger.price(run.section(LEARNER_PRICE_FIELD[0]).get(LEARNER_PRICE_FIELD[1]))
+    spot = run.learner_market == "spot"
+    rows = []
+    for s in sessions(start, timeline, facts["written"], finished_at=ledger.num(summary.get("finished_at")),
+                      wall_seconds=ledger.num(summary.get("wall_seconds")), now=now):
+        row = ledger.new_row({"actor_id": "learner"}, s["start"])
+        row.update(backend="learner", provider="unknown", gpu="unknown", end=s["end"], price_usd_per_hour=price or 0.0,
+                   spot=spot, ended_by=s["ended_by"], priced=price is not None)
+        rows.append(ledger.finish(row, now))
+    return rows
