@@ -32,7 +32,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def sandbox():
-    box = Sandbox(LIMITS, mode="bwrap", parallelism=2).check()
+    box = Sandbox(LIMITS, mode="bwrap", parallelism=2).verify_runs_here()
     yield box
     box.close()
 
@@ -135,7 +135,7 @@ def test_hashing_is_the_same_in_every_run(sandbox):
 @pytest.mark.parametrize("name", ["spin", "setsid-sleep", "print-gigabyte", "write-outside"])
 def test_unsafe_rlimits_only_still_ends_programs_and_their_escaped_children(name, targets):
     """No isolation here (docs/tasks.md), but the limits hold and a child that left the session is swept."""
-    box = Sandbox(LIMITS, mode="unsafe-rlimits-only", parallelism=1).check()
+    box = Sandbox(LIMITS, mode="unsafe-rlimits-only", parallelism=1).verify_runs_here()
     try:
         outcome = box.run(targets["programs"][name])
     finally:
@@ -148,6 +148,6 @@ def test_unsafe_rlimits_only_still_ends_programs_and_their_escaped_children(name
 def test_without_bwrap_the_check_fails_in_one_line(monkeypatch):
     monkeypatch.setattr(sandbox_module, "bwrap_path", lambda: None)
     with pytest.raises(SandboxUnavailable) as caught:
-        Sandbox(LIMITS, mode="bwrap", parallelism=1).check()
+        Sandbox(LIMITS, mode="bwrap", parallelism=1).verify_runs_here()
     message = str(caught.value)
     assert "\n" not in message and "bubblewrap" in message and "unsafe-rlimits-only" in message

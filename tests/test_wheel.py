@@ -23,7 +23,7 @@ from conftest import REPO
 
 pytestmark = pytest.mark.e2e
 
-SOURCE = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "echo2", "flows", "infra")
+SOURCE = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "echo2", "infra")
 """What the build reads: the project files and the package folders (setup.py's package list)."""
 
 
@@ -71,8 +71,9 @@ def test_the_installed_package_and_its_shipped_files_come_from_the_venv(installe
         assert Path(path).is_file(), path
     files = _run(sys.executable, "-m", "zipfile", "-l", next((installed.parent / "dist").glob("*.whl"))).stdout
     for name in ("echo2/py.typed", "echo2/_infra/prices/README.md", "echo2/_infra/iam/actor-policy.json",
-                 "echo2/bench/learner_configs/qwen3-8b.json", "licenses/LICENSE"):
+                 "echo2/bench/learner_configs/qwen3-8b.json", "echo2/flows/train.py", "licenses/LICENSE"):
         assert name in files, name
+    assert not [line for line in files.splitlines() if line.startswith("flows/")], "the flows ship inside echo2"
 
 
 def test_plan_and_prices_run_from_the_wheel(installed, tmp_path):

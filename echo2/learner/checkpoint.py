@@ -1,6 +1,6 @@
 """Learner checkpoints: ``checkpoints/step-N/`` = every rank's shard of the weights and AdamW state + trainer state.
 
-A checkpoint folder holds ``torch.distributed.checkpoint`` (DCP) files (``sharded.py``): each rank of the
+A checkpoint folder holds ``torch.distributed.checkpoint`` (DCP) files (``checkpoint_files.py``): each rank of the
 learner writes its own shard of the trainable weights and of the optimizer state straight to the store
 (``dcp-R_I.distcp``, rank R's I-th file), and rank 0's DCP finish step writes ``dcp-metadata``, which maps
 every tensor's pieces to files. No rank gathers the weights or the optimizer state for a checkpoint. Rank 0
@@ -15,7 +15,7 @@ reshards, so a checkpoint of N ranks resumes on M ranks, one process included (t
 writes the same format without a process group).
 
 Reading. Every file a rank reads is checked against the signed manifest before DCP sees a byte of it
-(``sharded.VerifiedReader``); a folder that holds a file its manifest does not name is refused as well.
+(``checkpoint_files.VerifiedReader``); a folder that holds a file its manifest does not name is refused as well.
 ``rng.pt`` is loaded with ``torch.load(weights_only=True)``, DCP's non-tensor values too, and DCP's pickled
 ``dcp-metadata`` by an unpickler that builds DCP's metadata classes only: nothing read from the store runs code.
 
@@ -83,7 +83,7 @@ from echo2.data.weights import (
     sha256,
     shard_name,
 )
-from echo2.learner.sharded import METADATA, load_full, store_name
+from echo2.learner.checkpoint_files import METADATA, load_full, store_name
 
 log = logging.getLogger("echo2.learner")
 

@@ -8,7 +8,7 @@ At learner version t, a committed rollout file of policy version v is
   toward ``max_invalid_files``; a file whose rollouts were used already in other bytes is dropped uncounted;
 - quarantined if it fails validation (``file_checks.py``: unreadable or undecodable whatever the error, over
   ``max_file_bytes``, out of the schema's bounds, prompts or rewards the task disowns, behavior logprobs the
-  audit disproves): moved to ``quarantine/<key>`` beside a ``.json`` reason, server-side and unread
+  spot check disproves): moved to ``quarantine/<key>`` beside a ``.json`` reason, server-side and unread
   (``data/quarantine.py``), or *by reference* where the store cannot copy it (a GLACIER object stays where it
   is; its reason record and the ledger settle it). A dishonest file (``Dishonest``) bans its actor, and so do
   ``max_invalid_files`` malformed files (``Malformed``, a byte copy included) or files from the future;
@@ -56,8 +56,8 @@ from echo2.data.quarantine import quarantine
 from echo2.data.rollouts import InvalidRollouts, RolloutLimits, content_hash, file_policy_digest
 from echo2.data.store import NotFound, ObjectStore
 from echo2.learner.bans import ActorRecord, pending_quota
-from echo2.learner.behavior_audit import Dishonest
 from echo2.learner.file_checks import FileChecks, Malformed, UngradableFile
+from echo2.learner.spot_check import Dishonest
 from echo2.learner.sweep import FULL_SWEEP_EVERY, Janitor, Sweep
 from echo2.learner.timelines import LostTimeline
 
@@ -128,7 +128,7 @@ class RolloutCollector(FileChecks, ActorRecord):
     def __init__(self, store: ObjectStore, *, run_id: str, staleness: int, groups_per_step: int,
                  limits: RolloutLimits, verifier=None, max_file_bytes: int = 64 * 2**20,
                  settled: set[str] | None = None, used_hashes: set[str] | None = None,
-                 auditor=None, banned: dict[str, str] | None = None,
+                 spot_checker=None, banned: dict[str, str] | None = None,
                  max_invalid_files: int = 3, max_ungradable_files: int = 5, max_ungradable_fraction: float = 0.25,
                  lost_timelines: list[LostTimeline | tuple] | None = None, max_judged_per_actor: int | None = None,
                  max_pending_files: int = MAX_PENDING_FILES, backlog_batches: int = 2,
@@ -137,8 +137,8 @@ class RolloutCollector(FileChecks, ActorRecord):
         self.run_id, self.staleness, self.groups_per_step, self.limits = run_id, staleness, groups_per_step, limits
         self.verifier = verifier
         self.max_file_bytes = max_file_bytes
-        self.auditor = auditor
-        """``behavior_audit.BehaviorAuditor`` (or None): spot checks of the behavior logprobs."""
+        self.spot_checker = spot_checker
+        """``spot_check.SpotChecker`` (or None): spot checks of the behavior logprobs."""
         self.lost_timelines = [LostTimeline.of(t) for t in lost_timelines or ()]
         self.banned: dict[str, str] = dict(banned or {})
         """Actors banned, and why: none of their later files is judged (and the flow expels and revokes them)."""

@@ -6,7 +6,8 @@ the error (a GLACIER object, one the store refuses, bytes that exhaust the decod
 (``store.is_transient``), or an error that reading the learner's own ``run.json`` shares, propagates, so an
 outage never blames an honest file. Validation bounds everything the loss relies on (``data/rollouts.py``), the
 task's verifier re-derives prompts and re-scores rewards (``verify.py``: ``Dishonest``, or ``UngradableFile``
-where the task could not grade the file the same way everywhere), and the auditor spot-checks behavior logprobs.
+where the task could not grade the file the same way everywhere), and the spot checker recomputes a sample of
+behavior logprobs (``spot_check.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow as pa
 from echo2.data import layout
 from echo2.data.rollouts import InvalidRollouts, decode_rollouts, policy_digest, validate_rollouts
 from echo2.data.store import NotFound, is_transient
-from echo2.learner.behavior_audit import Dishonest
+from echo2.learner.spot_check import Dishonest
 
 
 class UngradableFile(InvalidRollouts):
@@ -31,7 +32,7 @@ class Malformed(InvalidRollouts):
 
 class FileChecks:
     """The collector's reading and checking of one file; uses its ``store``, ``run_id``, ``limits``,
-    ``max_file_bytes``, ``verifier``, ``auditor`` and ``_digests``."""
+    ``max_file_bytes``, ``verifier``, ``spot_checker`` and ``_digests``."""
 
     def _timeline_digest(self, version: int) -> str | None:
         """``rollouts.policy_digest`` of this timeline's manifest of ``version`` (None: none published). One
@@ -88,12 +89,12 @@ class FileChecks:
         table = self._decode(data, actor_id, version, learner_version)
         if self.verifier is not None:
             try:
-                self.verifier.check(table)
+                self.verifier.verify_claims(table)
             except Dishonest:
                 raise
             except InvalidRollouts as exc:  # the verifier's only other refusal: the task could not grade it
                 raise UngradableFile(str(exc)) from None
-        if self.auditor is not None and self.auditor.wants(actor_id):
-            self.auditor.check(table, version, actor_id)
+        if self.spot_checker is not None and self.spot_checker.wants(actor_id):
+            self.spot_checker.check_logprobs(table, version, actor_id)
         return table
 

@@ -13,7 +13,7 @@ Two ways, by whether the learner shards (``Learner.sharded``: several ranks, or 
               parameter for a bf16 checkpoint: 61 GB for Qwen3-30B-A3B), never a second copy in fp32
 
 The master weights are fp32 either way (what AdamW updates and checkpoints hold); frozen copies (the KL reference,
-the behavior audit's) are stored in the compute dtype, since nothing updates them.
+the spot check's) are stored in the compute dtype, since nothing updates them.
 
 Imports torch, transformers and accelerate only (the GPU check runs it where nothing else is installed).
 """

@@ -18,7 +18,7 @@ policy on text of its choosing nor claim rewards it did not earn.
 
 Lies and honest disagreements. A refusal is a ``Dishonest`` file (an ``InvalidRollouts``) when no
 honest actor could have written it: its content is well formed but its claims are false, so its actor
-is banned, not only the file (``behavior_audit.py``). Two things look like a false claim but can come
+is banned, not only the file (``spot_check.py``). Two things look like a false claim but can come
 from an honest actor, because actor and learner run the same code on different machines:
 
 - a grading timeout (math): math-verify runs under ``task.grade_timeout_s`` on both sides, so a reply
@@ -60,7 +60,7 @@ import random
 import pyarrow as pa
 
 from echo2.data.rollouts import InvalidRollouts
-from echo2.learner.behavior_audit import Dishonest
+from echo2.learner.spot_check import Dishonest
 from echo2.tasks import ForgedEpisode, Problem, Task, UnknownProblem
 from echo2.tasks.base import (
     REWARD_TOLERANCE,
@@ -115,7 +115,7 @@ class TaskVerifier:
             self._prompts[prompt_id] = (problem, self.task.prompt_tokens(self.tokenizer, problem))
         return self._prompts[prompt_id]
 
-    def check(self, table: pa.Table) -> None:
+    def verify_claims(self, table: pa.Table) -> None:
         """Raise ``Dishonest`` if a prompt is not the task's, an episode is not one the task plays, a reward
         is not what the task gives, or the file is over its grading budget (``OverGradingBudget``); raise
         a plain ``InvalidRollouts`` if the task cannot score the file reliably (``Ungradable``)."""

@@ -72,7 +72,7 @@ def check_machine(config: TaskConfig) -> None:
 
         sandbox = Sandbox(Limits(), mode=config.sandbox, parallelism=1)
         try:
-            sandbox.check()
+            sandbox.verify_runs_here()
         finally:
             sandbox.close()
 

@@ -28,8 +28,8 @@ sandbox of its own, under a per-file budget (``grade_file_budget_s``, ``grade_fi
 
 The sample is cut to what the budget holds if every program runs to ``limits.wall_s`` (``rescore_max_rows``), so an
 honest file never goes over it; past the budget anyway, ``GradingBudgetExceeded``. The sandbox is checked when the
-task is made (``Sandbox.check``: the actor and the learner make their task first), so a machine that cannot run it
-stops the run before its first step with one line (``SandboxUnavailable``).
+task is made (``Sandbox.verify_runs_here``: the actor and the learner make their task first), so a machine that
+cannot run it stops the run before its first step with one line (``SandboxUnavailable``).
 
 Prompt ids: ``cg<n>`` (generated problem n), ``r<row>`` (dataset rows); held-out problems get ids that
 ``problem()`` refuses (``cg-eval-<i>``, ``eval-<i>``, HumanEval's ``HumanEval/<k>``).
@@ -82,7 +82,7 @@ class CodeTask(Task):
                              output_kb=lim.output_kb)
         # the actor's rewards and evaluation in one sandbox, the learner's re-runs in another: an evaluation never
         # delays a file's re-run on its budget's clock
-        self.sandbox = Sandbox(self.limits, mode=config.sandbox, parallelism=config.parallelism).check()
+        self.sandbox = Sandbox(self.limits, mode=config.sandbox, parallelism=config.parallelism).verify_runs_here()
         self._rescorer: Sandbox | None = None
         self.generated = config.dataset == "generated"
         self._rows: list[CodeRow] = [] if self.generated else self._load(config.dataset)

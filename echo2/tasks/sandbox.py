@@ -136,7 +136,7 @@ class Sandbox:
         self._pool = ThreadPoolExecutor(max_workers=self.parallelism, thread_name_prefix="echo2-sandbox")
         self._cgroups = _PidsCgroups.find()
 
-    def check(self) -> "Sandbox":
+    def verify_runs_here(self) -> "Sandbox":
         """Raise ``SandboxUnavailable`` in one line unless a trivial program runs and comes back as expected."""
         if self.mode == "bwrap":
             self._bwrap = bwrap_path()

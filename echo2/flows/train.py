@@ -11,7 +11,7 @@
                      forward actor logs, update the artifacts
     on cancel, Ctrl-C or SIGTERM: checkpoint so `resume: true` continues from here, while the fleet
                      is told to stop (both inside Prefect's grace: 30 s from its SIGTERM to SIGKILL)
-    on a spot learner's notice (train.market: spot; SIGTERM or the machine's metadata): finish the step
+    on a spot learner's notice (learner.market: spot; SIGTERM or the machine's metadata): finish the step
                      if it ends in time, else abandon it; checkpoint, and leave the fleet running for the
                      relaunched learner (echo2/learner/notice.py); the flow run fails with LearnerReclaimed.
                      A SIGTERM while Prefect cancels the flow run (its state CANCELLING) is a cancel, not a
@@ -47,13 +47,13 @@ from echo2.data.store import open_store
 from echo2.fleet.make import make_fleet
 from echo2.fleet.manager import FleetManager
 from echo2.fleet.sizing import autosize
+from echo2.flows.events import forward_run_events
+from echo2.flows.observe import RunWatch
+from echo2.flows.secret_blocks import load_secret_blocks
 from echo2.launch import resolve_launch
 from echo2.learner.collector import Selection
 from echo2.learner.notice import LearnerExit, LearnerReclaimed, spot_notice
 from echo2.learner.run import LearnerRun
-from flows.events import forward_run_events
-from flows.observe import RunWatch
-from flows.secret_blocks import load_secret_blocks
 
 log = logging.getLogger("echo2.flows")
 
@@ -191,9 +191,9 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
     settings = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides or [])
     load_secret_blocks()  # $ECHO2_SECRET_BLOCKS: the run key, store keys from Prefect Secret blocks
     cfg, resume = _launch(config, config_path, settings, resume)
-    # a spot learner's SIGTERM and metadata notice (train.market: spot) leave the fleet running (notice.py); notable
-    # ledger events become Prefect events too (flows/events.py)
-    with spot_notice(cfg.train, cancelled=flow_run_cancelling) as notice, forward_run_events(cfg.run.id):
+    # a spot learner's SIGTERM and metadata notice (learner.market: spot) leave the fleet running (notice.py); notable
+    # ledger events become Prefect events too (echo2/flows/events.py)
+    with spot_notice(cfg.learner, cancelled=flow_run_cancelling) as notice, forward_run_events(cfg.run.id):
         watch = RunWatch(cfg)
         with LearnerExit(notice, cfg.run.id, on_stopped=watch.stopped) as ending:  # the fleet stopped, or left
             run = ending.prepared(prepare_run(cfg, resume))
@@ -208,7 +208,7 @@ def train(config_path: str = "configs/quickstart.yaml", model: str | None = None
             while run.step < cfg.train.max_steps:
                 selection = collect_rollouts(run, fleet, step=run.step + 1)
                 metrics = update_policy(run, selection, step=run.step + 1)
-                ending.check()  # a notice that let the step finish: leave now
+                ending.leave_if_noticed()  # a notice that let the step finish: leave now
                 watch.step(metrics, reconcile_fleet(fleet, run), fleet.new_log_lines(), fleet.cost_so_far())
                 if cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < cfg.train.max_steps:
                     watch.eval(f"step-{run.step}", evaluate(run, f"step-{run.step}"))

@@ -1,7 +1,7 @@
 """Start Prefect's temporary API server early, so that it comes up while the learner imports.
 
 Without ``PREFECT_API_URL``, Prefect starts a temporary API server (a uvicorn subprocess; ~10 s on a
-2-core machine) when the flow is first called, that is after ``flows.train`` has imported torch and
+2-core machine) when the flow is first called, that is after ``echo2.flows.train`` has imported torch and
 transformers (another ~10 s). Started first, in a thread that only spawns the subprocess and polls its
 health, the two overlap. Prefect keeps one such server per process (``SubprocessASGIServer()`` is a
 singleton), so the flow finds this one running and uses it; it is stopped at exit as Prefect stops its own.

@@ -7,7 +7,7 @@ steers the update (a too-low mu inflates the ratio of the tokens it chose). Reco
 file would cost a forward pass per file; instead a sample is recomputed, and an actor caught once is
 out for good:
 
-    the first file of every actor, and every further file with probability ``train.audit_fraction``
+    the first file of every actor, and every further file with probability ``trust.spot_check_fraction``
         (drawn from the learner's own unseeded RNG, so an actor cannot tell which files are checked)
     recompute log mu(token) of the file's policy tokens under the version the file claims, with the
         weights the learner published as that version (kept for the S + 1 newest versions; one it does not hold, as
@@ -17,13 +17,13 @@ out for good:
         rows packed into micro-batches of ``train.micro_batch_tokens`` (``packing.py``), log-probabilities by
         ``PolicyLogprobs`` (chunked, no full logits)
     gap = mean |claimed - recomputed| over the file's policy tokens
-    gap > ``train.audit_max_gap``: the file is quarantined and its actor banned (``Dishonest``): the
+    gap > ``trust.spot_check_max_gap``: the file is quarantined and its actor banned (``Dishonest``): the
         collector quarantines every later file of it unread, the flow has the fleet retire and replace
         it, and the next version revokes its relay token
 
 The threshold must pass honest actors whose numbers differ from the learner's: another kernel, another
 batch shape, bf16 weights, a bf16 learner. An fp32 actor of the transformers engine differs from an fp32 learner
-by about 1e-6 nats per token, a bf16 one by a few hundredths (tests/test_behavior_audit.py); the default 0.15 is
+by about 1e-6 nats per token, a bf16 one by a few hundredths (tests/test_spot_check.py); the default 0.15 is
 several times the bf16 gap and well under what a lie that moves the ratio must change.
 Rewards need no sampling: every one is re-scored already, and a file whose rewards, prompts or episodes
 the task disowns bans its actor the same way (``verify.py`` raises ``Dishonest`` for those).
@@ -52,10 +52,10 @@ class Dishonest(InvalidRollouts):
     """The file is well formed but its claims are false: its actor is banned, not only the file."""
 
 
-class BehaviorAuditor:
+class SpotChecker:
     def __init__(self, gap_of: GapOf, *, fraction: float, max_gap: float, keep_versions: int,
                  micro_batch_tokens: int = 8192, load: Callable[[int], dict | None] | None = None):
-        """``load(version)``: the weights actors ran as a version this auditor does not hold (after a resume it holds
+        """``load(version)``: the weights actors ran as a version this checker does not hold (after a resume it holds
         only the checkpoint's), read back from the store's signed folder; None where the version is gone."""
         self.gap_of = gap_of
         self.load = load
@@ -65,7 +65,7 @@ class BehaviorAuditor:
         self.micro_batch_tokens = micro_batch_tokens
         self.versions: dict[int, dict[str, torch.Tensor]] = {}
         """The weights published as each of the newest versions (what an honest actor sampled with)."""
-        self.audited_actors: set[str] = set()
+        self.checked_actors: set[str] = set()
         self.sampled = 0
         self.seen = 0
         self.largest_pass = 0.0
@@ -81,9 +81,9 @@ class BehaviorAuditor:
 
     def wants(self, actor_id: str) -> bool:
         self.seen += 1
-        return actor_id not in self.audited_actors or self._rng.random() < self.fraction
+        return actor_id not in self.checked_actors or self._rng.random() < self.fraction
 
-    def check(self, table: pa.Table, version: int, actor_id: str) -> float | None:
+    def check_logprobs(self, table: pa.Table, version: int, actor_id: str) -> float | None:
         """The file's gap (None when its version is gone from the store too: no rollout of it can still be used);
         raises ``Dishonest`` over the threshold."""
         weights = self.versions.get(version)
@@ -96,12 +96,12 @@ class BehaviorAuditor:
         if weights is None:
             return None
         self.sampled += 1
-        self.audited_actors.add(actor_id)
+        self.checked_actors.add(actor_id)
         total, count = self.gap_of(version, weights, step_columns([table]), self.micro_batch_tokens)
         gap = total / max(count, 1)
         if gap > self.max_gap:
             raise Dishonest(f"actor {actor_id}: behavior logprobs are {gap:.3f} nats/token from what version {version} "
-                            f"gives (audit threshold {self.max_gap:g})")
+                            f"gives (spot check threshold {self.max_gap:g})")
         self.largest_pass = max(self.largest_pass, gap)
-        log.debug("audited a file of %s at v%d: gap %.2e", actor_id, version, gap)
+        log.debug("spot-checked a file of %s at v%d: gap %.2e", actor_id, version, gap)
         return gap
