@@ -25,13 +25,15 @@ PEERS = "peers/"
 LEDGER_CONSUMED = "ledger/consumed/"
 LEDGER_EVENTS = "ledger/events/"
 LEDGER_EGRESS = "ledger/egress/"
-"""Bytes each actor read from the store and from peers, as the learner last copied them (``fleet/egress.py``)."""
+"""Bytes each actor read from the store and from peers, as the learner last copied them (``fleet/bill/egress.py``)."""
 TASK_DATA = "policy/task-data/"
 """Rows of the task's Hugging Face datasets, as the learner resolved them when it created the run (one Parquet file
 each, named by its sha256, which ``run.json`` records): what actors read instead of the hub (``tasks/task_data.py``).
 Under ``policy/``, which actors may read already (``fleet/credentials.py``); no version folder is named so."""
 REPORTS = "reports/"
 SUMMARY = "reports/summary.json"
+COMPLETIONS = "reports/completions/"
+"""Every ``logging.completions_every`` steps, a few completions the step trained on, decoded (``completions_key``)."""
 ORPHANED = "orphaned/"
 LOGS = "logs"  # local folder of the run (the run root on a local store) holding actor logs
 TENSORBOARD = "tensorboard"
@@ -140,7 +142,7 @@ LEDGER_BANS = "ledger/bans/"
 again, and the record stands for every later file of that actor (none is judged or moved one by one)."""
 
 PUBLISHED_BYTES = "ledger/published-bytes.json"
-"""What the run's versions weigh in all, as the learner's egress fold last counted them (``fleet/egress.py``):
+"""What the run's versions weigh in all, as the learner's egress fold last counted them (``fleet/bill/egress.py``):
 the most an actor could have read, which caps its byte counters."""
 
 
@@ -185,6 +187,17 @@ def actor_of_peer_key(key: str) -> str | None:
 
 def report_key(name: str) -> str:
     return f"{REPORTS}{name}"
+
+
+def completions_key(step: int) -> str:
+    """``reports/completions/step-000010.jsonl``: step 10's completions table, one JSON object a row."""
+    return f"{COMPLETIONS}step-{step:06d}.jsonl"
+
+
+def tensorboard_key(name: str) -> str:
+    """A TensorBoard event file of the learner's local folder ``TENSORBOARD`` (``name`` relative to it), copied
+    into the run folder of a remote store."""
+    return f"{TENSORBOARD}/{name}"
 
 
 def orphaned_prefix(stamp: str) -> str:
