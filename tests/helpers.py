@@ -120,10 +120,14 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def teach_sums(model_dir, dest, *, steps: int, lr: float = 1e-2):
+def teach_sums(model_dir, dest, *, steps: int, lr: float = 1e-2, every_problem: bool = False):
     """``model_dir``'s model taught to answer the arithmetic task's sums by ``steps`` supervised steps on
     100 problems, saved (with its tokenizer) to ``dest``: its rollout groups then carry a reward signal,
-    so a learner's steps really change weights. Returns ``dest``."""
+    so a learner's steps really change weights. Returns ``dest``.
+
+    ``every_problem``: taught on every problem a run can draw (a run holds out at least one) instead of 100
+    draws from the training problems of the default held-out set, which leave a run's other problems
+    untaught: never answered, their groups carry no signal."""
     import random
 
     import torch
@@ -137,7 +141,12 @@ def teach_sums(model_dir, dest, *, steps: int, lr: float = 1e-2):
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
+        if every_problem:
+            task = make_task(ArithmeticTaskConfig(eval_size=1))
+            held = {p.id for p in task.eval_set()}
+            problems = [task.problem(f"{a}+{b}") for a in range(10) for b in range(10) if f"{a}+{b}" not in held]
+        else:
+            problems = make_task(ArithmeticTaskConfig()).sample_train(random.Random(0), 100)
         prompts = [prompt_token_ids(tokenizer, p) for p in problems]
         answers = [tokenizer.encode(str(p.answer), add_special_tokens=False) + [tokenizer.eos_token_id]
                    for p in problems]

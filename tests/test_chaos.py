@@ -3,7 +3,7 @@
 ``hostile-store``, ``bad-peers`` and ``hostile-code`` here. The other scenarios' small forms live beside the
 code they test: reclaims (test_e2e), hostile peers and truncated shards (also test_relay_hostile,
 test_broadcast), forged manifests and tokens (test_untrusted_actor), bad input (test_e2e, test_config),
-dishonest actors (test_behavior_audit), the relay's TLS (test_relay_tls), the listing under load
+dishonest actors (test_spot_check), the relay's TLS (test_relay_tls), the listing under load
 (test_collector).
 """
 
@@ -207,7 +207,9 @@ def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_mod
     padded with byte-for-byte copies and malformed files of the lost timeline. The runs and their resumes finish,
     every honest actor's files are still used, the attackers are banned (the S3 one revoked), nothing planted is
     loaded or run, the first collection after the local resume returns within a minute, and every kind is
-    detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
+    detected by its own evidence (a quarantine reason naming it, a ban, a log line). At this size the attacked
+    run is interrupted four steps after the last wave, without waiting for its periodic sweep: the far-future
+    files are found by the resumed learner's first sweep, and judged as before."""
     from echo2.chaos.scenarios.hostile_store import KINDS, hostile_store
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)

@@ -25,9 +25,11 @@ STEPS = 8
 
 @pytest.fixture(scope="module")
 def answering_model(tiny_model, tmp_path_factory):
-    """The tiny model taught to answer a sum about a quarter of the time (a few seconds of supervised
-    steps): its rollout groups carry a reward signal, so the learner's steps really change weights."""
-    return teach_sums(tiny_model, tmp_path_factory.mktemp("answering-model"), steps=150)
+    """The tiny model taught to answer a sum about a quarter of the time, on every problem the run draws
+    (``teach_sums``'s ``every_problem``): its rollout groups carry a reward signal, so the learner's steps
+    really change weights. Taught on a sample of the problems, the others were never answered and their
+    groups carried none: a step without a signal was common, and once every delta step of a run lacked one."""
+    return teach_sums(tiny_model, tmp_path_factory.mktemp("answering-model"), steps=250, every_problem=True)
 
 
 def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path, monkeypatch):
@@ -78,7 +80,8 @@ def test_actors_run_exactly_the_published_bf16_weights(answering_model, tmp_path
     assert len(deltas) == 6 and all(0 < m["publish_bytes"] < m["publish_full_bytes"] for m in deltas)
     # a step whose groups all carry no signal changes nothing: an empty delta, still published and checked
     assert all(0 <= m["publish_changed_fraction"] < 1 and m["publish_apply_seconds"] > 0 for m in deltas)
-    # which steps carry a signal is up to sampling (one had 2 of 6): every one that did must change weights
+    # which steps carry a signal is up to sampling (with every problem taught, six delta steps without one are
+    # all but impossible): every one that did must change weights
     with_signal = [m for m in deltas if m["groups_with_signal"] > 0]
     assert with_signal and all(m["publish_changed_fraction"] > 0 for m in with_signal), \
         [(m["groups_with_signal"], m["publish_changed_fraction"]) for m in deltas]

