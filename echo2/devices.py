@@ -26,7 +26,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 
 
-def resolve_device(spec: str, *, what: str = "train.device") -> torch.device:
+def resolve_device(spec: str, *, what: str = "learner.device") -> torch.device:
     """The device ``spec`` names (see the module docstring); ``what`` names the setting in the error."""
     if spec == "auto":
         if torch.cuda.is_available():

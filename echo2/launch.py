@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from echo2.config import Config, config_from_dict, frozen_changes, load_config, overridden_config
+from echo2.config.train import upgraded
 from echo2.data import layout
 from echo2.data.run_folder import check_run_key, find_resumable_run, new_run_id, read_run_record
 from echo2.data.run_key import MissingRunKey, run_key
@@ -52,9 +53,9 @@ def check_devices(config: Config) -> None:
     from echo2.devices import resolve_device
     from echo2.learner.process_group import backend_for
 
-    device = resolve_device(config.train.device, what="train.device")
-    if config.train.nproc * config.train.nnodes > 1:
-        backend_for(device, config.train.dist_backend)
+    device = resolve_device(config.learner.device, what="learner.device")
+    if config.learner.nproc * config.learner.nnodes > 1:
+        backend_for(device, config.learner.dist_backend)
     engine = config.rollout.engine
     if config.fleet.backend == "local" and isinstance(engine, TransformersEngineConfig):
         resolve_device(getattr(engine, "device", "auto"), what="rollout.engine.device")
@@ -97,8 +98,9 @@ def resume_config(runs, run_id: str | None, overrides: list[str]) -> Config:
         key = None
     check_run_key(record, key)  # first: run.json is the one the run's learner signed, before its config is read
     source = f"{runs.url}/{run_id}/{layout.RUN_JSON}"
-    original = config_from_dict(record["config"], source)
-    config = overridden_config(record["config"], overrides, source)  # ECHO2_SET__ variables too, as a new run
+    data = upgraded(record["config"])  # a run created before train's split reads as written now
+    original = config_from_dict(data, source)
+    config = overridden_config(data, overrides, source)  # ECHO2_SET__ variables too, as a new run
     if config.model.revision != original.model.revision and is_commit(original.model.revision):
         # the run resolved its revision to this commit when it was created; an unchanged launch command (a learner
         # job's every start) still names the branch or tag, and the run keeps the commit it began with

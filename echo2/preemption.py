@@ -8,7 +8,7 @@ so no child keeps fetching from it, and exits 0, instead of being cut off mid-wr
 record left for others to time out on. SIGTERM needs no watcher: the actor's signal handler is the
 notice path, and this watcher ends in the same handler (``_thread.interrupt_main(SIGTERM)``).
 
-A spot learner (``train.market: spot``) uses the same probes and watcher for its own machine
+A spot learner (``learner.market: spot``) uses the same probes and watcher for its own machine
 (``echo2/learner/notice.py``): it checkpoints within the notice and leaves its actors running. This
 module lives outside ``echo2/rollout/`` so the learner need not import the rollout plane; the actor imports it
 from here too.
@@ -106,8 +106,9 @@ class MetadataProbe:
             exc.close()
             return exc.code, body
 
-    def check(self) -> Notice | None:
-        return self._check_aws() if self.source == "aws" else self._check_gcp()
+    def poll_notice(self) -> Notice | None:
+        """Ask the metadata once: the ``Notice`` if the machine is being taken, else None."""
+        return self._poll_aws() if self.source == "aws" else self._poll_gcp()
 
     def public_address(self) -> str:
         """This machine's public IPv4, as the metadata knows it (what peers on other hosts dial)."""
@@ -134,7 +135,7 @@ class MetadataProbe:
             self._token, self._token_at = body.decode().strip(), now
         return self._token
 
-    def _check_aws(self) -> Notice | None:
+    def _poll_aws(self) -> Notice | None:
         for attempt in range(2):  # a token the service forgot (401) is fetched again once
             token = self._aws_token(time.monotonic())
             request = urllib.request.Request(f"{self.base_url}/latest/meta-data/spot/instance-action",
@@ -157,7 +158,7 @@ class MetadataProbe:
             raise OSError(f"spot/instance-action answered an unexpected body: {text[:200]!r}")
         return Notice("aws", text)
 
-    def _check_gcp(self) -> Notice | None:
+    def _poll_gcp(self) -> Notice | None:
         request = urllib.request.Request(f"{self.base_url}/computeMetadata/v1/instance/preempted",
                                          headers={"Metadata-Flavor": "Google"})
         status, body = self._open(request)
@@ -194,7 +195,7 @@ class PreemptionWatcher:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                notice = self.probe.check()
+                notice = self.probe.poll_notice()
             except OSError as exc:  # logged once per outage: an unreachable endpoint is not a notice
                 if not self._failing:
                     log.warning("cannot read the %s preemption notice (will keep trying): %s", self.probe.source, exc)

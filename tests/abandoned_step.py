@@ -17,14 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from distributed_step import report, tables  # noqa: E402
 
-from echo2.config import TrainConfig  # noqa: E402
+from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.notice import NoticeInterrupt  # noqa: E402
 
 
 def main(model_dir: Path) -> None:
-    config = TrainConfig(lr=1e-3, nproc=2, micro_batch_tokens=48)
-    init_process_group(config)
+    config = TrainConfig(lr=1e-3, micro_batch_tokens=48)
+    init_process_group(LearnerConfig(nproc=2))
     torch.manual_seed(0)
     learner = make_learner(model_dir, config, temperature=1.0)
     if world()[0] != 0:

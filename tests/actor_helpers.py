@@ -25,7 +25,7 @@ from echo2.data.run_key import run_key
 from echo2.data.store import ObjectStore, open_store
 from echo2.data.weights import model_files, publish_version
 
-BLOCKED = ("prefect", "flows", "echo2.learner")
+BLOCKED = ("prefect", "echo2.flows", "echo2.learner")
 
 _BLOCKER = f"""
 import sys

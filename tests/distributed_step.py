@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import step_files  # noqa: E402
 
-from echo2.config import TrainConfig  # noqa: E402
+from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.process_group import control_group  # noqa: E402
 
@@ -77,9 +77,9 @@ def weights_file(out: Path, case: str) -> Path:
 def main(model_dir: Path, out: Path, cases: list[str]) -> None:
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
     for case in cases:
-        config = TrainConfig(lr=1e-3, nproc=nproc, **CASES[case])
+        config = TrainConfig(lr=1e-3, **CASES[case])
         if nproc > 1:
-            init_process_group(config)
+            init_process_group(LearnerConfig(nproc=nproc))
         torch.manual_seed(0)
         learner = make_learner(model_dir, config, temperature=1.0)
         count_passes(learner, case)

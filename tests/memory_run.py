@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from echo2.config import TrainConfig  # noqa: E402
+from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, release_followers, world  # noqa: E402
 
 
@@ -39,13 +39,13 @@ def report(line: dict) -> None:
 
 
 def main(model_dir: Path) -> None:
-    config = TrainConfig(nproc=int(os.environ["WORLD_SIZE"]), publish_dtype="bfloat16", audit_fraction=0.0)
-    init_process_group(config)
+    config = TrainConfig()
+    init_process_group(LearnerConfig(nproc=int(os.environ["WORLD_SIZE"])))
     import transformers  # noqa: F401  (imported before the mark is reset: its import is not the load's)
     from accelerate import init_empty_weights  # noqa: F401
 
     before = reset_peak()
-    learner = make_learner(model_dir, config, temperature=1.0)
+    learner = make_learner(model_dir, config, temperature=1.0, publish_dtype="bfloat16")
     rank, _ = world()
     report({"rank": rank, "load_peak_mb": status_mb("VmHWM") - before})
     if rank != 0:

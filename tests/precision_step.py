@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import step_files  # noqa: E402
 
-from echo2.config import TrainConfig  # noqa: E402
+from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.evaluate import ModelSampler  # noqa: E402
 from echo2.learner.process_group import control_group  # noqa: E402
@@ -77,9 +77,9 @@ def main(model_dir: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for case, options in CASES.items():
         # a small token budget: several micro-batches, so that both ranks run some
-        config = TrainConfig(micro_batch_tokens=40, lr=1e-3, nproc=nproc, **options)
+        config = TrainConfig(micro_batch_tokens=40, lr=1e-3, **options)
         if nproc > 1:
-            init_process_group(config)
+            init_process_group(LearnerConfig(nproc=nproc))
         torch.manual_seed(0)
         learner = make_learner(model_dir, config, temperature=1.0)
         if nproc > 1 and config.kl_coef > 0:  # no rank holds a full copy of the reference either

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import step_files  # noqa: E402
 
-from echo2.config import TrainConfig  # noqa: E402
+from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.data.store import open_store  # noqa: E402
 from echo2.learner.checkpoint import newest_checkpoint, save_checkpoint  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, release_followers, world  # noqa: E402
@@ -58,11 +58,11 @@ def tables(step: int) -> list[pa.Table]:
 def main(spec: dict) -> None:
     dcp.save = recording_save
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
-    config = TrainConfig(lr=1e-2, nproc=nproc, shard_mb=1)
+    config = TrainConfig(lr=1e-2)
     if nproc > 1:
-        init_process_group(config)
+        init_process_group(LearnerConfig(nproc=nproc))
     torch.manual_seed(0)
-    learner = make_learner(Path(spec["model"]), config, temperature=1.0)
+    learner = make_learner(Path(spec["model"]), config, temperature=1.0, shard_mb=1)
     rank, size = world()
     out = Path(spec["out"])
     if rank != 0:

@@ -1,6 +1,6 @@
 """Issue 23, item 3: a spot learner's actors outlive it, and the resumed learner adopts them.
 
-Local backend: an actor of a ``train.market: spot`` learner runs in its own session without the parent-death
+Local backend: an actor of a ``learner.market: spot`` learner runs in its own session without the parent-death
 signal or ``--parent-pid``, survives a SIGKILL of the learner's whole process tree, and a new learner's fleet
 adopts it (one ``adopt`` event, no launch) after checking its pid, boot id and command line; a pid that is
 another process now is not adopted. Collector: with adoption, a file of version v > c is lost only when the
@@ -58,7 +58,7 @@ def alive(pid: int) -> bool:
 
 def spot_run(tmp_path):
     store = open_store(str(tmp_path / "runs" / "r"))
-    store.put(layout.RUN_JSON, json.dumps({"run_id": "r", "config": {"train": {"market": "spot"}}}).encode())
+    store.put(layout.RUN_JSON, json.dumps({"run_id": "r", "config": {"learner": {"market": "spot"}}}).encode())
     return store
 
 

@@ -1,4 +1,4 @@
-"""A checkpoint's pickled DCP metadata never runs code (``learner/sharded.py``, ``_MetadataUnpickler``), and
+"""A checkpoint's pickled DCP metadata never runs code (``learner/checkpoint_files.py``, ``_MetadataUnpickler``), and
 ``echo2 export`` / ``echo2 eval`` refuse a checkpoint only the store's own ``run.json`` key verifies unless told
 (``cli/export.py``).
 
@@ -25,7 +25,7 @@ from echo2.data.run_key import KEY_ENV
 from echo2.data.store import open_store
 from echo2.data.weights import CorruptWeights, read_manifest
 from echo2.learner.checkpoint import export_checkpoint, save_checkpoint
-from echo2.learner.sharded import METADATA, load_full, save_sharded, store_name
+from echo2.learner.checkpoint_files import METADATA, load_full, save_sharded, store_name
 
 
 def _text(value: str) -> bytes:

@@ -6,7 +6,7 @@ import signal
 import pytest
 from typer.testing import CliRunner
 
-import flows.train
+import echo2.flows.train
 from echo2.cli import app
 
 QUICKSTART = "configs/quickstart.yaml"
@@ -35,9 +35,9 @@ def _restore_process_state():
 @pytest.fixture(autouse=True)
 def _no_prefect_api(monkeypatch):
     """The flow is replaced here, so nothing talks to Prefect: `echo2 run` does not start its API server."""
-    import flows.api_server
+    import echo2.flows.api_server
 
-    monkeypatch.setattr(flows.api_server, "start_prefect_api", lambda own_session=False: lambda: None)
+    monkeypatch.setattr(echo2.flows.api_server, "start_prefect_api", lambda own_session=False: lambda: None)
 
 
 def test_ctrl_c_exits_130_even_when_prefect_turns_the_interrupt_into_another_error(tiny_model, tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_ctrl_c_exits_130_even_when_prefect_turns_the_interrupt_into_another_err
             raise ValueError("Task run is not set") from None
         raise AssertionError("SIGINT did not interrupt")
 
-    monkeypatch.setattr(flows.train, "train", train_interrupted_inside_prefect)
+    monkeypatch.setattr(echo2.flows.train, "train", train_interrupted_inside_prefect)
     previous = signal.getsignal(signal.SIGINT)
     try:
         result = CliRunner().invoke(app, ["run", QUICKSTART, "--set", f"model.name={tiny_model}",
@@ -65,7 +65,7 @@ def test_an_error_without_ctrl_c_is_not_reported_as_an_interrupt(tiny_model, tmp
     def train_fails(**_):
         raise ValueError("a real bug")
 
-    monkeypatch.setattr(flows.train, "train", train_fails)
+    monkeypatch.setattr(echo2.flows.train, "train", train_fails)
     previous = signal.getsignal(signal.SIGINT)
     try:
         result = CliRunner().invoke(app, ["run", QUICKSTART, "--set", f"model.name={tiny_model}",
@@ -167,7 +167,7 @@ def test_a_finished_run_ends_with_two_lines_or_its_json(tiny_model, tmp_path, mo
     the reports are, in two lines; the whole summary is reports/summary.json, or stdout with --json."""
     import json
 
-    monkeypatch.setattr(flows.train, "train", lambda **_: dict(SUMMARY))
+    monkeypatch.setattr(echo2.flows.train, "train", lambda **_: dict(SUMMARY))
     result = CliRunner().invoke(app, ["run", QUICKSTART, "--set", f"model.name={tiny_model}", "--set",
                                       f"store.url={tmp_path}", "--set", "run.id=two", *(["--json"] * json_flag)])
     assert result.exit_code == 0, (result.output, result.exception)

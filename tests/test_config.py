@@ -93,11 +93,11 @@ def test_dump_round_trips():
 
 
 def test_staleness_below_the_publish_period_is_refused():
-    # with train.publish_every=2 and staleness 0, step 2 needs rollouts of version 1, which is never
+    # with publish.every=2 and staleness 0, step 2 needs rollouts of version 1, which is never
     # published: the learner would wait until rollout_timeout_s and fail
     with pytest.raises(ConfigError, match="train.staleness"):
-        load_config(None, ["train.publish_every=2", "train.staleness=0"])
-    assert load_config(None, ["train.publish_every=2", "train.staleness=1"]).train.staleness == 1
+        load_config(None, ["publish.every=2", "train.staleness=0"])
+    assert load_config(None, ["publish.every=2", "train.staleness=1"]).train.staleness == 1
 
 
 def test_fleet_size_is_a_number_or_auto():

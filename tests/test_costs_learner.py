@@ -1,5 +1,5 @@
-"""The learner's bill by market and session, and the gaps between sessions (echo2/fleet/learner_bill.py through
-costs.py), on hand-built ledgers in a local store: the figures below are worked out by hand from the events."""
+"""The learner's bill by market and session, and the gaps between sessions (echo2/fleet/bill/learner.py through
+bill/report.py), on hand-built ledgers in a local store: the figures below are worked out by hand from the events."""
 
 import json
 import subprocess
@@ -10,7 +10,8 @@ import pytest
 from helpers import T0, new_run
 
 from echo2.data import ledger
-from echo2.fleet.costs import cost_markdown, cost_report, write_cost_reports
+from echo2.fleet.bill.render import cost_markdown
+from echo2.fleet.bill.report import cost_report, write_cost_reports
 
 REPO = Path(__file__).resolve().parents[1]
 H = 3600.0
@@ -30,7 +31,7 @@ def step(store, clock, hours, n):
     ledger.write_consumed(store, n, {"used": []})
 
 
-SPOT = {"fleet": {"learner_usd_per_hour": 6.0}, "train": {"market": "spot"}}
+SPOT = {"fleet": {"learner_usd_per_hour": 6.0}, "learner": {"market": "spot"}}
 
 
 def two_reclaims(store, clock):

@@ -54,7 +54,7 @@ def test_a_checkpoint_never_unpickles_code(tmp_path):
     from echo2.data.manifest import sign
     from echo2.data.weights import CorruptWeights, read_manifest, sha256
     from echo2.learner.checkpoint import checkpoint_weights
-    from echo2.learner.sharded import save_sharded, store_name
+    from echo2.learner.checkpoint_files import save_sharded, store_name
 
     store = open_store(str(tmp_path / "store"))
     key = Ed25519PrivateKey.generate()
@@ -136,7 +136,7 @@ def test_resume_sets_an_unreadable_file_of_the_lost_timeline_aside_unread(s3_sto
 def test_no_rollouts_is_not_retried_as_a_store_hiccup():
     """The flow retried TimeoutError as transient (it is an OSError): 4x the configured timeout. The collect
     task now retries nothing (the store layer owns store retries: tests/test_flow_retries.py)."""
-    from flows.train import collect_rollouts
+    from echo2.flows.train import collect_rollouts
 
     assert collect_rollouts.retries == 0 and collect_rollouts.retry_condition_fn is None
 

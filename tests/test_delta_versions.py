@@ -11,7 +11,7 @@ from test_delta import bits, nudged, same
 
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.reconstruct import Reconstructor
-from echo2.config import BroadcastConfig, TrainConfig
+from echo2.config import BroadcastConfig, PublishConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.delta import DeltaRejected
 from echo2.data.delta_chain import read_version
@@ -28,10 +28,13 @@ def store(tmp_path):
     return open_store(str(tmp_path / "run"))
 
 
-def make_publisher(store, **train):
-    train = TrainConfig(**{"publish_delta": True, "keyframe_every": 4, "keep_versions": 100, "staleness": 2, **train})
-    return Publisher(store, train=train, broadcast=BroadcastConfig(mode="store", chunk_mb=0.01), key=KEY,
-                     extra_files=MODEL_FILES)
+def make_publisher(store, **fields):
+    """A delta publisher; ``fields``: of the ``publish`` section, else of ``train``."""
+    publish = {k: v for k, v in fields.items() if k in PublishConfig.model_fields}
+    train = {k: v for k, v in fields.items() if k not in publish}
+    publish = PublishConfig(**{"delta": True, "keyframe_every": 4, "keep_versions": 100, **publish})
+    return Publisher(store, train=TrainConfig(**{"staleness": 2, **train}), publish=publish,
+                     broadcast=BroadcastConfig(mode="store", chunk_mb=0.01), key=KEY, extra_files=MODEL_FILES)
 
 
 def versions(n, seed=0, share=0.03):
@@ -187,7 +190,7 @@ def test_a_broken_chain_is_refused_and_nothing_wrong_is_held(published, store):
 
 
 def test_publish_delta_leaves_a_lora_run_as_it_was(store):
-    """A LoRA run publishes its base, then adapters only: ``publish_delta`` (on in a shared config) changes nothing."""
+    """A LoRA run publishes its base, then adapters only: ``publish.delta`` (on in a shared config) changes nothing."""
     pub = make_publisher(store, lora_rank=4)
     manifest, stats = pub.publish(0, versions(1)[0], {"weights": "full"})
     assert manifest["weights"] == "full" and "tensors" not in manifest and "publish_keyframe" not in stats
@@ -202,8 +205,9 @@ def test_a_small_version_is_cut_into_min_chunks_and_still_rebuilds(store):
     version is now cut into ``min_chunks`` chunks (here 16), none under ``min_chunk_mb``, none over ``chunk_mb``."""
     smallest = 256
     broadcast = BroadcastConfig(mode="store", chunk_mb=8, min_chunks=16, min_chunk_mb=smallest / 2**20)
-    train = TrainConfig(publish_delta=True, keyframe_every=4, keep_versions=100, staleness=2)
-    pub = Publisher(store, train=train, broadcast=broadcast, key=KEY, extra_files=MODEL_FILES)
+    publish = PublishConfig(delta=True, keyframe_every=4, keep_versions=100)
+    pub = Publisher(store, train=TrainConfig(staleness=2), publish=publish, broadcast=broadcast, key=KEY,
+                    extra_files=MODEL_FILES)
     vs = versions(2)
     (full, _), (delta, stats) = publish_all(pub, vs)
     assert (full["weights"], delta["weights"]) == ("full", "delta")

@@ -77,7 +77,7 @@ def relative(a: float, b: float) -> float:
 
 
 def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path):
-    """`echo2 run ... --set train.nproc=2`: torchrun, the flow in rank 0, a real actor, a real store. Rank 0
+    """`echo2 run ... --set learner.nproc=2`: torchrun, the flow in rank 0, a real actor, a real store. Rank 0
     is SIGKILLed in step 3 (a failpoint: the collector and the update each pass it); `--resume` on two ranks
     again continues from step 2's checkpoint (weights and optimizer state broadcast from rank 0) and finishes
     with every rollout file accounted for."""
@@ -89,7 +89,7 @@ def test_echo2_run_drives_a_two_process_learner_end_to_end(tiny_model, tmp_path)
 
     from echo2.data.store import open_store
 
-    args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=fsdp", *TINY, "train.nproc=2",
+    args = sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=fsdp", *TINY, "learner.nproc=2",
                 "eval.before=false")
     # its own session: what a SIGKILLed rank 0 leaves behind (Prefect's ephemeral server) is reaped after
     with open(tmp_path / "killed.log", "w") as out:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-TOP_DIRS = ("echo2", "flows", "docs", "configs", "infra", "tests")
+TOP_DIRS = ("echo2", "docs", "configs", "infra", "tests")
 SKIP_DIRS = {".git", ".venv", ".venv-vllm", "node_modules", "__pycache__", "echo2.egg-info", "echo2-logs", "build",
              "dist", "runs"}
 
@@ -21,7 +21,7 @@ def _docs() -> list[Path]:
 
 
 def _sources() -> list[Path]:
-    return sorted(p for d in ("echo2", "flows") for p in (REPO / d).rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for p in (REPO / "echo2").rglob("*.py") if "__pycache__" not in p.parts)
 
 
 @lru_cache(maxsize=None)
@@ -154,7 +154,7 @@ def _missing(token: str) -> bool:
             return name not in dirs and name not in files
         # a relative folder: the run layout's (rollouts/, ledger/...) are not the repo's; one that starts at a
         # package's folder (fleet/prices/) or is spelled like one (price_sources/) must be a folder here
-        packages = {d.rsplit("/", 1)[-1] for d in dirs if d.startswith(("echo2/", "flows/"))}
+        packages = {d.rsplit("/", 1)[-1] for d in dirs if d.startswith("echo2/")}
         if first in packages or "_" in first:
             return not any(d == name or d.endswith("/" + name) for d in dirs)
         return False

@@ -46,7 +46,7 @@ class Grader:
         self.graded: list[str] = []
         self.clock, self.seconds = clock, seconds
 
-    def check(self, table) -> None:
+    def verify_claims(self, table) -> None:
         prompt = table.column("prompt_id")[0].as_py()
         self.graded.append(prompt)
         if self.clock is not None:

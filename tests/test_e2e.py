@@ -56,7 +56,8 @@ def actor_pids(run_dir: Path) -> list[int]:
 
 
 def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
-    proc = echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=e2e", *TINY))
+    proc = echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=e2e", *TINY,
+                                          "logging.completions_every=2", "logging.completions_rows=3"))
     summary = json.loads((tmp_path / "runs" / "e2e" / "reports" / "summary.json").read_text())
     for field in ("run_id", "steps", "wall_seconds", "eval_before", "eval_after", "staleness_bound", "max_lag_used",
                   "rollouts_used", "rollouts_dropped_stale", "rollouts_quarantined"):
@@ -92,6 +93,14 @@ def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
     events.Reload()
     assert [e.step for e in events.Scalars("train/reward")] == [1, 2, 3, 4]
     assert "eval/accuracy_after" in events.Tags()["scalars"]
+    # a completions table every 2 steps, decoded, from what the step trained on
+    tables = sorted((run / "reports" / "completions").iterdir())
+    assert [p.name for p in tables] == ["step-000002.jsonl", "step-000004.jsonl"]
+    for step, path in ((2, tables[0]), (4, tables[1])):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(rows) == 3 and all(r["step"] == step and 0 <= step - 1 - r["version"] <= 2 for r in rows), rows
+        assert all(r["actor_id"] and "What is" in r["prompt"] and isinstance(r["completion"], str) for r in rows)
+    assert "completions/text_summary" in events.Tags()["tensors"]
     # every lag recorded in the ledger is within the bound
     for step_file in (run / "ledger" / "consumed").iterdir():
         record = json.loads(step_file.read_text())
@@ -255,7 +264,7 @@ for key, value in {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                    "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING"}.items():
     os.environ.setdefault(key, value)
 import echo2.learner.run as run_module
-import flows.train
+import echo2.flows.train
 from echo2.launch import resolve_launch
 
 failed = []
@@ -271,7 +280,7 @@ def update(self, selection):  # the first attempt fails in step 3, after checkpo
 
 run_module.LearnerRun.update = update
 cfg = resolve_launch(sys.argv[1], sys.argv[2:], False)  # what `echo2 run` hands the flow: run.id resolved
-summary = flows.train.train.with_options(retries=1, retry_delay_seconds=0)(config=cfg.model_dump(mode="json"))
+summary = echo2.flows.train.train.with_options(retries=1, retry_delay_seconds=0)(config=cfg.model_dump(mode="json"))
 print("SUMMARY " + json.dumps(summary))
 """
 
@@ -314,7 +323,7 @@ def test_two_actors_relay_versions_to_each_other(tiny_model, tmp_path):
           # tiny steps take well under a poll interval: publish every 3rd step so that both actors see
           # each version, instead of racing past versions the other one never fetched
           *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=relay", *TINY, "train.max_steps=9",
-                "train.publish_every=3", "train.checkpoint_every=9", "rollout.groups_per_batch=1",
+                "publish.every=3", "train.checkpoint_every=9", "rollout.groups_per_batch=1",
                 # mutual TLS as across hosts (loopback alone would be plain HTTP): certificates from the fleet
                 "broadcast.tls=on"))
     run = tmp_path / "runs" / "relay"

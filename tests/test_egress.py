@@ -26,14 +26,15 @@ from relay_helpers import poll_until as poll_until_version
 
 from echo2.broadcast import topology
 from echo2.broadcast.receiver import PolicyReceiver
-from echo2.config import BroadcastConfig, StoreConfig, TrainConfig
+from echo2.config import BroadcastConfig, PublishConfig, StoreConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.manifest import verify_signature
 from echo2.data.store import open_store
 from echo2.data.weights import published_versions
-from echo2.fleet import egress
-from echo2.fleet.costs import cost_markdown, cost_report, write_cost_reports
+from echo2.fleet.bill import egress
+from echo2.fleet.bill.render import cost_markdown
+from echo2.fleet.bill.report import cost_report, write_cost_reports
 from echo2.learner.publisher import Publisher
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,8 +72,8 @@ def test_a_forest_over_two_regions_has_one_store_root_per_region(store, roots, s
     place(store, east, *EAST)
     place(store, central, *CENTRAL)
     broadcast = BroadcastConfig(mode="relay", fanout=2, roots=roots, peer_timeout_s=3600)
-    publisher = Publisher(store, train=TrainConfig(keep_versions=10), broadcast=broadcast, key=KEY, extra_files={},
-                          store_site=store_site)
+    publisher = Publisher(store, train=TrainConfig(), publish=PublishConfig(keep_versions=10), broadcast=broadcast,
+                          key=KEY, extra_files={}, store_site=store_site)
     site = {**{a: "aws/us-east-1" for a in east}, **{a: "gcp/us-central1" for a in central}}
     parents_seen = set()
     for version in range(6):  # the hash order rotates roots and inner nodes from version to version
@@ -332,8 +333,8 @@ def test_a_counter_is_capped_by_what_the_actor_could_have_read(store, caplog):
     the bytes the run published, kept across collected versions and learners (``ledger/published-bytes.json``)."""
     write_event(store, "launch", "liar", provider="aws", region="us-east-1")
     write_event(store, "launch", "honest", provider="aws", region="us-east-1")
-    publisher = Publisher(store, train=TrainConfig(keep_versions=1, staleness=0), broadcast=BroadcastConfig(),
-                          key=KEY, extra_files={})
+    publisher = Publisher(store, train=TrainConfig(staleness=0), publish=PublishConfig(keep_versions=1),
+                          broadcast=BroadcastConfig(), key=KEY, extra_files={})
     manifest, _ = publisher.publish(0, {"w": torch.ones(1000)}, {"weights": "full"})
     v0 = sum(e["size"] for e in manifest["files"])
     topology.register(store, "liar", "http://127.0.0.1:9", None,

@@ -12,7 +12,7 @@ from echo2.data.run_folder import create_run
 from echo2.data.store import open_store
 from echo2.data.weights import model_files, write_weights
 from echo2.learner.checkpoint import save_checkpoint
-from echo2.learner.sharded import save_sharded
+from echo2.learner.checkpoint_files import save_sharded
 
 
 def _checkpoint(tmp_path, tiny_model, *, signed: bool = True):

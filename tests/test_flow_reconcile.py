@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import flows.train as train
+import echo2.flows.train as train
 from echo2.config import load_config
 from echo2.data.ledger import read_events
 from echo2.data.store import open_store

@@ -15,8 +15,8 @@ from prefect import flow
 from echo2.chaos.s3_proxy import FaultyS3Proxy
 from echo2.data.rollouts import RolloutLimits
 from echo2.data.store import is_transient, open_store
+from echo2.flows.train import collect_rollouts
 from echo2.learner.collector import RolloutCollector
-from flows.train import collect_rollouts
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +25,7 @@ LIMITS = RolloutLimits(vocab_size=100, group_size=2, max_completion_tokens=8, ma
 
 
 def test_no_task_of_the_flow_retries_what_the_store_layer_retried():
-    import flows.train as train
+    import echo2.flows.train as train
 
     tasks = [v for v in vars(train).values() if hasattr(v, "retry_condition_fn") and hasattr(v, "fn")]
     assert collect_rollouts in tasks and len(tasks) >= 5

@@ -13,7 +13,7 @@ import torch
 from relay_helpers import KEY, PUBLIC
 
 from echo2.broadcast import forest, topology
-from echo2.config import BroadcastConfig, TrainConfig
+from echo2.config import BroadcastConfig, PublishConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.manifest import verify_signature
@@ -185,7 +185,8 @@ def launch(store, rates):
 
 def publisher_of(store, fanout=2):
     broadcast = BroadcastConfig(mode="relay", fanout=fanout, roots=1, peer_timeout_s=3600)
-    return Publisher(store, train=TrainConfig(keep_versions=30), broadcast=broadcast, key=KEY, extra_files={})
+    return Publisher(store, train=TrainConfig(), publish=PublishConfig(keep_versions=30), broadcast=broadcast, key=KEY,
+                     extra_files={})
 
 
 def publish(publisher, version):

@@ -28,8 +28,8 @@ def test_an_interrupt_after_the_optimizer_step_checkpoints_its_files_as_settled(
     config = config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 2, "max_new_tokens": 4},
-        "train": {"max_steps": 10, "checkpoint_every": 5, "groups_per_step": 2, "num_threads": 1,
-                  "audit_fraction": 0},
+        "train": {"max_steps": 10, "checkpoint_every": 5, "groups_per_step": 2},
+        "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
     run = LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=False)

@@ -242,7 +242,7 @@ def test_a_file_with_more_groups_than_a_batch_is_quarantined(tmp_path):
 
 
 def test_the_learner_caps_a_file_at_its_batch_and_bans_after_the_configured_count(tiny_model, tmp_path, monkeypatch):
-    """The run wires ``rollout.groups_per_batch`` and ``train.max_invalid_files_per_actor`` into its collector."""
+    """The run wires ``rollout.groups_per_batch`` and ``trust.max_invalid_files_per_actor`` into its collector."""
     from echo2.config import config_from_dict
     from echo2.learner.run import LearnerRun
 
@@ -250,9 +250,8 @@ def test_the_learner_caps_a_file_at_its_batch_and_bans_after_the_configured_coun
     monkeypatch.delenv("ECHO2_RUN_KEY", raising=False)
     config = config_from_dict({
         "run": {"id": "r1"}, "store": {"url": str(tmp_path)}, "model": {"name": str(tiny_model)},
-        "rollout": {"group_size": 2, "groups_per_batch": 3}, "train": {"groups_per_step": 3,
-                                                                     "max_invalid_files_per_actor": 5,
-                                                                     "audit_fraction": 0},
+        "rollout": {"group_size": 2, "groups_per_batch": 3}, "train": {"groups_per_step": 3},
+        "trust": {"max_invalid_files_per_actor": 5, "spot_check_fraction": 0},
         "eval": {"before": False, "after": False}})
     run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
     try:

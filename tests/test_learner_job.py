@@ -1,15 +1,15 @@
 """The learner as a SkyPilot managed job (issue 23, item 2; ``echo2/fleet/learner_job.py``): the shipped task file
-built into a real ``sky.Task`` (spot, any of several clouds and GPUs, SkyPilot's own recovery including the learner's
-"reclaimed" exit, the run id fixed at launch, the run's key as a SkyPilot secret only), and a command that works at
-every start (``--start-or-resume``). ``_Jobs`` is a test double of the one call that reaches SkyPilot's API server
-(``sky.jobs.launch``): no cloud is reachable from here."""
+built into a real ``sky.Task`` in SkyPilot's own environment (spot, any of several clouds and GPUs, SkyPilot's own
+recovery including the learner's "reclaimed" exit, the run id fixed at launch, the run's key as a SkyPilot secret
+only), and a command that works at every start (``--start-or-resume``). ``_Jobs`` is a test double of the one call
+that reaches SkyPilot's API server (``sky.jobs.launch``): no cloud is reachable from here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import sky
+from conftest import sky_task
 from typer.testing import CliRunner
 
 from echo2.config import load_config
@@ -27,12 +27,14 @@ class _Jobs:
     would have uploaded (SkyPilot packs the workdir within the launch request)."""
 
     def __init__(self):
-        self.launched: list[tuple[sky.Task, str]] = []
+        self.launched: list[tuple[dict, str]] = []
+        """Each task as SkyPilot built it (``sky_bridge.describe_task``), and its job's name."""
         self.uploaded: list[set[str]] = []
 
     def launch(self, task, name):
+        task = sky_task(task)
         self.launched.append((task, name))
-        root = Path(task.workdir)
+        root = Path(task["workdir"])
         self.uploaded.append({str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()})
         return 7
 
@@ -65,26 +67,28 @@ def test_the_learner_job_is_a_spot_managed_job_that_recovers_and_carries_the_key
     jobs = _Jobs()
     job = learner_job.launch_learner_job("configs/spot.yaml", ["train.max_steps=9"], workdir=workdir, api=jobs)
     [(task, name)] = jobs.launched
-    assert isinstance(task, sky.Task) and name == job.name == f"echo2-learner-{job.run_id}" and job.job_id == 7
+    assert name == job.name == f"echo2-learner-{job.run_id}" and job.job_id == 7
     assert job.run_id.startswith("spotty-") and job.created_key and key_path(job.run_id).exists()
-    assert {str(r.cloud).lower() for r in task.resources} == {"aws", "gcp"}  # any of several clouds
-    assert {g for r in task.resources for g in r.accelerators} == {"H100", "A100-80GB"}
-    for r in task.resources:
-        assert r.use_spot
-        assert r.job_recovery["recover_on_exit_codes"] == [learner_job.RECLAIMED_EXIT]
-        assert r.job_recovery["strategy"] == "EAGER_NEXT_REGION" and r.job_recovery["max_restarts_on_errors"] >= 1
-    assert task.envs["ECHO2_RUN_ID"] == job.run_id and task.envs["ECHO2_CONFIG"] == "configs/spot.yaml"
-    assert task.envs["ECHO2_SETTINGS"].split() == ["train.max_steps=9", "train.market=spot"]
-    assert task.envs["ECHO2_PREEMPTION_SOURCE"] == "auto"
+    assert {r["cloud"] for r in task["resources"]} == {"aws", "gcp"}  # any of several clouds
+    assert {g for r in task["resources"] for g in r["accelerators"]} == {"H100", "A100-80GB"}
+    for r in task["resources"]:
+        assert r["use_spot"]
+        assert r["job_recovery"]["recover_on_exit_codes"] == [learner_job.RECLAIMED_EXIT]
+        assert r["job_recovery"]["strategy"] == "EAGER_NEXT_REGION"
+        assert r["job_recovery"]["max_restarts_on_errors"] >= 1
+    envs = task["yaml"]["envs"]
+    assert envs["ECHO2_RUN_ID"] == job.run_id and envs["ECHO2_CONFIG"] == "configs/spot.yaml"
+    assert envs["ECHO2_SETTINGS"].split() == ["train.max_steps=9", "learner.market=spot"]
+    assert envs["ECHO2_PREEMPTION_SOURCE"] == "auto"
     # the key: a SkyPilot secret, never an env, and redacted where SkyPilot shows the task
     key = key_path(job.run_id).read_text().strip()
-    assert task.secrets["ECHO2_RUN_KEY"].get_secret_value() == key
-    assert key not in str(task.envs) and key not in str(task.to_yaml_config(use_user_specified_yaml=True))
-    assert "--start-or-resume" in task.run and '--set "run.id=$ECHO2_RUN_ID"' in task.run
-    assert Path(task.workdir).name.startswith("echo2-learner-source-")  # staged, never the launch folder
+    assert task["yaml"]["secrets"]["ECHO2_RUN_KEY"] == key
+    assert key not in str(task["yaml"]["envs"]) and key not in str(task["shown"])
+    assert "--start-or-resume" in task["yaml"]["run"] and '--set "run.id=$ECHO2_RUN_ID"' in task["yaml"]["run"]
+    assert Path(task["workdir"]).name.startswith("echo2-learner-source-")  # staged, never the launch folder
     # a second launch of the same run (a job cancelled by hand, launched again) takes the same key
     again = learner_job.launch_learner_job("configs/spot.yaml", [], run_id=job.run_id, workdir=workdir, api=jobs)
-    assert not again.created_key and jobs.launched[1][0].secrets["ECHO2_RUN_KEY"].get_secret_value() == key
+    assert not again.created_key and jobs.launched[1][0]["yaml"]["secrets"]["ECHO2_RUN_KEY"] == key
 
 
 def test_the_jobs_command_creates_the_run_at_its_first_start_and_resumes_it_at_every_later_one(tmp_path, monkeypatch):
@@ -124,7 +128,7 @@ def test_echo2_fleet_learner_job(workdir, monkeypatch):
                                       "--run-id", "r-cli"])
     assert result.exit_code == 0, result.output
     assert "managed job echo2-learner-r-cli (id 7) trains run r-cli in s3://bucket/echo2" in result.output
-    assert jobs.launched[0][0].envs["ECHO2_RUN_ID"] == "r-cli"
+    assert jobs.launched[0][0]["yaml"]["envs"]["ECHO2_RUN_ID"] == "r-cli"
     bad = CliRunner().invoke(app, ["fleet", "learner-job", "configs/spot.yaml", "--workdir", str(workdir),
                                    "--set", "store.url=/tmp/x"])
     assert bad.exit_code == 2 and "error: store.url" in bad.output
@@ -141,11 +145,11 @@ def test_the_job_uploads_echo2_s_source_staged_alone_never_the_folder_it_was_lau
     jobs = _Jobs()
     learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: True)
     [files] = jobs.uploaded
-    assert "configs/spot.yaml" in files and "echo2/__init__.py" in files and "flows/train.py" in files
+    assert "configs/spot.yaml" in files and "echo2/__init__.py" in files and "echo2/flows/train.py" in files
     assert "infra/skypilot/actor.yaml" in files and "pyproject.toml" in files
     leaked = [f for f in files if f.startswith(".") or "/." in f or f.endswith(".key") or f == "notes.txt"]
     assert not leaked, leaked
-    assert not Path(jobs.launched[0][0].workdir).exists()  # removed once the launch request went
+    assert not Path(jobs.launched[0][0]["workdir"]).exists()  # removed once the launch request went
 
 
 def test_the_run_key_travels_through_a_secret_store_entry_and_never_in_the_request(workdir, monkeypatch):
@@ -158,11 +162,11 @@ def test_the_run_key_travels_through_a_secret_store_entry_and_never_in_the_reque
     [(task, _)] = jobs.launched
     key = key_path(job.run_id).read_text().strip()
     assert secrets.entries == {"echo2/spotty": key}
-    assert "ECHO2_RUN_KEY" not in (task.secrets or {})
-    assert task.envs[learner_job.KEY_SECRET_ENV] == "aws-sm:us-east-1/echo2/spotty"
-    assert key not in str(task.to_yaml_config()) and key not in str(task.envs)
-    assert {str(r.cloud).lower() for r in task.resources} == {"aws"}  # where the entry can be read
-    assert "fetch-key" in task.run
+    assert "ECHO2_RUN_KEY" not in (task["yaml"].get("secrets") or {})
+    assert task["yaml"]["envs"][learner_job.KEY_SECRET_ENV] == "aws-sm:us-east-1/echo2/spotty"
+    assert key not in str(task["yaml"]) and key not in str(task["yaml"]["envs"])
+    assert {r["cloud"] for r in task["resources"]} == {"aws"}  # where the entry can be read
+    assert "fetch-key" in task["yaml"]["run"]
     assert learner_job.fetch_key("aws-sm:us-east-1/echo2/spotty", secrets=secrets) == key
     with pytest.raises(Echo2InputError, match="another key"):  # an entry of another run is never overwritten
         secrets.entries["echo2/spotty"] = "ab" * 32
@@ -179,7 +183,7 @@ def test_a_remote_api_server_is_refused_the_key_unless_told(workdir, monkeypatch
     assert not jobs.launched
     monkeypatch.setenv(learner_job.ALLOW_KEY_ENV, "1")
     learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, api_is_local=lambda: False)
-    assert jobs.launched[0][0].secrets["ECHO2_RUN_KEY"].get_secret_value()
+    assert jobs.launched[0][0]["yaml"]["secrets"]["ECHO2_RUN_KEY"]
 
 
 def test_hf_token_set_here_is_a_secret_of_the_learner_task_and_never_in_a_file(workdir, monkeypatch):
@@ -194,10 +198,10 @@ def test_hf_token_set_here_is_a_secret_of_the_learner_task_and_never_in_a_file(w
         learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs,
                                        secrets=_SecretsDouble(), api_is_local=lambda: True)
         [(task, _)] = jobs.launched
-        assert task.secrets["HF_TOKEN"].get_secret_value() == token
-        assert token not in str(task.envs) and token not in str(task.to_yaml_config(use_user_specified_yaml=True))
+        assert task["yaml"]["secrets"]["HF_TOKEN"] == token
+        assert token not in str(task["yaml"]["envs"]) and token not in str(task["shown"])
         assert not any(token in p.read_text(errors="replace") for p in workdir.rglob("*") if p.is_file())
     monkeypatch.delenv("HF_TOKEN")
     jobs = _Jobs()
     learner_job.launch_learner_job("configs/spot.yaml", [], workdir=workdir, api=jobs, secrets=_SecretsDouble())
-    assert "HF_TOKEN" not in (jobs.launched[0][0].secrets or {})  # none here: the task asks for none
+    assert "HF_TOKEN" not in (jobs.launched[0][0]["yaml"].get("secrets") or {})  # none here: the task asks for none

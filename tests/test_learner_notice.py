@@ -18,7 +18,7 @@ import pytest
 from helpers import rollout_bytes
 from test_preemption import FakeMetadata
 
-import flows.train as train_flow
+import echo2.flows.train as train_flow
 from echo2 import preemption
 from echo2.config import config_from_dict
 from echo2.data import layout
@@ -60,12 +60,12 @@ class _Fleet:
         self.stopped = True
 
 
-def _config(tmp_path, run_id: str, market: str, **train):
+def _config(tmp_path, run_id: str, market: str, **learner):
     return config_from_dict({
         "run": {"id": run_id}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tmp_path / "model")},
         "rollout": {"group_size": 2, "groups_per_batch": 2, "max_new_tokens": 4},
-        "train": {"max_steps": 5, "checkpoint_every": 1000, "groups_per_step": 2, "num_threads": 1,
-                  "audit_fraction": 0, "market": market, **train},
+        "train": {"max_steps": 5, "checkpoint_every": 1000, "groups_per_step": 2},
+        "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1, "market": market, **learner},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
 
@@ -274,7 +274,7 @@ def test_a_resumed_learner_leaves_the_tokens_of_the_actors_it_may_adopt_good(tin
 
 
 def test_a_prefect_cancel_of_a_spot_learner_stops_it_and_its_fleet_and_is_no_reclaim(tmp_path, flow_env):
-    """Prefect cancels a flow run by setting it CANCELLING, then sending SIGTERM: with ``train.market: spot`` that
+    """Prefect cancels a flow run by setting it CANCELLING, then sending SIGTERM: with ``learner.market: spot`` that
     SIGTERM is a cancel, not a notice: checkpoint, the fleet stopped, the signal handed to the handler the notice
     replaced (``echo2 run``'s: exit 143), never ``LearnerReclaimed`` (exit 75, which a managed job relaunches)."""
     from prefect.client.orchestration import get_client

@@ -263,7 +263,7 @@ def test_the_run_tells_the_fleet_a_moes_active_size(moe, moe_model, tiny_model, 
     config = config_from_dict({
         "run": {"id": "moe-size"}, "store": {"url": str(tmp_path / "store")},
         "model": {"name": str(moe_model if moe else tiny_model)},
-        "train": {"max_steps": 1, "num_threads": 1}, "eval": {"before": False, "after": False}})
+        "train": {"max_steps": 1}, "learner": {"num_threads": 1}, "eval": {"before": False, "after": False}})
     run = LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=False)
     total, active = run.model_params_b, run.active_params_b
     if not moe:

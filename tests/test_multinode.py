@@ -111,7 +111,7 @@ def test_bad_node_options_are_refused_in_one_line(tiny_model, tmp_path):
     from test_e2e import QUICKSTART, echo2, sets
 
     for args, message in [
-        (("run", QUICKSTART, *sets("train.nnodes=2")), "train.nnodes is 2: start the learner with `echo2 learner"),
+        (("run", QUICKSTART, *sets("learner.nnodes=2")), "learner.nnodes is 2: start the learner with `echo2 learner"),
         (("learner", QUICKSTART, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "nohost"),
          "--rdzv-endpoint must be HOST:PORT on node 0"),
         (("learner", QUICKSTART, "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"),
@@ -128,25 +128,25 @@ def test_the_learner_task_starts_echo2_learner_on_every_node_with_node_0_as_the_
     """SkyPilot's own parser reads the task (num_nodes: 1 by default, `sky launch --num-nodes N` for more); its
     run section, executed with the variables SkyPilot sets on each node, starts `echo2 learner` with that
     node's rank, every node meeting at the first address of SKYPILOT_NODE_IPS (the head node, rank 0)."""
-    import sky
+    from conftest import sky_task  # SkyPilot's environment (.venv-sky); skipped without
 
     from echo2.fleet.backends.skypilot_task import DEFAULT_TASK_FILE, load_task_config
 
-    task = sky.Task.from_yaml_config(load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml"))
-    assert task.num_nodes == 1
+    task = sky_task({"config": load_task_config(DEFAULT_TASK_FILE.parent / "learner.yaml")})["yaml"]
+    assert task["num_nodes"] == 1
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "echo2").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     (venv / "bin" / "echo2").chmod(0o755)
     for rank in (0, 1):
-        env = {"PATH": os.environ["PATH"], **task.envs, "ECHO2_VENV": str(venv), "SKYPILOT_NUM_NODES": "2",
+        env = {"PATH": os.environ["PATH"], **task["envs"], "ECHO2_VENV": str(venv), "SKYPILOT_NUM_NODES": "2",
                "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": "10.0.0.4\n10.0.0.5",
                "SKYPILOT_NUM_GPUS_PER_NODE": "8"}
-        proc = subprocess.run(["bash", "-c", task.run], env=env, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["bash", "-c", task["run"]], env=env, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split("\n")[:-1] == [
-            "learner", task.envs["ECHO2_CONFIG"], "--nproc", "8", "--nnodes", "2", "--node-rank", str(rank),
-            "--rdzv-endpoint", "10.0.0.4:29500", "--set", "train.dist_backend=nccl"], proc.stdout
+            "learner", task["envs"]["ECHO2_CONFIG"], "--nproc", "8", "--nnodes", "2", "--node-rank", str(rank),
+            "--rdzv-endpoint", "10.0.0.4:29500", "--set", "learner.dist_backend=nccl"], proc.stdout
 
 
 @pytest.mark.e2e
@@ -203,6 +203,6 @@ def test_echo2_learner_on_two_nodes_node_1_follows_node_0s_run_through_sigterm_a
     problems, counts = ledger_audit(open_store(str(run)))
     assert not problems and counts["used"] >= 4, (problems, counts)
     record = json.loads((run / "run.json").read_text())
-    assert record["config"]["train"]["nnodes"] == 2 and record["config"]["train"]["nproc"] == 1
+    assert record["config"]["learner"]["nnodes"] == 2 and record["config"]["learner"]["nproc"] == 1
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["stop"]  # node 1 made no run of its own
     assert "Traceback" not in (tmp_path / "resumed-node1.log").read_text(), logs("resumed")

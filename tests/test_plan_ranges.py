@@ -100,17 +100,17 @@ def test_a_draining_batch_is_slower_than_a_refilled_one(profiles):
 # -- the learner's memory ----------------------------------------------------------------------------------------
 
 def test_learner_needs_per_rank_and_what_refuses_an_offer():
-    needs = learner_memory.learner_needs(30.5, 4, staleness=4, audit=True, publish_delta=True)
-    # 16 B/param of training state + 2 B/param of the audit's copy, over 4 ranks, + the working set
+    needs = learner_memory.learner_needs(30.5, 4, staleness=4, spot_check=True, publish_delta=True)
+    # 16 B/param of training state + 2 B/param of the spot check's copy, over 4 ranks, + the working set
     assert needs.gpu_per_rank == pytest.approx(18 * 30.5e9 / 4 / 2**30 + learner_memory.ACTIVATIONS_GIB)
-    assert needs.versions_held == 6  # the version published and the S + 1 the audit keeps
+    assert needs.versions_held == 6  # the version published and the S + 1 the spot check keeps
     assert needs.host_total > 300
     assert learner_memory.check(needs, 141, 1600) is None
     assert "host RAM 64 GiB" in learner_memory.check(needs, 140.4, 64)
     assert "GPU memory 80 GiB" in learner_memory.check(needs, 80, 2000)
     assert learner_memory.check(needs, None, None) is None  # unknown sizes: the benefit of the doubt
-    without_audit = learner_memory.learner_needs(30.5, 4, staleness=4, audit=False, publish_delta=True)
-    assert without_audit.versions_held == 2 and without_audit.host_total < needs.host_total
+    without_spot_check = learner_memory.learner_needs(30.5, 4, staleness=4, spot_check=False, publish_delta=True)
+    assert without_spot_check.versions_held == 2 and without_spot_check.host_total < needs.host_total
 
 
 def test_learner_offer_skips_a_host_that_cannot_hold_the_learner():

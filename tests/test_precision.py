@@ -91,7 +91,7 @@ def test_bf16_step_within_tolerance_of_fp32(tiny_model):
     assert updates_differ(w16, w32kl, before) < BF16_TOLERANCE["update"]
     # and bf16 did compute in bf16: not bit-equal to fp32
     assert m16["loss"] != m32kl["loss"]
-    tensors, _ = learner.policy_version_tensors()  # publish_dtype, not the compute dtype, decides
+    tensors, _ = learner.policy_version_tensors()  # publish.dtype, not the compute dtype, decides
     assert all(v.dtype == torch.float32 for v in tensors.values())
 
 

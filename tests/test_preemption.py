@@ -180,9 +180,9 @@ def test_the_machines_site_comes_from_echo2_site_or_skypilot(monkeypatch):
 @pytest.mark.parametrize("source", ["aws", "gcp"])
 def test_probe_reads_the_notice(metadata, source):
     probe = preemption.MetadataProbe(source, metadata.url)
-    assert probe.check() is None
+    assert probe.poll_notice() is None
     metadata.notice = True
-    notice = probe.check()
+    notice = probe.poll_notice()
     assert notice is not None and notice.source == source
     if source == "aws":
         assert json.loads(notice.detail)["action"] == "terminate"

@@ -1,6 +1,7 @@
 """Prefect beyond localhost (docs/prefect.md, "Deploy to your server"): the worker's SkyPilot task, prefect.yaml's
 deployments registered on a real (loopback) Prefect server, the git deployment's pull steps, and secrets read from
-Prefect Secret blocks (flows/secret_blocks.py). What needs a real cloud or Prefect Cloud account is not run here."""
+Prefect Secret blocks (echo2/flows/secret_blocks.py). What needs a real cloud or Prefect Cloud account is not run
+here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from conftest import REPO
 
 from echo2.errors import Echo2InputError
-from flows import secret_blocks
+from echo2.flows import secret_blocks
 
 WORKER_TASK = REPO / "infra" / "prefect" / "worker-task.yaml"
 
@@ -33,24 +34,27 @@ def _fake_venv(tmp_path, inspect_rc: int):
 
 @pytest.mark.e2e
 def test_the_worker_task_is_a_skypilot_task_that_serves_its_pool(tmp_path):
-    import sky
+    import yaml
+    from conftest import sky_task  # SkyPilot's own parser, in its environment (.venv-sky); skipped without
 
-    task = sky.Task.from_yaml(str(WORKER_TASK))
-    assert task.name == "echo2-prefect-worker" and task.workdir == "."
-    assert "prefect worker start" in task.run and set(task.envs) >= {"PREFECT_API_URL", "ECHO2_POOL", "ECHO2_VENV"}
-    assert all(not r.use_spot for r in task.resources)  # a worker taken away takes the learner with it
+    described = sky_task({"config": yaml.safe_load(WORKER_TASK.read_text())})
+    task = described["yaml"]
+    assert task["name"] == "echo2-prefect-worker" and described["workdir"] == "."
+    assert "prefect worker start" in task["run"] and set(task["envs"]) >= {"PREFECT_API_URL", "ECHO2_POOL",
+                                                                          "ECHO2_VENV"}
+    assert all(not r["use_spot"] for r in described["resources"])  # a worker taken away takes the learner with it
     for inspect_rc, created in ((1, True), (0, False)):  # the pool made when the server has none of that name
         venv, calls = _fake_venv(tmp_path / str(inspect_rc), inspect_rc)
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **task.envs, "ECHO2_VENV": str(venv),
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), **task["envs"], "ECHO2_VENV": str(venv),
                "PREFECT_API_URL": "http://10.0.0.4:4200/api"}
-        proc = subprocess.run(["bash", "-c", task.run], env=env, cwd=tmp_path, capture_output=True, text=True,
+        proc = subprocess.run(["bash", "-c", task["run"]], env=env, cwd=tmp_path, capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0, proc.stderr
         lines = calls.read_text().splitlines()
         assert lines[-1] == "worker start --pool echo2-cloud --type process"
         assert ("work-pool create echo2-cloud --type process" in lines) == created
-    env = {"PATH": os.environ["PATH"], **task.envs, "ECHO2_VENV": str(venv)}  # no API: refused, in one line
-    proc = subprocess.run(["bash", "-c", task.run], env=env, capture_output=True, text=True, timeout=60)
+    env = {"PATH": os.environ["PATH"], **task["envs"], "ECHO2_VENV": str(venv)}  # no API: refused, in one line
+    proc = subprocess.run(["bash", "-c", task["run"]], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "PREFECT_API_URL" in proc.stderr
 
 
@@ -77,7 +81,7 @@ SECRETS = r'''
 import os, sys, types
 from prefect.blocks.system import Secret
 from echo2.errors import Echo2InputError
-from flows.secret_blocks import load_secret_blocks
+from echo2.flows.secret_blocks import load_secret_blocks
 
 Secret(value="seed-from-the-block").save("echo2-run-key")
 Secret(value="aws-secret-from-the-block").save("echo2-aws-secret")
@@ -91,7 +95,7 @@ for spec in ("X_KEY=no-such-block", "X_KEY=echo2-json"):
     except Echo2InputError as exc:
         print("refused:", exc)
 
-import flows.train as t  # the flow reads them before it resolves its launch (which opens the store)
+import echo2.flows.train as t  # the flow reads them before it resolves its launch (which opens the store)
 class Seen(Exception):
     pass
 def launch(*args):

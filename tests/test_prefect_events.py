@@ -1,4 +1,4 @@
-"""Notable ledger events reach Prefect as events (flows/events.py) through the ledger's listener hook: the hook
+"""Notable ledger events reach Prefect as events (echo2/flows/events.py) through the ledger's listener hook: the hook
 itself (a failing listener never fails the write), the mapping, and the real thing: the echo2-train flow against a
 local Prefect server, its events read back from the server's API."""
 
@@ -19,7 +19,7 @@ from conftest import REPO
 
 from echo2.data import ledger
 from echo2.data.store import open_store
-from flows import events
+from echo2.flows import events
 
 
 @pytest.fixture
@@ -77,12 +77,12 @@ def test_only_notable_kinds_map_to_prefect_events_with_run_actor_and_a_bounded_p
 
 FLOW_RUN = r'''
 import sys, types
-import flows.train as t
+import echo2.flows.train as t
 from echo2.data.ledger import write_ban, write_event
 from echo2.data.store import open_store
 
 store = open_store(sys.argv[1])
-cfg = types.SimpleNamespace(run=types.SimpleNamespace(id="evrun"), train=types.SimpleNamespace(market="on-demand"))
+cfg = types.SimpleNamespace(run=types.SimpleNamespace(id="evrun"), learner=types.SimpleNamespace(market="on-demand"))
 t._launch = lambda *args: (cfg, False)
 
 
@@ -148,7 +148,7 @@ import sys
 from prefect.blocks.notifications import CustomWebhookNotificationBlock
 from echo2.data.ledger import write_ban
 from echo2.data.store import open_store
-from flows.events import forward_run_events
+from echo2.flows.events import forward_run_events
 
 if sys.argv[1] == "block":  # where the notification goes: the test's own loopback listener
     hook = CustomWebhookNotificationBlock(name="echo2-test", url=sys.argv[2], json_data={"subject": "{{subject}}",

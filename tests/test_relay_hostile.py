@@ -37,7 +37,7 @@ from echo2.broadcast.protocol import FetchPolicy, Peer
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay_node import RelayNode
 from echo2.broadcast.topology import MAX_RECORD_BYTES, live_peers, order, register
-from echo2.config import BroadcastConfig, TrainConfig
+from echo2.config import BroadcastConfig, PublishConfig, TrainConfig
 from echo2.data import layout
 from echo2.data.ledger import write_event
 from echo2.data.store import open_store
@@ -450,8 +450,8 @@ def relay_run(store):
             write_event(store, "launch", actor)
         for actor in actors:
             receivers[actor] = PolicyReceiver(store, actor, PUBLIC, TOKEN, broadcast, staleness=2, run_id=RUN_ID)
-        publisher = Publisher(store, train=TrainConfig(keep_versions=10), broadcast=broadcast, key=KEY,
-                              extra_files={})
+        publisher = Publisher(store, train=TrainConfig(), publish=PublishConfig(keep_versions=10),
+                              broadcast=broadcast, key=KEY, extra_files={})
         return publisher, receivers
 
     yield start

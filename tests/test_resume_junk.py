@@ -61,8 +61,8 @@ def learner_run(tiny_model, tmp_path, *, resume: bool, runs=None) -> LearnerRun:
     config = config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 1, "max_new_tokens": 4},
-        "train": {"max_steps": 10, "checkpoint_every": 2, "groups_per_step": 1, "num_threads": 1,
-                  "audit_fraction": 0, "staleness": 2},
+        "train": {"max_steps": 10, "checkpoint_every": 2, "groups_per_step": 1, "staleness": 2},
+        "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
     runs = runs if runs is not None else open_store(str(tmp_path / "store")).child(layout.RUNS)

@@ -20,8 +20,8 @@ def _config(tmp_path, tiny_model):
     return config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 2, "max_new_tokens": 4},
-        "train": {"max_steps": 10, "checkpoint_every": 1, "publish_every": 1, "keep_checkpoints": 5,
-                  "groups_per_step": 2, "num_threads": 1, "audit_fraction": 0},
+        "train": {"max_steps": 10, "checkpoint_every": 1, "keep_checkpoints": 5, "groups_per_step": 2},
+        "publish": {"every": 1}, "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
 

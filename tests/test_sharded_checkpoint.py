@@ -37,8 +37,8 @@ from echo2.learner.checkpoint import (
     save_checkpoint,
     verified_steps,
 )
+from echo2.learner.checkpoint_files import load_full, store_name
 from echo2.learner.learner import Learner
-from echo2.learner.sharded import load_full, store_name
 
 SCRIPT = str(REPO / "tests" / "sharded_checkpoint_run.py")
 ATOL = 1e-5
@@ -162,7 +162,7 @@ def test_a_checkpoint_of_2_ranks_resumes_in_one_process_and_one_of_one_process_o
 
 def _learner(tiny_model, **train) -> Learner:
     torch.manual_seed(0)
-    return Learner(tiny_model, TrainConfig(lr=1e-2, shard_mb=1, **train), temperature=1.0)
+    return Learner(tiny_model, TrainConfig(lr=1e-2, **train), temperature=1.0, shard_mb=1)
 
 
 def _save(store, learner: Learner, key) -> None:
@@ -254,7 +254,7 @@ def test_what_interrupts_a_checkpoint_inside_dcp_comes_out_as_itself(tiny_model,
     """DCP wraps whatever a rank raises while it writes in its CheckpointException (itself a BaseException): a
     SIGTERM landing in a checkpoint used to reach the flow as a crash, not an interruption, so the run
     stopped without its final checkpoint (test_e2e's sigterm case, when the signal hit a periodic checkpoint)."""
-    from echo2.learner.sharded import _StoreFiles
+    from echo2.learner.checkpoint_files import _StoreFiles
 
     store, key = open_store(str(tmp_path / "store")), Ed25519PrivateKey.generate()
     learner = _learner(tiny_model)
@@ -276,7 +276,7 @@ def test_a_signal_under_a_clean_up_error_inside_dcp_still_comes_out_as_itself(ti
     """A SIGTERM that lands inside ``torch.save``'s zip writer leaves the file half written, and the writer's
     ``__exit__`` raises over it ("unexpected pos 219 vs 0"), the signal only that error's context: the learner
     exited 1 (a crashed task) instead of 143 (test_e2e's sigterm case, 2026-12-03)."""
-    from echo2.learner.sharded import _StoreFiles
+    from echo2.learner.checkpoint_files import _StoreFiles
 
     store, key = open_store(str(tmp_path / "store")), Ed25519PrivateKey.generate()
     learner = _learner(tiny_model)
@@ -351,7 +351,7 @@ def test_a_one_process_checkpoint_prints_no_warning_of_torchs(tmp_path):
     import warnings
 
     from echo2.data.store import open_store
-    from echo2.learner.sharded import load_sharded, save_sharded
+    from echo2.learner.checkpoint_files import load_sharded, save_sharded
 
     store = open_store(str(tmp_path))
     with warnings.catch_warnings():

@@ -26,8 +26,8 @@ from echo2.data.store import open_store
 from echo2.data.weights import read_manifest, write_weights
 from echo2.launch import resume_config
 from echo2.learner.checkpoint import checkpoint_steps, save_checkpoint
+from echo2.learner.checkpoint_files import save_sharded
 from echo2.learner.run import LearnerRun
-from echo2.learner.sharded import save_sharded
 
 RUN = "r1"
 
@@ -36,8 +36,8 @@ def learner_run(tiny_model, tmp_path, *, resume: bool, **train) -> LearnerRun:
     config = config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 1, "max_new_tokens": 4},
-        "train": {"max_steps": 10, "checkpoint_every": 2, "groups_per_step": 1, "num_threads": 1,
-                  "audit_fraction": 0, **train},
+        "train": {"max_steps": 10, "checkpoint_every": 2, "groups_per_step": 1, **train},
+        "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
     return LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=resume)

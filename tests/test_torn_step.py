@@ -31,8 +31,8 @@ def _run(tmp_path, monkeypatch, tiny_model) -> LearnerRun:
     config = config_from_dict({
         "run": {"id": RUN}, "store": {"url": str(tmp_path / "store")}, "model": {"name": str(tiny_model)},
         "rollout": {"group_size": 2, "groups_per_batch": 2, "max_new_tokens": 4},
-        "train": {"max_steps": 10, "checkpoint_every": 1000, "groups_per_step": 2, "num_threads": 1,
-                  "audit_fraction": 0, "market": "spot", "lr": 0.01},
+        "train": {"max_steps": 10, "checkpoint_every": 1000, "groups_per_step": 2, "lr": 0.01},
+        "trust": {"spot_check_fraction": 0}, "learner": {"num_threads": 1, "market": "spot"},
         "eval": {"before": False, "after": False}, "fleet": {"actors": 1},
     })
     return LearnerRun(config, open_store(str(tmp_path / "store")).child(layout.RUNS), resume=False)

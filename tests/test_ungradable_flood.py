@@ -93,11 +93,11 @@ def test_the_run_wires_the_ungradable_bounds_into_its_collector(tiny_model, tmp_
 
     monkeypatch.setenv("ECHO2_SECRETS", str(tmp_path / "secrets"))
     monkeypatch.delenv("ECHO2_RUN_KEY", raising=False)
-    defaults = config_from_dict({}).train
+    defaults = config_from_dict({}).trust
     assert (defaults.max_ungradable_files_per_actor, defaults.max_ungradable_fraction) == (5, 0.25)
     config = config_from_dict({
         "run": {"id": "r1"}, "store": {"url": str(tmp_path)}, "model": {"name": str(tiny_model)},
-        "train": {"max_ungradable_files_per_actor": 9, "max_ungradable_fraction": 0.5, "audit_fraction": 0},
+        "trust": {"max_ungradable_files_per_actor": 9, "max_ungradable_fraction": 0.5, "spot_check_fraction": 0},
         "eval": {"before": False, "after": False}})
     run = LearnerRun(config, open_store(str(tmp_path)).child(layout.RUNS), resume=False)
     try:

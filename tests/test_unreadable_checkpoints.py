@@ -19,7 +19,7 @@ from echo2.data import layout
 from echo2.data.run_folder import orphan_after
 from echo2.data.store import is_unreadable_object
 from echo2.learner.checkpoint import checkpoint_weights, newest_checkpoint, save_checkpoint, verified_steps
-from echo2.learner.sharded import save_sharded, store_name
+from echo2.learner.checkpoint_files import save_sharded, store_name
 
 
 def save(store, step: int, key: Ed25519PrivateKey, fill: float = 1.0) -> None:

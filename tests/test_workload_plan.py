@@ -78,7 +78,7 @@ def preset(offers, profiles):
 
 
 def test_flop_model_by_hand():
-    # 3.3B active, 1M tokens, 10% audited: (6 + 0.2) x 3.3e9 x 1e6 FLOPs
+    # 3.3B active, 1M tokens, 10% spot-checked: (6 + 0.2) x 3.3e9 x 1e6 FLOPs
     assert step_time.flops_per_step(3.3, 1e6, 0.1) == pytest.approx(6.2 * 3.3e9 * 1e6)
     # over 4 H200 (989 TFLOP/s dense bf16) at 25% MFU
     t = step_time.train_seconds(3.3, 1e6, gpu="H200", gpus=4, mfu=0.25, audit_fraction=0.1)
@@ -117,7 +117,8 @@ def test_parameters_counted_from_a_model_config():
 @pytest.mark.parametrize("old, new", [("rollout.groups_per_step", "train.groups_per_step"),
                                       ("train.max_pending_batches", "rollout.max_pending_batches"),
                                       ("data.steps", "train.max_steps"),
-                                      ("network.keyframe_every", "train.keyframe_every")])
+                                      ("network.keyframe_every", "publish.keyframe_every"),
+                                      ("train.keyframe_every", "publish.keyframe_every")])
 def test_fields_renamed_to_the_run_configs_names_say_where_they_went(old, new):
     """A workload field that means a run-config field has that field's name and section; the old one is one line."""
     section, field = old.split(".")

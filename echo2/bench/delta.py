@@ -3,7 +3,7 @@ next to a full bf16 version, on consecutive versions of a real short training ru
 
 1. The run: ``echo2 run configs/quickstart.yaml`` (the embedded SmolLM2-135M at the quickstart's
    settings: lr, batch, staleness, one local actor) for ``steps`` steps with
-   ``train.publish_dtype=bfloat16``, ``train.publish_delta=true``, every version kept and no
+   ``publish.dtype=bfloat16``, ``publish.delta=true``, every version kept and no
    keyframe after version 0, evaluation off. Or ``--from-run``: any run whose versions are still
    in its store (every version of its chain is rebuilt and checked).
 2. Per version v >= 1: v-1 and v rebuilt through their chains, each link checked against the
@@ -49,8 +49,8 @@ SHARD_MB = 256
 def training_run(steps: int, workdir: Path, progress=lambda line: None) -> ObjectStore:
     """A real short quickstart run publishing bf16 deltas, every version kept; returns its run store."""
     settings = [f"store.url={workdir}", "run.id=delta-bench", f"train.max_steps={steps}",
-                "train.publish_dtype=bfloat16", "train.publish_delta=true", f"train.keyframe_every={steps + 1}",
-                f"train.keep_versions={steps + 1}", f"train.checkpoint_every={steps}", "eval.before=false",
+                "publish.dtype=bfloat16", "publish.delta=true", f"publish.keyframe_every={steps + 1}",
+                f"publish.keep_versions={steps + 1}", f"train.checkpoint_every={steps}", "eval.before=false",
                 "eval.after=false"]
     command = [sys.executable, "-m", "echo2.cli", "run", str(QUICKSTART), *(a for s in settings for a in ("--set", s))]
     progress(f"training {steps} steps of the quickstart to get consecutive versions: {' '.join(command[2:])}")

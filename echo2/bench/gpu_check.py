@@ -137,10 +137,10 @@ class Models:
                                  activation_checkpointing=checkpointing)
         from echo2.bench.learner_steps import learner_settings
 
-        settings = learner_settings(device=str(self.device), dtype=dtype, attention=attention,
+        settings = learner_settings(dtype=dtype, attention=attention,
                                     micro_batch_tokens=micro_batch_tokens, logprob_chunk_tokens=self.chunk,
                                     activation_checkpointing=checkpointing)
-        return Learner(self.folder(name), settings, temperature=TEMPERATURE, sharded=sharded)
+        return Learner(self.folder(name), settings, temperature=TEMPERATURE, device=str(self.device), sharded=sharded)
 
     @property
     def chunk(self) -> int:

@@ -29,13 +29,14 @@ from echo2.learner.loss import group_advantages, groups_with_signal, policy_loss
 from echo2.learner.packing import Ragged, StepColumns, pack_rows, pack_tokens, prompt_groups
 
 LEARNER_DEFAULTS = {
-    "device": "auto", "dtype": "auto", "attention": "auto", "lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 1.0,
+    "dtype": "auto", "attention": "auto", "lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 1.0,
     "clip_low": 0.2, "clip_high": 0.28, "is_cap": 3.0, "kl_coef": 0.0, "scale_rewards": True,
     "micro_batch_tokens": 8192, "logprob_chunk_tokens": 1024, "activation_checkpointing": False, "lora_rank": 0,
-    "lora_alpha": 32.0, "lora_target_modules": "all-linear", "publish_dtype": "float32", "shard_mb": 256,
+    "lora_alpha": 32.0, "lora_target_modules": "all-linear",
 }
 """The ``TrainConfig`` fields the ``Learner`` reads, at their defaults (tests/test_bench_learner.py keeps them equal):
-the bench builds the real learner where pydantic, and so ``TrainConfig``, is not installed."""
+the bench builds the real learner where pydantic, and so ``TrainConfig``, is not installed. Its device (and the
+published dtype and shard size, which the bench never publishes) are the ``Learner``'s keywords."""
 LR, MAX_GRAD_NORM = LEARNER_DEFAULTS["lr"], LEARNER_DEFAULTS["max_grad_norm"]
 WEIGHT_DECAY = LEARNER_DEFAULTS["weight_decay"]
 LOSS = {k: LEARNER_DEFAULTS[k] for k in ("clip_low", "clip_high", "is_cap")}
@@ -122,10 +123,10 @@ def bench_learner(model_dir: Path, *, device: str, dtype: str, micro_batch_token
     weight at weight decay 0), so that memory measured after this holds the model, gradients and optimizer."""
     from echo2.learner.learner import Learner
 
-    learner = Learner(model_dir, learner_settings(device=device, dtype=dtype, micro_batch_tokens=micro_batch_tokens,
+    learner = Learner(model_dir, learner_settings(dtype=dtype, micro_batch_tokens=micro_batch_tokens,
                                                   logprob_chunk_tokens=chunk_tokens, attention=attention,
                                                   activation_checkpointing=activation_checkpointing),
-                      temperature=TEMPERATURE)
+                      temperature=TEMPERATURE, device=device)
     for p in learner.model.parameters():
         p.grad = torch.zeros_like(p)
     learner.optimizer.step()

@@ -114,8 +114,8 @@ def publish_and_checkpoint_seconds(learner, config, columns) -> tuple[float, flo
     key = Ed25519PrivateKey.generate()
     with tempfile.TemporaryDirectory(prefix="echo2-bench-machine-") as folder:
         store = open_store(folder)
-        publisher = Publisher(store, train=config.train, broadcast=config.broadcast, key=key,
-                              extra_files=learner.extra_files, store_site=("bench", "bench"))
+        publisher = Publisher(store, train=config.train, publish=config.publish, broadcast=config.broadcast,
+                              key=key, extra_files=learner.extra_files, store_site=("bench", "bench"))
         publisher.publish(0, *learner.policy_version_tensors())
         learner.step_on_columns(columns)
         start = time.perf_counter()
@@ -145,7 +145,7 @@ def measure_machine(config, progress=lambda line: None) -> dict:
     """The profile of this machine for ``config`` (a ``RunConfig``); see the module docstring."""
     from transformers import AutoConfig
 
-    from echo2.learner.distributed import make_learner
+    from echo2.learner.distributed import learner_options, make_learner
     from echo2.models import resolve_model
 
     start = time.perf_counter()
@@ -153,7 +153,7 @@ def measure_machine(config, progress=lambda line: None) -> dict:
     r, t, e = config.rollout, config.train, config.eval
     prompt = prompt_tokens_of(config, model_dir)
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-    learner = make_learner(model_dir, t, temperature=r.temperature)
+    learner = make_learner(model_dir, t, temperature=r.temperature, **learner_options(config))
     load_seconds = time.perf_counter() - start
     progress(f"model loaded in {load_seconds:.1f}s; prompt {prompt} tokens")
     lengths = [max(1, r.max_new_tokens // 4), r.max_new_tokens]

@@ -1,7 +1,7 @@
 """Overlap benchmark: the capacity model (``fleet/sizing/capacity.py``) against the real system.
 
 Each grid point is a fresh run with the REAL learner loop (``LearnerRun``: collect, update,
-publish, checkpoint; driven directly, as ``flows/train.py`` does through Prefect), REAL actor
+publish, checkpoint; driven directly, as ``echo2/flows/train.py`` does through Prefect), REAL actor
 processes (the ``Actor`` loop with its flow control, started by the fleet manager), the real object
 store (local files) and real dissemination (store mode, signed manifests, chunk hashes). Only the
 compute is replaced, by the *timing workload* (``timing_learner.py``, ``overlap_actor.py``):
@@ -109,11 +109,13 @@ def _config(s: Settings, p: Point, store_url: str, model_dir: Path):
                     "max_pending_batches": s.backlog},
         # the loop stops itself after total_steps: a max_steps that large never triggers the final
         # checkpoint, and checkpoint_every that large none at all (T is the step and the publish)
-        "train": {"staleness": p.staleness, "groups_per_step": s.groups_per_step, "publish_every": 1,
-                  "checkpoint_every": 10**6, "max_steps": 10**6, "num_threads": 1, "rollout_timeout_s": 120.0,
-                  # the timing engine's logprobs are made up (its tokens come from no model): the
-                  # behavior audit would rightly ban every actor
-                  "audit_fraction": 0.0},
+        "train": {"staleness": p.staleness, "groups_per_step": s.groups_per_step,
+                  "checkpoint_every": 10**6, "max_steps": 10**6, "rollout_timeout_s": 120.0},
+        "publish": {"every": 1},
+        # the timing engine's logprobs are made up (its tokens come from no model): the
+        # spot check would rightly ban every actor
+        "trust": {"spot_check_fraction": 0.0},
+        "learner": {"num_threads": 1},
         "eval": {"before": False, "after": False},
         "fleet": {"actors": p.actors, "max_restarts": 0},  # a broken actor fails the point at once
         "broadcast": {"mode": "store", "chunk_mb": 1.0},
@@ -123,11 +125,12 @@ def _config(s: Settings, p: Point, store_url: str, model_dir: Path):
 def run_point(s: Settings, p: Point, workdir: Path, model_dir: Path) -> dict:
     """One fresh run at point ``p``: measured outcome, fitted inputs and the model's prediction."""
     from echo2.bench.timing_learner import TimingLearner
+    from echo2.learner.distributed import learner_options
     from echo2.learner.run import LearnerRun
 
     config = _config(s, p, str(workdir / "store"), model_dir)
     learner = TimingLearner(model_dir, config.train, temperature=config.rollout.temperature,
-                            train_seconds=s.train_seconds, ballast_mb=s.ballast_mb)
+                            train_seconds=s.train_seconds, ballast_mb=s.ballast_mb, **learner_options(config))
     started = time.time()
     run = LearnerRun(config, open_store(config.store.url).child(layout.RUNS), resume=False, learner=learner)
     version_bytes = sum(f["size"] for f in read_manifest(run.store, layout.policy_dir(0))["files"])

@@ -24,8 +24,8 @@ BALLAST = "echo2_bench.ballast"
 
 class TimingLearner(Learner):
     def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float, train_seconds: float,
-                 ballast_mb: float):
-        super().__init__(model_dir, config, temperature=temperature)
+                 ballast_mb: float, **options):
+        super().__init__(model_dir, config, temperature=temperature, **options)
         self.train_seconds = train_seconds
         # random bytes, not zeros: nothing on the way (hashing, a compressing transport) gets it cheaper
         self.ballast = torch.randint(-2**31, 2**31 - 1, (int(ballast_mb * 2**20) // 4,), dtype=torch.int32)

@@ -4,7 +4,7 @@ It plays an attacker holding one actor's credentials (a token the learner signed
 generates with the real engine, then before each commit it either claims behavior logprobs its policy
 did not give (``logprobs``: every token said to be likelier than it was, which shrinks the ratio the
 loss divides by) or rewards its completions did not earn (``rewards``). The learner must ban it
-(``learner/behavior_audit.py``, ``verify.py``), and the next version must revoke its token.
+(``learner/spot_check.py``, ``verify.py``), and the next version must revoke its token.
 
     python -m echo2.chaos.liar --run STORE/runs/ID --actor-id ID --lie logprobs|rewards
 """

@@ -181,7 +181,7 @@ def resume_leg(workdir: Path, model: Path, tokenizer, task, *, math_config: str,
     store = workdir / "local-store"
     run_dir = store / layout.RUNS / run_id
     args = ["run", math_config, *h.sets(f"model.name={model}", f"store.url={store}", f"run.id={run_id}", *sets,
-                                        "fleet.actors=1", "train.audit_fraction=0", "train.publish_every=1",
+                                        "fleet.actors=1", "trust.spot_check_fraction=0", "publish.every=1",
                                         f"train.checkpoint_every={CHECKPOINT_EVERY}")]
     env = h.environment(workdir)
     killed = h.run_cli(args + h.sets("train.max_steps=40"), workdir, workdir / "local.log",

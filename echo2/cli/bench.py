@@ -238,7 +238,7 @@ def bench_cost(
     run_versions: int = typer.Option(1000, "--run-versions", help="Versions (learner steps) in the run the traffic "
                                      "column prices."),
     run_hours: float = typer.Option(10.0, "--run-hours", help="Hours of that run (GPU dollars beside the traffic)."),
-    keyframe_every: int = typer.Option(16, "--keyframe-every", help="A full version every K (train.keyframe_every)."),
+    keyframe_every: int = typer.Option(16, "--keyframe-every", help="A full version every K (publish.keyframe_every)."),
     changed_fraction: Optional[float] = typer.Option(None, "--changed-fraction", help="Share of the bf16 weights a "
                                                      "step changes (default: measured here, 2.1%)."),
     from_run: Optional[str] = typer.Option(None, "--from-run", help="Read the changed fraction from this run's "

@@ -86,8 +86,8 @@ def _evaluate_model(model: str, cfg, tmp: Path, *, trust_run_json_key: bool = Fa
         model_dir = resolve_model(model, revision=cfg.model.revision if model == cfg.model.name else None)
     task = make_task(cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # on the learner's device in its compute dtype, as the run's own evaluations (train.device, train.dtype)
-    device = resolve_device(cfg.train.device)
+    # on the learner's device in its compute dtype, as the run's own evaluations (learner.device, train.dtype)
+    device = resolve_device(cfg.learner.device)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(cfg.train.dtype, device),
                                                   device_map=str(device))
     e = cfg.eval

@@ -4,8 +4,8 @@ key signed (``download_weights``, which ``echo2 eval`` uses for a run's weights 
 Which key. Where this machine holds the run's key (``$ECHO2_RUN_KEY`` or the secrets file) its public half verifies
 everything; elsewhere only ``run.json``'s public key can, and ``run.json`` is in the store: whoever can write the
 store can replace it and sign what they like. A policy version is what actors already trust on that key, but a
-checkpoint's DCP metadata is unpickled (``learner/sharded.py``), so a checkpoint verified only by ``run.json``'s own
-key is refused in one line unless ``--trust-run-json-key`` says that the store is trusted.
+checkpoint's DCP metadata is unpickled (``learner/checkpoint_files.py``), so a checkpoint verified only by
+``run.json``'s own key is refused in one line unless ``--trust-run-json-key`` says that the store is trusted.
 
 What it writes. ``--dtype`` (default float32: the learner's master weights, exactly; bfloat16 halves the folder and
 is what most models on the Hub ship) casts every weight and sets ``config.json``'s dtype to match. ``--adapter-only``

@@ -114,8 +114,8 @@ def plan_fleet(
             base = source.model_dump(exclude={"base_dir"}, exclude_unset=True) if source else {}
             if fitted is not None:  # the fitted run's values, under the flags
                 _merge(base, {"train": {"train_seconds": fitted.train_seconds, "staleness": fitted.staleness,
-                                        "publish_every": fitted.publish_every,
                                         "groups_per_step": fitted.groups_per_step},
+                              "publish": {"every": fitted.publish_every},
                               "rollout": {"max_pending_batches": fitted.max_pending_batches,
                                           "groups_per_batch": fitted.groups_per_batch},
                               "network": {"upload_seconds": fitted.upload_seconds,
@@ -126,7 +126,8 @@ def plan_fleet(
                             "completion_tokens_mean": completion_tokens, "completion_tokens_p95": completion_tokens_p95,
                             "max_pending_batches": max_pending_batches},
                 "train": {"max_steps": steps, "groups_per_step": groups_per_step, "staleness": staleness,
-                          "publish_every": publish_every, "train_seconds": train_seconds},
+                          "train_seconds": train_seconds},
+                "publish": {"every": publish_every},
                 "learner": {"gpu": learner_gpu, "gpus": learner_gpus, "mfu": mfu},
                 "actors": {"market": None if spot is None else "spot" if spot else "on-demand", "gpus": gpu or None,
                            "target_utilization": target_utilization, "reclaim_per_hour": reclaim_rate,

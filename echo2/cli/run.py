@@ -44,7 +44,7 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
             rdzv_endpoint: str | None, rdzv_timeout: float | None, start_or_resume: bool = False,
             json_out: bool = False) -> None:
     """Resolve the run (run id, key, store), then run the flow here or torchrun's processes (node 0 of several
-    with ``train.nnodes > 1``)."""
+    with ``learner.nnodes > 1``)."""
     from echo2.config import dump_config
     from echo2.learner.torchrun import DEFAULT_RDZV_TIMEOUT_S, Rendezvous, write_rank_file
 
@@ -59,15 +59,15 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
         if dry_run:
             typer.echo(dump_config(cfg), nl=False)
             return
-        if cfg.train.nnodes > 1 and rdzv_endpoint is None:
-            raise Echo2InputError(f"train.nnodes is {cfg.train.nnodes}: start the learner with `echo2 learner CONFIG "
-                                  f"--nnodes {cfg.train.nnodes} --node-rank R --rdzv-endpoint HOST:PORT` on each "
-                                  "node, HOST:PORT on node 0")
-        rendezvous = Rendezvous(cfg.train.nnodes, 0, rdzv_endpoint, rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
+        if cfg.learner.nnodes > 1 and rdzv_endpoint is None:
+            raise Echo2InputError(f"learner.nnodes is {cfg.learner.nnodes}: start the learner with `echo2 learner "
+                                  f"CONFIG --nnodes {cfg.learner.nnodes} --node-rank R --rdzv-endpoint HOST:PORT` "
+                                  "on each node, HOST:PORT on node 0")
+        rendezvous = Rendezvous(cfg.learner.nnodes, 0, rdzv_endpoint, rdzv_timeout or DEFAULT_RDZV_TIMEOUT_S)
     except Echo2InputError as exc:
         fail(str(exc))
-    if cfg.train.nproc * cfg.train.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
-        _torchrun(cfg.train.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose,
+    if cfg.learner.nproc * cfg.learner.nnodes > 1:  # the learner over several processes: torchrun, this flow in rank 0
+        _torchrun(cfg.learner.nproc, rendezvous, write_rank_file(cfg.model_dump(mode="json")), resume, verbose,
                   json_out=json_out)
     _run_flow(cfg, f"echo2 run {config}", resume, verbose, json_out=json_out)
 
@@ -75,10 +75,10 @@ def _launch(config: Path, overrides: list[str], resume: bool, dry_run: bool, ver
 def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = False, json_out: bool = False) -> None:
     """The echo2-train flow in this process (``rank_0``: of a learner under torchrun), with progress, and what to
     print or exit with."""
-    from flows.api_server import start_prefect_api
+    from echo2.flows.api_server import start_prefect_api
 
     try:  # a signal before the flow starts: Prefect's temporary server is stopped at exit all the same
-        # comes up while torch and transformers import (flows.train)
+        # comes up while torch and transformers import (echo2.flows.train)
         prefect_api_ready = start_prefect_api(own_session=rank_0)
         from echo2.progress import RichReporter, make_reporter, set_reporter
 
@@ -86,7 +86,7 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = Fa
         reporter = make_reporter()
         setup_logging(verbose, reporter.console if isinstance(reporter, RichReporter) else None)
         set_reporter(reporter)
-        from flows.train import train
+        from echo2.flows.train import train
 
         prefect_api_ready()
         summary = train(config=cfg.model_dump(mode="json"), resume=resume)
@@ -193,8 +193,8 @@ def learner(
     set_: Optional[List[str]] = typer.Option(None, "--set", help="Override a field (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run from its last checkpoint (node 0)."),
     start_or_resume: bool = typer.Option(False, "--start-or-resume", help=START_OR_RESUME + " Node 0."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (train.nproc)."),
-    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes of the learner (train.nnodes)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Learner processes on this node (learner.nproc)."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Nodes of the learner (learner.nnodes)."),
     node_rank: int = typer.Option(0, "--node-rank", help="This node: 0 resolves the run and runs the flow, the "
                                                           "others only follow."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT on node 0 where the nodes "
@@ -213,8 +213,8 @@ def learner(
         return
     if config is None:  # the launcher of a node
         fail("echo2 learner needs a config file")
-    overrides = [*(set_ or []), *([f"train.nproc={nproc}"] if nproc else []),
-                 *([f"train.nnodes={nnodes}"] if nnodes else [])]
+    overrides = [*(set_ or []), *([f"learner.nproc={nproc}"] if nproc else []),
+                 *([f"learner.nnodes={nnodes}"] if nnodes else [])]
     if node_rank == 0:  # resolve the run once, then torchrun (or the flow here, on one process)
         _launch(config, overrides, resume, False, verbose, rdzv_endpoint=rdzv_endpoint, rdzv_timeout=rdzv_timeout,
                 start_or_resume=start_or_resume, json_out=json_out)
@@ -247,9 +247,9 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
     if cfg is None:
         return
     prepare_flow_process(verbose)
-    rerun = f"echo2 learner CONFIG --nproc {cfg.train.nproc}"
-    if cfg.train.nnodes > 1:
-        rerun += f" --nnodes {cfg.train.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
+    rerun = f"echo2 learner CONFIG --nproc {cfg.learner.nproc}"
+    if cfg.learner.nnodes > 1:
+        rerun += f" --nnodes {cfg.learner.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
                  f"{os.environ.get('MASTER_PORT')}"
     try:
         _run_flow(cfg, rerun, resume, verbose, rank_0=True, json_out=json_out)

@@ -4,7 +4,9 @@
 Every field is documented in place (the docstring under it). Unknown keys are errors, so a typo
 never silently falls back to a default. ``load_config`` turns any problem into a single
 ``ConfigError`` line that names the field. The sections of the task, engine and fleet planes live
-in ``tasks.py``, ``engines.py`` and ``fleet.py``; everything is importable from ``echo2.config``.
+in ``tasks.py``, ``engines.py`` and ``fleet.py``; the learner's in ``train.py`` (``train``, ``publish``, ``trust``,
+and ``MOVED``: where each field of the old flat ``train`` section went) and ``learner.py`` (``learner``); the
+experiment trackers' in ``tracking.py`` (``logging``); everything is importable from ``echo2.config``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from echo2.config import loading
-from echo2.config._base import ConfigError, _Section, check_device_name
+from echo2.config._base import ConfigError, _Section
 from echo2.config.broadcast import BroadcastConfig
 from echo2.config.engines import EngineConfig, TransformersEngineConfig, VllmEngineConfig
 from echo2.config.fleet import (
@@ -29,6 +31,7 @@ from echo2.config.fleet import (
     SkyPilotPricesConfig,
     SnapshotPricesConfig,
 )
+from echo2.config.learner import LearnerConfig
 from echo2.config.loading import Positions, environment_overrides, parse_override, set_path
 from echo2.config.plugin_tasks import PluginTaskConfig, RewardFnColumnsConfig, RewardFnTaskConfig
 from echo2.config.tasks import (
@@ -46,19 +49,22 @@ from echo2.config.tasks import (
     RandomOpponentConfig,
     TaskConfig,
 )
+from echo2.config.tracking import LoggingConfig
+from echo2.config.train import MOVED, PublishConfig, TrainConfig, TrustConfig, upgraded
 from echo2.data.site import store_site
 
 __all__ = [
     "ArithmeticTaskConfig", "AwsPricesConfig", "BroadcastConfig", "CallStationOpponentConfig",
     "CheckpointOpponentConfig", "CodeColumnsConfig", "CodeLimitsConfig", "CodeTaskConfig", "Config", "ConfigError",
-    "EngineConfig", "EquityOpponentConfig", "EvalConfig",
+    "EngineConfig", "EquityOpponentConfig", "EvalConfig", "LearnerConfig", "LoggingConfig", "MOVED",
     "FleetConfig", "FleetConfigBase", "LocalFleetConfig", "MathColumnsConfig", "MathTaskConfig", "ModelConfig",
-    "OpponentConfig", "PluginTaskConfig", "PokerTaskConfig",
+    "OpponentConfig", "PluginTaskConfig", "PokerTaskConfig", "PublishConfig",
     "PriceSourceConfig", "RandomOpponentConfig", "RewardFnColumnsConfig", "RewardFnTaskConfig", "RolloutConfig",
     "RunConfig", "SkyPilotFleetConfig",
-    "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig",
+    "SkyPilotPricesConfig", "SnapshotPricesConfig", "StoreConfig", "TaskConfig", "TrainConfig", "TrustConfig",
     "TransformersEngineConfig", "VllmEngineConfig", "apply_overrides", "config_from_dict", "config_schema",
-    "dump_config", "environment_overrides", "format_validation_error", "frozen_changes", "load_config",
+    "config_from_run", "dump_config", "environment_overrides", "format_validation_error", "frozen_changes",
+    "load_config",
     "overridden_config", "parse_override",
 ]
 
@@ -172,169 +178,6 @@ def backlog_bound(max_pending_batches: int, groups_per_step: int, groups_per_bat
     return max(max_pending_batches, -(-groups_per_step // groups_per_batch))
 
 
-class TrainConfig(_Section):
-    max_steps: int = Field(16, ge=1)
-    """Optimizer steps of the run; policy version v = optimizer steps taken."""
-    groups_per_step: int = Field(8, ge=1)
-    """Prompt groups per optimizer step (whole rollout files are taken until this many are in)."""
-    staleness: int = Field(2, ge=0)
-    """S: a rollout of version v is used at learner version t only if t - v <= S (0 = synchronous)."""
-    publish_every: int = Field(1, ge=1)
-    """kappa: publish a policy version every this many steps."""
-    checkpoint_every: int = Field(5, ge=1)
-    """Write a resumable checkpoint every this many steps (and at the end)."""
-    lr: float = Field(1e-5, gt=0)
-    """AdamW learning rate."""
-    weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    max_grad_norm: float = Field(1.0, gt=0)
-    """Gradient norm clip."""
-    micro_batch_tokens: int = Field(8192, ge=1)
-    """Tokens per forward/backward: a step's sequences (prompt + completion - 1 tokens each) are packed
-    first-fit decreasing into micro-batches of at most this many tokens, several sequences to a row with no
-    padding; gradients accumulate over the step (``learner/packing.py``). A sequence longer than this is
-    never split: it gets a micro-batch of its own (so peak memory follows the longest sequence, not this).
-    With ``attention: varlen`` (the default) attention runs per sequence; with ``sdpa`` a pack's attention is one
-    dense masked product over all its tokens, so its cost grows with the square of the pack's size. Replaces
-    ``micro_batch_size`` (a count of rows)."""
-    attention: Literal["auto", "sdpa", "varlen"] = "auto"
-    """Attention in the learner's packed forwards (``learner/attention.py``). varlen: each sequence of a pack
-    attends to itself alone, with no pack x pack mask (torch's variable-length flash attention on a GPU in bf16;
-    sdpa sequence by sequence elsewhere, exact). sdpa: transformers' own, a dense block-diagonal mask over the pack,
-    whose work grows with the square of the pack. auto: varlen."""
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    """epsilon_low: the ratio pi/mu is clipped below at 1 - clip_low."""
-    clip_high: float = Field(0.28, ge=0)
-    """epsilon_high: the ratio pi/mu is clipped above at 1 + clip_high (DAPO's clip-higher)."""
-    is_cap: float = Field(3.0, gt=1)
-    """C: truncation of the importance ratio for negative advantages (dual clip); bounds stale-rollout variance."""
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL penalty to the initial policy (0 = no reference model is loaded)."""
-    scale_rewards: bool = True
-    """Divide group-centered rewards by the group std (GRPO); False keeps only the centering (Dr. GRPO)."""
-    device: str = "auto"
-    """Where the learner computes (``echo2/devices.py``): ``auto`` (each rank's GPU where CUDA is available, else the
-    CPU), ``cpu``, ``cuda`` or ``cuda:N``. The model, the KL reference, the audit's copy, evaluation and every pack
-    live there. ``cuda`` where CUDA is not available is refused in one line."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype of the learner's forward and backward (and of its evaluation and audit). bfloat16: bf16 matmuls
-    with fp32 master weights and fp32 AdamW state (sharded, as on any GPU: FSDP2's MixedPrecisionPolicy, bf16
-    parameters in compute, fp32 gradient reduction; one process on a CPU: torch.autocast around the forward); the
-    log-softmax of the head stays fp32 either way. float32 on a GPU uses TF32 matmuls. auto: bfloat16 on a GPU,
-    float32 on a CPU. What is published is ``publish_dtype``, unchanged by this."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them (torch's
-    non-reentrant checkpoint, per layer): activation memory of one layer instead of all, for about one more
-    forward pass of compute. Parameter names, published weights and checkpoints are unchanged."""
-    logprob_chunk_tokens: int = Field(1024, ge=1)
-    """Tokens whose logits (tokens x vocabulary, fp32) exist at once when the learner computes log-probabilities
-    (``learner/logprobs.py``): the head's memory is about 3 x this x vocabulary x 4 bytes, whatever the batch."""
-    num_threads: int | None = Field(None, ge=1)
-    """torch threads of the learner (None = torch's default)."""
-    rollout_timeout_s: float = Field(900.0, gt=0)
-    """Fail the run when no usable rollout arrives for this long."""
-    poll_seconds: float = Field(0.25, gt=0)
-    """How often a learner waiting for rollouts lists the store again (each list is a store request)."""
-    keep_versions: int = Field(1, ge=1)
-    """Newest published versions always kept; older ones are deleted once no rollout of them can be used (v < t - S)."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept; older ones are deleted after a newer one is committed."""
-    lora_rank: int = Field(0, ge=0)
-    """Train a LoRA adapter of this rank instead of all weights (0 = full fine-tuning); only the adapter is
-    published."""
-    lora_alpha: float = Field(32.0, gt=0)
-    """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B @ A."""
-    lora_target_modules: str | list[str] = "all-linear"
-    """Modules that get adapters (peft's target_modules)."""
-    publish_dtype: Literal["float32", "bfloat16"] = "float32"
-    """dtype of published weights. bfloat16 halves transfer size; the clipped ratio absorbs the mismatch."""
-    publish_delta: bool = False
-    """Publish each version as a sparse delta against the previous one: only the elements whose bits
-    changed travel, bit-exact, with the sha256 of every rebuilt tensor in the signed manifest
-    (``echo2/data/delta.py``). Pays with ``publish_dtype: bfloat16``, where an RL step leaves most
-    elements' bits as they were; a float32 copy changes almost everywhere and ends up in keyframes.
-    No effect with ``lora_rank > 0``: adapter versions are small already."""
-    keyframe_every: int = Field(16, ge=1)
-    """With publish_delta: a full version (keyframe) at version 0, at the first publish after a resume,
-    once this many versions have passed since the last keyframe, and whenever the deltas since it would
-    outgrow one full version. An actor that joins late downloads the newest keyframe and the deltas
-    after it; garbage collection keeps every version such a chain needs."""
-    shard_mb: int = Field(256, ge=1)
-    """Largest safetensors shard of a published version (delta shards too), and largest file of a rank's
-    checkpoint shard (``learner/sharded.py``: a file is built in memory before its upload, so a checkpoint
-    adds about this much to a rank's host memory; one tensor shard larger than it gets a file of its own)."""
-    max_rollout_file_mb: float = Field(64.0, gt=0)
-    """A rollout file larger than this is quarantined before it is downloaded or decoded."""
-    max_invalid_files_per_actor: int = Field(3, ge=1)
-    """An actor with this many rollout files that are malformed (unreadable, over the size limit, failing
-    validation, more groups than rollout.groups_per_batch) or from a version the learner has not published
-    is banned: expelled from the fleet, its relay token revoked, its later files quarantined unread. No
-    honest actor writes such a file; a file the task could not grade the same way everywhere (a grading
-    timeout) does not count here (see ``max_ungradable_files_per_actor``)."""
-    max_ungradable_files_per_actor: int = Field(5, ge=0)
-    """An actor with more than this many rollout files the task could not grade the same way everywhere
-    (a reply that timed out on the learner's grader, a poker replay parting at a near tie), when they are
-    also more than ``max_ungradable_fraction`` of its files the learner judged, is banned like one with
-    malformed files. Each such file costs the learner up to ``task.grade_file_max_timeouts`` x
-    ``task.grade_timeout_s`` of grading, so files of one hanging reply each would otherwise cost that for
-    ever, unbanned; an honest actor's are rare accidents (a timeout on a reply that grades in about 2 ms,
-    a replay parting after a near tie), far below both bounds (``learner/collector.py``)."""
-    max_ungradable_fraction: float = Field(0.25, ge=0, le=1)
-    """The share of an actor's judged files that its ungradable files must also exceed for a ban
-    (``max_ungradable_files_per_actor``): a long honest run's few accidents never add up to a ban."""
-    max_prompt_tokens: int = Field(4096, ge=1)
-    """Longest prompt a rollout may carry (prompts are also re-derived from the task and compared)."""
-    audit_fraction: float = Field(0.1, ge=0, le=1)
-    """Share of each actor's rollout files (besides its first, always) whose behavior logprobs the learner
-    recomputes under the claimed version (``learner/behavior_audit.py``); 0 = no audit, and no copies of
-    recent versions kept (each is a copy of the model in memory: S + 1 of them)."""
-    audit_max_gap: float = Field(0.15, gt=0)
-    """Mean |claimed - recomputed| behavior logprob per policy token above which an actor is banned (honest
-    fp32 actors differ by ~1e-6, bf16 ones by a few hundredths)."""
-    nproc: int = Field(1, ge=1)
-    """Learner processes (torchrun on one node): the policy is sharded over them with FSDP, each takes
-    a token-balanced share of the packed micro-batches, rank 0 runs the flow, reads rollouts and publishes
-    (``learner/distributed.py``)."""
-    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """torch.distributed backend of FSDP's collectives in a learner with nproc > 1 (auto: nccl on GPUs, gloo on
-    CPUs; gloo with the learner on GPUs is refused). Announcements and metric sums always go over a gloo group of
-    their own (``learner/process_group.py``)."""
-    market: Literal["on-demand", "spot"] = "on-demand"
-    """The learner's machine. ``spot``: a preemption notice (SIGTERM, or the metadata notice of
-    ``train.preemption_source``) checkpoints at once and leaves the actors running, waiting for the relaunched
-    learner (a SkyPilot managed job, or a retried Prefect flow run, resuming the same run id) to adopt them;
-    the cost report bills the learner at spot prices and counts the gap (``docs/reliability.md``).
-    ``on-demand``: SIGTERM stops the run and its fleet, as a user's Ctrl-C does."""
-    preemption_source: Literal["off", "aws", "gcp", "auto"] = "off"
-    """Poll the learner machine's instance metadata for a spot notice (as ``rollout.preemption_source`` does
-    for actors); only read with ``train.market: spot``. ``$ECHO2_PREEMPTION_SOURCE`` overrides it."""
-    preemption_poll_s: float = Field(5.0, gt=0)
-    """How often the learner's preemption watcher asks the metadata."""
-    sigterm_notice_s: float = Field(30.0, gt=0)
-    """Seconds a SIGTERM gives a spot learner before its machine goes (SkyPilot's, Kubernetes' and Prefect's usual
-    grace is 30 s; the learner-reclaim scenario sends 2): it finishes the step under way only if the step and a
-    checkpoint fit in them (``echo2/learner/notice.py``). Only read with ``train.market: spot``."""
-    nnodes: int = Field(1, ge=1)
-    """Nodes of the learner, each running ``nproc`` processes: every node runs ``echo2 learner CONFIG --nnodes N
-    --node-rank R --rdzv-endpoint HOST:PORT`` (torchrun's static rendezvous at node 0, ``learner/torchrun.py``);
-    node 0 resolves the run and runs the flow, the others only take their share of the arithmetic. ``echo2 run``
-    starts one node and refuses more."""
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, value: str) -> str:
-        return check_device_name(value)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "micro_batch_size" in data:
-            raise ValueError("train.micro_batch_size (rows per micro-batch) was replaced by train.micro_batch_tokens "
-                             "(tokens per packed micro-batch; default 8192): remove micro_batch_size and set "
-                             "micro_batch_tokens instead")
-        return data
-
-
 class EvalConfig(_Section):
     before: bool = True
     """Evaluate on the held-out set before training (greedy accuracy; poker: bb/100 and illegal-action rate)."""
@@ -367,7 +210,13 @@ class Config(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """Actors: sampling and flow control."""
     train: TrainConfig = Field(default_factory=TrainConfig)
-    """Learner: GRPO, staleness, publishing, checkpoints."""
+    """Learner: the loss, the optimizer, memory, staleness and checkpoints."""
+    publish: PublishConfig = Field(default_factory=PublishConfig)
+    """What a policy version is: how often, in which dtype, whole or as deltas, how many are kept."""
+    trust: TrustConfig = Field(default_factory=TrustConfig)
+    """What the learner accepts from actors: rollout file bounds, spot checks, bans."""
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    """The learner's processes, nodes, device, market and preemption."""
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out greedy evaluation."""
     fleet: FleetConfig = Field(default_factory=LocalFleetConfig)
@@ -375,6 +224,8 @@ class Config(_Section):
     the backend's own side by side."""
     broadcast: BroadcastConfig = Field(default_factory=BroadcastConfig)
     """How policy versions reach the actors."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Experiment trackers (TensorBoard, W&B, MLflow) and the completions tables the learner writes."""
 
     @model_validator(mode="after")
     def _check(self) -> "Config":
@@ -383,10 +234,10 @@ class Config(_Section):
                 f"rollout.groups_per_batch ({self.rollout.groups_per_batch}) must not exceed "
                 f"train.groups_per_step ({self.train.groups_per_step})"
             )
-        if self.train.staleness < self.train.publish_every - 1:
+        if self.train.staleness < self.publish.every - 1:
             raise ValueError(
-                f"train.staleness ({self.train.staleness}) must be at least train.publish_every - 1 "
-                f"({self.train.publish_every - 1}): a step needs rollouts of a version that is never published"
+                f"train.staleness ({self.train.staleness}) must be at least publish.every - 1 "
+                f"({self.publish.every - 1}): a step needs rollouts of a version that is never published"
             )
         if self.fleet.backend == "skypilot" and not self.store.url.startswith(("s3://", "gs://", "gcs://")):
             raise ValueError(f"fleet.backend skypilot needs a store every actor can reach (s3:// or gs://), "
@@ -394,8 +245,8 @@ class Config(_Section):
         if self.fleet.backend == "skypilot" and self.fleet.credentials_role_arn and not self.store.url.startswith("s3://"):
             raise ValueError(f"fleet.credentials_role_arn mints S3 credentials, but store.url is "
                              f"{self.store.url!r} (GCS: see infra/iam/README.md)")
-        if self.train.nproc * self.train.nnodes > 1 and self.train.lora_rank > 0:
-            raise ValueError("train.nproc > 1 or train.nnodes > 1 shards full fine-tuning only: LoRA "
+        if self.learner.nproc * self.learner.nnodes > 1 and self.train.lora_rank > 0:
+            raise ValueError("learner.nproc > 1 or learner.nnodes > 1 shards full fine-tuning only: LoRA "
                              "(train.lora_rank > 0) runs in one process")
         if self.fleet.backend == "skypilot" and self.broadcast.tls == "off":
             raise ValueError("broadcast.tls off is refused with fleet.backend skypilot: its relays listen on a port "
@@ -446,10 +297,22 @@ def format_validation_error(exc: ValidationError, source: str, positions: Positi
 
 
 def config_from_dict(data: dict, source: str = "(dict)", positions: Positions | None = None) -> Config:
+    train = data.get("train")
+    moved = [key for key in train if f"train.{key}" in MOVED] if isinstance(train, dict) else []
+    if moved:  # said here, not by TrainConfig._renamed, to name where each old key was written
+        at = positions or {}
+        raise ConfigError("invalid config " + "; ".join(
+            f"{at.get(('train', key), source)}: train.{key} moved to {MOVED[f'train.{key}']}" for key in moved))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source, positions)) from None
+
+
+def config_from_run(data: dict, source: str) -> Config:
+    """The config a ``run.json`` records, validated; a run created before ``train`` was split into its sections
+    (``train.py``'s ``MOVED``) reads as it would have been written now."""
+    return config_from_dict(upgraded(data), source)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = (),

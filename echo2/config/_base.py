@@ -21,7 +21,7 @@ _DEVICE = re.compile(r"auto|cpu|meta|cuda(:\d+)?")
 
 
 def check_device_name(value: str) -> str:
-    """A device setting's value (``train.device``, ``rollout.engine.device``): auto, cpu, cuda or cuda:N (meta: the
+    """A device setting's value (``learner.device``, ``rollout.engine.device``): auto, cpu, cuda or cuda:N (meta: the
     tests' placement check). Whether CUDA is there is checked where the device is used (``echo2/devices.py``)."""
     if not _DEVICE.fullmatch(value):
         raise ValueError(f"{value!r} is not a device: auto, cpu, cuda or cuda:N")

@@ -20,7 +20,7 @@ class TransformersEngineConfig(_Section):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Weights and arithmetic of sampling: "auto" = bfloat16 on a GPU, float32 elsewhere. bfloat16 halves the
     weights' memory; the behavior logprobs are still taken in fp32 from its logits (they differ from the
-    learner's fp32 ones by a few hundredths of a nat, which the clipped ratio and the behavior audit's
+    learner's fp32 ones by a few hundredths of a nat, which the clipped ratio and the spot check's
     threshold allow)."""
     batch_size: int = Field(64, ge=1)
     """Sequences per ``generate`` call: a batch's groups_per_batch x group_size completions are sampled this many

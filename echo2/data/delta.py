@@ -16,7 +16,7 @@ Encoding, per tensor (elements viewed as unsigned integers of their width, littl
 
 Each stream is one zstd frame (level ZSTD_LEVEL, content size in the header). Why this one,
 measured on consecutive bf16 versions of a real quickstart run (SmolLM2-135M, lr 1e-5, AdamW,
-steps 1 and 2 of ``echo2 run configs/quickstart.yaml --set train.publish_dtype=bfloat16``;
+steps 1 and 2 of ``echo2 run configs/quickstart.yaml --set publish.dtype=bfloat16``;
 6.2% and 2.3% of the elements changed; sizes in % of the full bf16 version):
 
     positions: gaps, byte + escape       2.04 / 0.96      values: zigzag byte + escape   0.95 / 0.53

@@ -28,7 +28,7 @@ EventListener = Callable[[dict[str, Any]], None]
 event_listeners: list[EventListener] = []
 """Called with each fleet event's record (``write_event``) and each new ban's (``write_ban``, ``kind`` "banned") once
 the ledger holds it: the ledger is the record, a listener only passes it on (the flow forwards notable ones to
-Prefect, ``flows/events.py``). This package never imports Prefect, hence a hook rather than a call."""
+Prefect, ``echo2/flows/events.py``). This package never imports Prefect, hence a hook rather than a call."""
 _failed_listeners: set[int] = set()
 
 

@@ -50,7 +50,7 @@ from echo2.errors import Echo2InputError
 log = logging.getLogger("echo2.data")
 
 MARKETS = ("on-demand", "spot")
-"""The learner's markets (``train.market``); anything else in a ``run.json`` reads as on-demand."""
+"""The learner's markets (``learner.market``); anything else in a ``run.json`` reads as on-demand."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ class RunInfo:
 
     @property
     def learner_market(self) -> str:
-        """``train.market``, "on-demand" where absent or unknown."""
-        market = self.section("train").get("market")
+        """``learner.market``, "on-demand" where absent or unknown (``train.market`` in a run created before the
+        learner's fields left ``train``: ``echo2/config/train.py``'s ``MOVED``)."""
+        market = self.section("learner").get("market", self.section("train").get("market"))
         return market if market in MARKETS else "on-demand"
 
     @property

@@ -24,8 +24,8 @@ this machine, which already holds the key: a remote one is refused unless ``$ECH
 
 What the job uploads: not the folder it was started from (``workdir: .`` would rsync whatever is there: started from
 ``$HOME`` that is ``~/.aws`` and ``~/.config/echo2/keys``), but a folder staged here as the actors' is
-(``stage_learner_source``): echo2's own checkout's project files and its ``echo2/``, ``flows/``, ``infra/`` and
-``configs/`` files of known kinds, plus the config file named, from the workdir.
+(``stage_learner_source``): echo2's own checkout's project files and its ``echo2/``, ``infra/`` and ``configs/`` files
+of known kinds, plus the config file named, from the workdir.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from echo2 import shipped
 from echo2.data.run_key import KEY_ENV, run_key
@@ -46,7 +46,7 @@ from echo2.errors import Echo2InputError
 DEFAULT_LEARNER_JOB_FILE = shipped.path("skypilot", "learner-spot.yaml")
 RECLAIMED_EXIT = 75
 """``echo2.learner.notice.RECLAIMED_EXIT`` (not imported: this module must load without the learner's packages)."""
-SPOT_SETTINGS = ("train.market=spot",)
+SPOT_SETTINGS = ("learner.market=spot",)
 """What every start of the job trains with, whatever the config says: a notice is a spot learner's."""
 KEY_SECRET_ENV = "ECHO2_RUN_KEY_SECRET"
 """The secret store entry the run's key travels through (``aws-sm:[REGION/]NAME``), at launch and on the node."""
@@ -54,9 +54,10 @@ ALLOW_KEY_ENV = "ECHO2_ALLOW_KEY_IN_SKYPILOT"
 """``1``: send the key as a SkyPilot secret through an API server on another machine (it keeps it in its log)."""
 HF_TOKEN_ENV = "HF_TOKEN"
 """The Hugging Face token (``echo2.models.TOKEN_ENV``): a SkyPilot secret of the task when set here, never a file."""
-SOURCE_DIRS = ("echo2", "flows", "infra", "configs")
+SOURCE_DIRS = ("echo2", "infra", "configs")
 """The checkout's folders the learner runs from."""
-SOURCE_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "requirements-constraints.txt")
+SOURCE_FILES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "requirements-constraints.txt",
+                "requirements-sky-constraints.txt")
 """Beside them, what its ``pip install -e .`` and the task's ``setup`` read."""
 SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".json", ".csv", ".md", ".txt", ".sh", ".typed")
 """The kinds of file staged from those folders (code, configs, prices, profiles, task files): no keys, no caches."""
@@ -114,23 +115,24 @@ def key_secrets(spec: str) -> KeySecrets:
 class LearnerJobApi(Protocol):
     """The call that reaches SkyPilot's API server."""
 
-    def launch(self, task: Any, name: str) -> int | None:
-        """Submit ``task`` as a managed job named ``name``; its job id (None if SkyPilot gives none)."""
+    def launch(self, task: dict, name: str) -> int | None:
+        """Submit ``task`` (``build_learner_task``) as a managed job named ``name``; its job id (None if SkyPilot
+        gives none)."""
 
 
 class SkyJobs:
-    """``LearnerJobApi`` through SkyPilot's client SDK (``sky.jobs.launch``)."""
+    """``LearnerJobApi`` through SkyPilot's client SDK (``sky.jobs.launch``), in SkyPilot's own environment
+    (``echo2/fleet/backends/sky_bridge.py``)."""
 
     def __init__(self):
-        from echo2.fleet.backends.skypilot_api import import_sky
+        from echo2.fleet.backends.skypilot_api import sky_python
 
-        self.sky = import_sky()
+        sky_python()  # SkyPilot's environment missing is one line now
 
-    def launch(self, task: Any, name: str) -> int | None:
-        from sky import jobs
+    def launch(self, task: dict, name: str) -> int | None:
+        from echo2.fleet.backends.skypilot_api import bridge
 
-        job_ids, _handle = self.sky.get(jobs.launch(task, name=name))
-        return job_ids[0] if job_ids else None
+        return bridge("jobs_launch", {"task": task, "name": name})
 
 
 @dataclass(frozen=True)
@@ -175,27 +177,25 @@ def _check_recovery(config: dict, where: str) -> None:
 
 
 def build_learner_task(config_path: str, settings: list[str], *, run_id: str, key_hex: str | None, workdir: Path,
-                       task_config: dict, key_secret: str | None = None):
-    """The managed job's ``sky.Task``: the task file with the run id, the config and its settings as envs, and
-    ``workdir`` (the staged source the learner runs). The run's key: the name of its secret store entry
-    (``key_secret``: an env, the task on that store's cloud only), else the key itself as a SkyPilot secret."""
-    from echo2.fleet.backends.skypilot_api import import_sky
-
-    sky = import_sky()
+                       task_config: dict, key_secret: str | None = None) -> dict:
+    """The managed job's task, as ``sky_bridge.py`` builds it into ``sky.Task``: the task file with the run id, the
+    config and its settings as envs, and ``workdir`` (the staged source the learner runs). The run's key: the name
+    of its secret store entry (``key_secret``: an env, the task on that store's cloud only), else the key itself as
+    a SkyPilot secret."""
     base = dict(task_config)
     base["workdir"] = str(workdir)
     envs = {"ECHO2_CONFIG": config_path, "ECHO2_RUN_ID": run_id,
             "ECHO2_SETTINGS": " ".join([*settings, *SPOT_SETTINGS])}
-    secrets = []
+    secrets = {}
     if key_secret is not None:
         envs[KEY_SECRET_ENV] = key_secret
         base["resources"] = _on_cloud(base.get("resources") or {}, parse_key_secret(key_secret)[0])
         base["secrets"] = {k: v for k, v in (base.get("secrets") or {}).items() if k != KEY_ENV}
     else:
-        secrets = [(KEY_ENV, key_hex)]
+        secrets = {KEY_ENV: key_hex}
     if os.environ.get(HF_TOKEN_ENV):  # a gated or private model: the learner's nodes download it (actors never do)
-        secrets.append((HF_TOKEN_ENV, os.environ[HF_TOKEN_ENV]))
-    return sky.Task.from_yaml_config(base, env_overrides=list(envs.items()), secrets_overrides=secrets)
+        secrets[HF_TOKEN_ENV] = os.environ[HF_TOKEN_ENV]
+    return {"config": base, "envs": envs, "secrets": secrets}
 
 
 def _on_cloud(resources: dict, cloud: str) -> dict:

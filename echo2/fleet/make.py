@@ -1,7 +1,7 @@
 """``make_fleet``: the configured backend behind a ``FleetManager`` (``manager.py``), for the flow and the benchmarks.
 
 It builds the ``LaunchContext`` every backend is given (the run's store, its options, the relay secrets, the
-learner's market: a ``train.market: spot`` learner's local actors must outlive it), asks the backend for its
+learner's market: a ``learner.market: spot`` learner's local actors must outlive it), asks the backend for its
 offers before anything of it runs (a fleet that fits none stops here, with nothing to undo), and with
 ``fleet.actors: auto`` over catalog offers the chooser's first plan. It names no backend.
 """
@@ -33,7 +33,7 @@ def make_fleet(config: FleetConfig, store: ObjectStore, *, store_options: dict, 
     given here: the run's store, options and relay secrets) and its manager options (``FleetBackend``): nothing
     here names one. With ``fleet.actors: auto`` over catalog offers the fleet is the chooser's
     (``autosize.FleetChooser``), first for ``plan_from`` where given. ``market``: the learner's own
-    (``train.market``; default: what the run's ``run.json`` says, else on-demand): a spot learner's actors outlive
+    (``learner.market``; default: what the run's ``run.json`` says, else on-demand): a spot learner's actors outlive
     it (``LaunchContext.outlive_learner``)."""
     run_id = run_id or store.url.rstrip("/").rsplit("/", 1)[-1]
     market = market or RunInfo.read(store).learner_market

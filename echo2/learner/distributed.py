@@ -47,13 +47,13 @@ A step is learner.py's GRPO step over the same rows, with the packed micro-batch
     the metrics' sums are all-reduced
 
 Publishing gathers each tensor in turn on the devices, in the publish dtype, and only rank 0 copies it to host
-memory (``Learner.gathered``): rank 0 holds the version once, in ``publish_dtype``, never an fp32 copy beside it.
+memory (``Learner.gathered``): rank 0 holds the version once, in ``publish.dtype``, never an fp32 copy beside it.
 A checkpoint gathers nothing: every rank writes and reads its own shards of the weights and of the AdamW state with
-``torch.distributed.checkpoint`` (``sharded.py``, ``checkpoint.py``; DCP's planning over the control group), keyed
-by parameter name, so a checkpoint of N ranks resumes on any number of ranks, one process included. Evaluation
+``torch.distributed.checkpoint`` (``checkpoint_files.py``, ``checkpoint.py``; DCP's planning over the control group),
+keyed by parameter name, so a checkpoint of N ranks resumes on any number of ranks, one process included. Evaluation
 generates with the sharded policy itself, on every rank at once (``generate``: rank 0 announces each call, every
 rank runs it with ``synced_gpus``, so their forwards and FSDP's gathers stay in step; no rank holds a copy), and the
-behavior audit recomputes a file's log-probabilities with a sharded frozen copy, its packs dealt like a step's.
+spot check recomputes a file's log-probabilities with a sharded frozen copy, its packs dealt like a step's.
 LoRA runs in one process only (config refuses ``nproc > 1`` with ``lora_rank > 0``).
 
 Stopping (SIGTERM, Ctrl-C). torchrun passes the signal to every rank. Only rank 0 acts on it, as the
@@ -79,7 +79,7 @@ from pathlib import Path
 
 import torch
 
-from echo2.config import Config, TrainConfig
+from echo2.config import Config, LearnerConfig, TrainConfig
 from echo2.devices import resolve_device
 from echo2.learner.columns import step_columns
 from echo2.learner.learner import Learner
@@ -90,13 +90,14 @@ from echo2.learner.process_group import init_process_group as join_group
 
 log = logging.getLogger("echo2.learner")
 
-__all__ = ["DistributedLearner", "deal_by_tokens", "init_process_group", "make_learner", "release_followers",
+__all__ = ["DistributedLearner", "deal_by_tokens", "init_process_group", "learner_options", "make_learner",
+           "release_followers",
            "share_config", "start_process", "stop_signals_deferred", "world"]
 
 
-def init_process_group(config: TrainConfig) -> tuple[int, int]:
+def init_process_group(config: LearnerConfig) -> tuple[int, int]:
     """Join the group ``torchrun`` set up (RANK, WORLD_SIZE, MASTER_ADDR in the environment; RANK counts over
-    every node, LOCAL_RANK within this one picks the GPU), on ``train.device`` with ``train.dist_backend``
+    every node, LOCAL_RANK within this one picks the GPU), on ``learner.device`` with ``learner.dist_backend``
     (``process_group.py``: NCCL for FSDP on GPUs, a gloo control group beside it)."""
     device = resolve_device(config.device)
     return join_group(device, backend_for(device, config.dist_backend))
@@ -122,7 +123,7 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
     from echo2.models import resolve_model
 
     start = config_from_dict(json.loads(start_file.read_text()), str(start_file))
-    rank, _ = init_process_group(start.train)
+    rank, _ = init_process_group(start.learner)
     from echo2.learner.torchrun import for_followers
 
     shared = share_config(for_followers(start.model_dump(mode="json")) if rank == 0 else None)
@@ -134,22 +135,31 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
     config = config_from_dict(shared, "rank 0 of the learner")
     on_follow()
     model_dir = resolve_model(config.model.name, revision=config.model.revision)  # rank 0's: the run's commit
-    DistributedLearner(model_dir, config.train, temperature=config.rollout.temperature).follow()
+    DistributedLearner(model_dir, config.train, temperature=config.rollout.temperature,
+                       **learner_options(config)).follow()
     return None
 
 
-def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float) -> Learner:
-    """The one-process learner, or rank 0's ``DistributedLearner`` inside a torchrun group."""
+def learner_options(config: Config) -> dict:
+    """What a ``Learner`` reads from outside the run's ``train`` section: ``learner.device``, ``publish.dtype`` and
+    ``publish.shard_mb``."""
+    return {"device": config.learner.device, "publish_dtype": config.publish.dtype,
+            "shard_mb": config.publish.shard_mb}
+
+
+def make_learner(model_dir: Path, config: TrainConfig, *, temperature: float, **options) -> Learner:
+    """The one-process learner, or rank 0's ``DistributedLearner`` inside a torchrun group; ``options``: the
+    ``Learner``'s keywords (``learner_options``)."""
     if world()[1] > 1:
-        return DistributedLearner(model_dir, config, temperature=temperature)
-    return Learner(model_dir, config, temperature=temperature)
+        return DistributedLearner(model_dir, config, temperature=temperature, **options)
+    return Learner(model_dir, config, temperature=temperature, **options)
 
 
 class DistributedLearner(Learner):
-    def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float):
-        super().__init__(model_dir, config, temperature=temperature, sharded=True)
-        self._audit_weights: dict | None = None
-        """Rank 0, while an audit op runs: the version its copy loads (never sent with the announcement)."""
+    def __init__(self, model_dir: Path, config: TrainConfig, *, temperature: float, **options):
+        super().__init__(model_dir, config, temperature=temperature, sharded=True, **options)
+        self._spot_check_weights: dict | None = None
+        """Rank 0, while a spot check op runs: the version its copy loads (never sent with the announcement)."""
 
     # -- rank 0's side: announce, then take part ------------------------------------------------
     def _announce(self, op: str, payload=None):
@@ -178,16 +188,16 @@ class DistributedLearner(Learner):
 
     def behavior_gap(self, version: int, weights: dict[str, torch.Tensor], columns: StepColumns,
                      micro_batch_tokens: int) -> tuple[float, int]:
-        # the weights stay on rank 0: the audit's copy takes them from there only when its version changes, once
+        # the weights stay on rank 0: the spot check's copy takes them from there only when its version changes, once
         # rank 0 has checked them (a refusal inside the op would leave the followers in its broadcast)
-        changing = self._audit_version != version
+        changing = self._spot_check_version != version
         if changing:
             self.check_weights(weights)
-        self._audit_weights = weights  # rank 0's alone: the announcement carries none
+        self._spot_check_weights = weights  # rank 0's alone: the announcement carries none
         try:
             return self._announce("gap", (version, changing, columns, micro_batch_tokens))
         finally:
-            self._audit_weights = None
+            self._spot_check_weights = None
 
     def release(self) -> None:
         """Let the followers go (rank 0, once the run is over)."""
@@ -239,11 +249,11 @@ class DistributedLearner(Learner):
         return Learner.generate(self, kwargs)
 
     def _op_gap(self, payload) -> tuple[float, int]:
-        """The audit's arithmetic for one file: its packs dealt over the ranks like a step's (no backward)."""
+        """The spot check's arithmetic for one file: its packs dealt over the ranks like a step's (no backward)."""
         version, changing, columns, micro_batch_tokens = payload
         if changing:  # every rank loads the new version: rank 0 sends each tensor, the others keep their shards
-            self._audit_version = None
-        policy = self._audit_copy(version, self._audit_weights if self.rank == 0 else {})
+            self._spot_check_version = None
+        policy = self._spot_check_copy(version, self._spot_check_weights if self.rank == 0 else {})
         packs = pack_rows(columns, range(columns.num_rows), lambda _: micro_batch_tokens,
                           share_prompts=self.shares_prompts)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)

@@ -5,8 +5,8 @@ policy version N; version 0 is the initial model. A step whose loss or gradient 
 anyway (validation bounds every input, so this means a diverged policy) changes no weight and is
 reported (``metrics["nonfinite"]``) so that its files are quarantined; it still counts as a step.
 
-Device and precision (``echo2/devices.py``). ``train.device`` (auto: this rank's GPU where CUDA is available)
-holds the model, the KL reference, the audit's copy, every pack, the loss's inputs and the step's running sums;
+Device and precision (``echo2/devices.py``). ``learner.device`` (auto: this rank's GPU where CUDA is available)
+holds the model, the KL reference, the spot check's copy, every pack, the loss's inputs and the step's running sums;
 the rollout columns arrive on the CPU and each pack is laid out there and moved over (a few tensors of its
 tokens). The step's numbers are read back once, after the gradient is clipped: one host sync a step, not one a
 pack. ``train.dtype`` (auto: bf16 on a GPU, fp32 on a CPU) is the compute dtype; master weights and AdamW state are
@@ -81,12 +81,17 @@ def unique_names(model: torch.nn.Module) -> list[str]:
 
 
 class Learner:
-    def __init__(self, model_dir: Path, config: "TrainConfig", *, temperature: float, sharded: bool | None = None):
-        """``sharded`` forces FSDP2 on (one process makes a one-rank group) or off; None: on several ranks or a GPU."""
+    def __init__(self, model_dir: Path, config: "TrainConfig", *, temperature: float, device: str = "auto",
+                 publish_dtype: str = "float32", shard_mb: int = 256, sharded: bool | None = None):
+        """``config``: the run's ``train`` section; ``device`` is ``learner.device``, ``publish_dtype`` and ``shard_mb``
+        are ``publish.dtype`` and ``publish.shard_mb`` (``distributed.learner_options`` reads the three from a run's
+        config; the defaults here are the config's). ``sharded`` forces FSDP2 on (one process makes a one-rank
+        group) or off; None: on several ranks or a GPU."""
         self.config = config
         self.temperature = temperature
         self.model_dir = model_dir
-        self.device = resolve_device(config.device)
+        self.publish_dtype, self.shard_mb = publish_dtype, shard_mb
+        self.device = resolve_device(device, what="learner.device")
         self.dtype = resolve_dtype(config.dtype, self.device)
         prepare_device(self.device, self.dtype)
         self.attention = attention_implementation(config.attention, self.device)
@@ -105,7 +110,8 @@ class Learner:
         else:
             model = load_whole(model_dir, device=self.device, dtype=torch.float32, attention=self.attention)
         self._plain_names = set(model.state_dict())
-        """The transformers model's own tensor names (a tied head's too): what a version or an audit's weights name."""
+        """The transformers model's own tensor names (a tied head's too): what a version's or a spot check's
+        weights name."""
         self.base_tensors: dict[str, torch.Tensor] = {}
         """LoRA: the frozen base, as plain HF names (shares storage with the model: no copy)."""
         if self.lora:
@@ -138,8 +144,8 @@ class Learner:
         """The frozen KL reference's log-probabilities (None when kl_coef is 0), stored in the compute dtype."""
         if config.kl_coef > 0:
             self.reference_policy = self._frozen_copy()
-        self._audit_policy: PolicyLogprobs | None = None
-        self._audit_version: int | None = None
+        self._spot_check_policy: PolicyLogprobs | None = None
+        self._spot_check_version: int | None = None
         self.version = 0
         self.torn = False
         """Something escaped from inside an optimizer update: the weights and moments in memory are partly updated,
@@ -328,14 +334,14 @@ class Learner:
                            clip_low=cfg.clip_low, clip_high=cfg.clip_high, is_cap=cfg.is_cap, ref_logprobs=ref,
                            kl_coef=cfg.kl_coef)
 
-    # -- the behavior audit's arithmetic -----------------------------------------------------------
+    # -- the spot check's arithmetic ----------------------------------------------------------------
     @torch.no_grad()
     def behavior_gap(self, version: int, weights: dict[str, torch.Tensor], columns: StepColumns,
                      micro_batch_tokens: int) -> tuple[float, int]:
         """(sum over policy tokens of |claimed - recomputed| behavior log-probability, policy tokens) of ``columns``
         (one rollout file's rows) under ``weights``, what version ``version`` published: on the device, in the
         compute dtype, with a frozen copy of the model that holds one version at a time."""
-        policy = self._audit_copy(version, weights)
+        policy = self._spot_check_copy(version, weights)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         no_advantages = torch.zeros(columns.num_rows)
         for pack in pack_rows(columns, range(columns.num_rows), lambda _: micro_batch_tokens,
@@ -349,16 +355,16 @@ class Learner:
         gaps = ((recomputed - batch.behavior_logprobs).abs() * batch.mask).sum()
         return torch.stack([gaps, batch.mask.sum()]).double()
 
-    def _audit_copy(self, version: int, weights: dict[str, torch.Tensor]) -> PolicyLogprobs:
-        """The audit's frozen copy holding ``weights`` (loaded when its version changes)."""
-        if self._audit_version != version:
-            self._audit_version = None  # until the load has ended: a failed one leaves no version claimed
-            if self._audit_policy is None:
-                self._audit_policy = self._frozen_copy(lambda: weights)
+    def _spot_check_copy(self, version: int, weights: dict[str, torch.Tensor]) -> PolicyLogprobs:
+        """The spot check's frozen copy holding ``weights`` (loaded when its version changes)."""
+        if self._spot_check_version != version:
+            self._spot_check_version = None  # until the load has ended: a failed one leaves no version claimed
+            if self._spot_check_policy is None:
+                self._spot_check_policy = self._frozen_copy(lambda: weights)
             else:
-                self._load_frozen(self._audit_policy, lambda: weights)
-            self._audit_version = version
-        return self._audit_policy
+                self._load_frozen(self._spot_check_policy, lambda: weights)
+            self._spot_check_version = version
+        return self._spot_check_policy
 
     def _load_frozen(self, copy: PolicyLogprobs, weights) -> None:
         """Replace a frozen copy's weights with ``weights()`` (read on rank 0 only)."""
@@ -376,7 +382,7 @@ class Learner:
 
     def check_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Refuse weights with a tensor the model does not have (a LoRA adapter's, say), before anything is copied:
-        skipped silently, the audit would run against other weights."""
+        skipped silently, the spot check would run against other weights."""
         unknown = [k for k in weights if k not in self._plain_names]
         if unknown:
             raise ValueError(f"the weights given are not the model's: {len(unknown)} unknown tensors such as "
@@ -384,7 +390,7 @@ class Learner:
 
     # -- state -----------------------------------------------------------------------------
     def sharded_state(self) -> dict:
-        """What a checkpoint keeps of this process's training state, for DCP (``sharded.py``): the trainable
+        """What a checkpoint keeps of this process's training state, for DCP (``checkpoint_files.py``): the trainable
         weights (tied duplicates left out; with LoRA the adapter alone) and the optimizer state, both keyed by
         parameter name; when sharded each tensor is a DTensor of this rank's shard, never gathered."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -396,16 +402,16 @@ class Learner:
     def save_sharded(self, store, prefix: str) -> list[dict]:
         """Write this process's shard of a checkpoint under ``prefix`` (every rank runs it); returns the
         manifest entries of the files written, every rank's (``checkpoint.save_checkpoint``)."""
-        from echo2.learner.sharded import save_sharded
+        from echo2.learner.checkpoint_files import save_sharded
 
-        return save_sharded(store, prefix, self.sharded_state(), file_mb=self.config.shard_mb)
+        return save_sharded(store, prefix, self.sharded_state(), file_mb=self.shard_mb)
 
     def load_sharded(self, store, prefix: str, entries: dict[str, dict]) -> None:
         """Restore the weights and optimizer state of the checkpoint at ``prefix`` (every rank runs it), each
         file checked against ``entries``, the signed manifest's: ``CorruptWeights`` before any weight changed."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        from echo2.learner.sharded import load_sharded
+        from echo2.learner.checkpoint_files import load_sharded
 
         fresh = not self.optimizer.state
         state = self.sharded_state()  # (a fresh optimizer gets zero moments to load into: one step at lr 0)
@@ -473,11 +479,11 @@ class Learner:
         return merge_lora(base, self.adapter_tensors(), rank=self.config.lora_rank, alpha=self.config.lora_alpha)
 
     def policy_version_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """What version ``self.version`` publishes, in ``publish_dtype`` on the CPU, and its manifest metadata.
+        """What version ``self.version`` publishes, in ``publish.dtype`` on the CPU, and its manifest metadata.
 
         With LoRA, version 0 is the full base and every later version only the adapter.
         """
-        dtype = DTYPES[self.config.publish_dtype]
+        dtype = DTYPES[self.publish_dtype]
         if self.lora and self.version > 0:
             tensors = {k: v.to(dtype) for k, v in self.adapter_tensors().items()}
             return tensors, {"weights": "lora", "base_version": 0, "lora_rank": self.config.lora_rank,

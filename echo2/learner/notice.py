@@ -1,11 +1,11 @@
 """A spot learner's preemption notice: hear it, finish or abandon the step in progress, checkpoint, leave.
 
-Only with ``train.market: spot``; an on-demand learner keeps SIGTERM as a stop (checkpoint, fleet stopped).
+Only with ``learner.market: spot``; an on-demand learner keeps SIGTERM as a stop (checkpoint, fleet stopped).
 
 Where a notice comes from. SIGTERM, on any machine (a spot VM's shutdown, SkyPilot's or Kubernetes' stop; not
-Prefect's cancellation, below): it gives ``train.sigterm_notice_s`` seconds (the provider's grace; the learner-
+Prefect's cancellation, below): it gives ``learner.sigterm_notice_s`` seconds (the provider's grace; the learner-
 reclaim scenario sends 2). The machine's metadata, polled by the actors' watcher (``echo2/preemption.py``,
-``train.preemption_source``, ``$ECHO2_PREEMPTION_SOURCE``): AWS ``spot/instance-action`` (its ``time`` field is the
+``learner.preemption_source``, ``$ECHO2_PREEMPTION_SOURCE``): AWS ``spot/instance-action`` (its ``time`` field is the
 deadline; about 120 s when it has none), GCP ``instance/preempted`` (about 30 s). The watcher's thread hands its
 notice to the main thread as a SIGTERM sent to that thread (``signal.pthread_kill``: it also ends a sleep there), so
 both ways meet in one handler.
@@ -21,7 +21,7 @@ What the handler does, in the main thread (``SpotNotice.on_signal``):
   this one has run; with no step measured yet in this process, the step is abandoned. A checkpoint: the slowest of
   the last 5 measured, or half the notice when none was measured in this process. A step let finish is still
   interrupted by a timer at the moment past which its checkpoint would no longer fit (estimates can be wrong), and
-  ``check()`` ends the run after it.
+  ``leave_if_noticed()`` ends the run after it.
 
 Safe points. A handler runs in the main thread at whatever bytecode it lands on; raised inside ``optimizer.step()``,
 some parameters and moments would be updated and others not, and that state must never be checkpointed. So a
@@ -33,12 +33,12 @@ ranks at every safe point whether a deferred signal abandoned the step (``distri
 there. What still escapes from inside the update (an error of the optimizer itself) leaves the learner ``torn``,
 and a torn learner is never checkpointed (``LearnerRun.checkpoint``): the newest committed checkpoint stands.
 
-A cancel is not a notice. With ``train.market: spot`` a SIGTERM is a notice unless the flow's ``cancelled`` check
+A cancel is not a notice. With ``learner.market: spot`` a SIGTERM is a notice unless the flow's ``cancelled`` check
 says the flow run is being cancelled (Prefect sets it CANCELLING before it sends the signal): then the run stops as
 an on-demand one does (checkpoint, the fleet stopped, the SIGTERM handed to the handler it replaced), so a cancel
 neither leaves the fleet billing nor exits 75. SIGINT (Ctrl-C) is never a notice.
 
-The flow (``flows/train.py``, its block inside ``LearnerExit``) then writes ``learner_notice``, checkpoints
+The flow (``echo2/flows/train.py``, its block inside ``LearnerExit``) then writes ``learner_notice``, checkpoints
 (``LearnerRun.leave_on_notice``), writes ``learner_left`` and raises ``LearnerReclaimed`` without stopping the fleet:
 the actors wait for the relaunched learner. ``echo2 run`` exits ``RECLAIMED_EXIT`` (75, EX_TEMPFAIL: try again),
 the code a SkyPilot managed job is told to recover on (``infra/skypilot/learner-spot.yaml``). Assumed: Python
@@ -245,7 +245,7 @@ class SpotNotice:
             self._previous = signal.signal(signal.SIGTERM, self.on_signal)
             self._installed = True
         except ValueError:  # not the main thread: signals cannot be handled here
-            log.warning("train.market is spot, but the flow does not run in the main thread: a preemption notice "
+            log.warning("learner.market is spot, but the flow does not run in the main thread: a preemption notice "
                         "cannot be heard here and stops the run as on-demand")
             return self
         self._watcher = start_watcher(self.preemption_source, None, self.poll_s, self._on_metadata)
@@ -306,7 +306,7 @@ class SpotNotice:
         self.leaving = True
         raise NoticeInterrupt(f"{self.heard.source} notice")
 
-    def check(self) -> None:
+    def leave_if_noticed(self) -> None:
         """Between steps (the flow's loop): leave now if a notice was heard (a step it let finish has ended)."""
         if self.heard is not None and not self.leaving:
             self.leaving = True
@@ -344,14 +344,14 @@ class SpotNotice:
 
 
 @contextmanager
-def spot_notice(train, *, cancelled=lambda: False):
-    """With ``train.market: spot`` (``train``: the run's ``TrainConfig``), a ``SpotNotice`` installed for the block
-    and closed after it; on demand, None (SIGTERM stays a stop)."""
-    if train.market != "spot":
+def spot_notice(learner, *, cancelled=lambda: False):
+    """With ``learner.market: spot`` (``learner``: the run's ``LearnerConfig``), a ``SpotNotice`` installed for the
+    block and closed after it; on demand, None (SIGTERM stays a stop)."""
+    if learner.market != "spot":
         yield None
         return
-    notice = SpotNotice(train.sigterm_notice_s, preemption_source=train.preemption_source,
-                        poll_s=train.preemption_poll_s, cancelled=cancelled).install()
+    notice = SpotNotice(learner.sigterm_notice_s, preemption_source=learner.preemption_source,
+                        poll_s=learner.preemption_poll_s, cancelled=cancelled).install()
     try:
         yield notice
     finally:
@@ -387,10 +387,10 @@ class LearnerExit:
         self._started = True
         return fleet
 
-    def check(self) -> None:
-        """Between steps: leave now if a notice let the step finish (``SpotNotice.check``)."""
+    def leave_if_noticed(self) -> None:
+        """Between steps: leave now if a notice let the step finish (``SpotNotice.leave_if_noticed``)."""
         if self.notice is not None:
-            self.notice.check()
+            self.notice.leave_if_noticed()
 
     def __enter__(self) -> "LearnerExit":
         return self

@@ -7,7 +7,7 @@
                           processes past it: ``TORCH_NCCL_ASYNC_ERROR_HANDLING``).
     the control group     gloo over the same ranks, on CPU tensors: rank 0's announcements (``distributed.py``),
                           the step's metric sums, DCP's planning, the gathering of checkpoint entries. Followers
-                          wait here while rank 0 works alone (waits for rollouts, validates and audits them on the
+                          wait here while rank 0 works alone (waits for rollouts, validates and spot-checks them on the
                           CPU, writes to the store), for as long as that takes: its timeout is a week, and a rank
                           that dies ends the group anyway (torchrun stops the others).
 
@@ -46,15 +46,16 @@ def world() -> tuple[int, int]:
 
 
 def backend_for(device: torch.device, asked: str) -> str:
-    """The default group's backend for ``device`` (``train.dist_backend``: auto, gloo or nccl), or one line why not."""
+    """The default group's backend for ``device`` (``learner.dist_backend``: auto, gloo or nccl), or one line why
+    not."""
     if asked == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if asked == "gloo" and device.type == "cuda":
-        raise Echo2InputError("train.dist_backend gloo with the learner on CUDA devices: FSDP's collectives of GPU "
-                              "tensors need nccl (set train.dist_backend to auto or nccl)")
+        raise Echo2InputError("learner.dist_backend gloo with the learner on CUDA devices: FSDP's collectives of GPU "
+                              "tensors need nccl (set learner.dist_backend to auto or nccl)")
     if asked == "nccl" and device.type != "cuda":
-        raise Echo2InputError(f"train.dist_backend nccl needs the learner on CUDA devices, not {device.type} "
-                              "(set train.device to auto or cuda, or train.dist_backend to auto or gloo)")
+        raise Echo2InputError(f"learner.dist_backend nccl needs the learner on CUDA devices, not {device.type} "
+                              "(set learner.device to auto or cuda, or learner.dist_backend to auto or gloo)")
     return asked
 
 

@@ -1,6 +1,6 @@
 """A training run as the learner sees it: create or resume the run folder, step, evaluate, report.
 
-The Prefect flow (``flows/train.py``) drives this object; nothing here knows about Prefect.
+The Prefect flow (``echo2/flows/train.py``) drives this object; nothing here knows about Prefect.
 
 Resume (``resume.py``): the learner restarts from its newest checkpoint c that the run's own signing key signed (its
 public half is in ``run.json``, which must carry the learner's signature too: ``run_folder.check_run_key``);
@@ -52,10 +52,9 @@ from echo2.data.run_folder import check_run_key, create_run, new_run_id, read_ru
 from echo2.data.run_key import run_key
 from echo2.data.store import NotFound, ObjectStore
 from echo2.errors import Echo2InputError
-from echo2.learner.behavior_audit import BehaviorAuditor
 from echo2.learner.checkpoint import prune_checkpoints, save_checkpoint, verified_steps
 from echo2.learner.collector import PROGRESS_EVERY_S, RolloutCollector, Selection, pending_quota, quarantine
-from echo2.learner.distributed import make_learner
+from echo2.learner.distributed import learner_options, make_learner
 from echo2.learner.evaluate import evaluate_policy, flat_metrics
 from echo2.learner.learner import Learner
 from echo2.learner.metrics import MetricsSink
@@ -69,6 +68,8 @@ from echo2.learner.resume import (
     run_revocations,
     set_lost_timeline_aside,
 )
+from echo2.learner.spot_check import SpotChecker
+from echo2.learner.tracking import check_installed
 from echo2.learner.verify import TaskVerifier
 from echo2.models import params_from_config_dict, resolve_model
 from echo2.tasks import make_task
@@ -86,6 +87,7 @@ class LearnerRun:
         if config.run.id is None:
             config.run.id = new_run_id(config.run.name)
         self.run_id = config.run.id
+        check_installed(config.logging)  # a tracker's missing library stops the run before it writes anything
         self.store = runs.child(self.run_id)
         # a Hugging Face dataset is read once, when the run is created, into the run folder; this learner, its
         # resumes and the actors all play the task from that copy (``tasks/task_data.py``)
@@ -94,18 +96,19 @@ class LearnerRun:
         self.task = make_task(localize(config.task, self.task_data, self.store, self.local_dir / layout.TASK_DATA))
         random.seed(config.run.seed)
         torch.manual_seed(config.run.seed)
-        if config.train.num_threads:
-            torch.set_num_threads(config.train.num_threads)
+        if config.learner.num_threads:
+            torch.set_num_threads(config.learner.num_threads)
         model_dir = None if learner else resolve_model(config.model.name, revision=config.model.revision)
-        self.learner = learner or make_learner(model_dir, config.train, temperature=config.rollout.temperature)
+        self.learner = learner or make_learner(model_dir, config.train, temperature=config.rollout.temperature,
+                                               **learner_options(config))
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
-        t = config.train
-        self.auditor = BehaviorAuditor(
-            self.learner.behavior_gap, fraction=t.audit_fraction, max_gap=t.audit_max_gap,
+        t, trust = config.train, config.trust
+        self.spot_checker = SpotChecker(
+            self.learner.behavior_gap, fraction=trust.spot_check_fraction, max_gap=trust.spot_check_max_gap,
             keep_versions=t.staleness + 1, micro_batch_tokens=t.micro_batch_tokens,
-            load=self._published_weights) if t.audit_fraction > 0 else None
-        """Spot checks of actors' behavior logprobs (``behavior_audit.py``); None when off."""
+            load=self._published_weights) if trust.spot_check_fraction > 0 else None
+        """Spot checks of actors' behavior logprobs (``spot_check.py``); None when off."""
         self.revoked: set[str] = set()
         """Actors whose relay tokens the next published version revokes (the fleet adds ended actors)."""
         self._revocations_recorded: set[str] = set()
@@ -133,29 +136,32 @@ class LearnerRun:
             self._take_lease()
             self.publish()  # version 0: the initial policy
             log.info("run %s created at %s", self.run_id, self.store.url)
-        self.sink = MetricsSink(self.local_dir, self.run_id, config.model_dump(mode="json"))
+        self.sink = MetricsSink(self.local_dir, self.run_id, config.model_dump(mode="json"), settings=config.logging,
+                                store=self.store)
         r, t = config.rollout, config.train
         limits = RolloutLimits(vocab_size=self.learner.vocab_size, group_size=r.group_size,
                                max_completion_tokens=r.max_new_tokens + self.task.max_env_tokens,
-                               max_prompt_tokens=t.max_prompt_tokens, reward_range=self.task.reward_range,
+                               max_prompt_tokens=trust.max_prompt_tokens, reward_range=self.task.reward_range,
                                max_groups=r.groups_per_batch)  # an honest file holds one batch: no more in a step
         backlog = backlog_bound(r.max_pending_batches, t.groups_per_step, r.groups_per_batch)  # as actors bound it
         self.collector = RolloutCollector(
             self.store, run_id=self.run_id, staleness=t.staleness, groups_per_step=t.groups_per_step, limits=limits,
             verifier=TaskVerifier(self.task, self.learner.tokenizer, max_new_tokens=r.max_new_tokens),
-            max_file_bytes=int(t.max_rollout_file_mb * 2**20),
+            max_file_bytes=int(trust.max_rollout_file_mb * 2**20),
             settled=set(state.get("settled", ())), used_hashes=set(state.get("used_hashes", ())),
-            auditor=self.auditor, banned={**state.get("banned", {}), **(read_bans(self.store) if resume else {})},
-            max_invalid_files=t.max_invalid_files_per_actor,
-            max_ungradable_files=t.max_ungradable_files_per_actor, max_ungradable_fraction=t.max_ungradable_fraction,
+            spot_checker=self.spot_checker,
+            banned={**state.get("banned", {}), **(read_bans(self.store) if resume else {})},
+            max_invalid_files=trust.max_invalid_files_per_actor,
+            max_ungradable_files=trust.max_ungradable_files_per_actor,
+            max_ungradable_fraction=trust.max_ungradable_fraction,
             lost_timelines=lost_timelines(read_events(self.store)) if resume else None,
             backlog_batches=backlog, progress_every_s=min(PROGRESS_EVERY_S, config.fleet.learner_silence_s / 4),
             max_pending_files=pending_quota(files_per_step=-(-t.groups_per_step // r.groups_per_batch),
                                             backlog=backlog, checkpoint_every=t.checkpoint_every,
                                             staleness=t.staleness),
         )
-        if resume and self.auditor is not None:  # what the checkpoint's version published, audited as such
-            self._audit_as_published(*self.learner.policy_version_tensors())
+        if resume and self.spot_checker is not None:  # what the checkpoint's version published, checked as such
+            self._keep_for_spot_checks(*self.learner.policy_version_tensors())
 
     # -- start -----------------------------------------------------------------------------
     def _take_lease(self) -> None:
@@ -179,7 +185,7 @@ class LearnerRun:
             self.evals = state["evals"]
             self.wall_before = state["wall_seconds"]
         self.revoked = revoked_at_resume(self.store, adopt=self.config.fleet.adopt_on_resume)
-        lost_latest, moved = set_lost_timeline_aside(self.store, step, market=self.config.train.market)
+        lost_latest, moved = set_lost_timeline_aside(self.store, step, market=self.config.learner.market)
         if self.store.exists(layout.manifest_key(layout.policy_dir(step))):
             self.store.put_pointer(layout.LATEST, json.dumps({"version": step}).encode())
         else:
@@ -247,13 +253,14 @@ class LearnerRun:
                        dropped_stale=len(selection.dropped),
                        quarantined=len(selection.quarantined), time=time.time())
         is_last = self.step >= cfg.max_steps
-        if self.step % cfg.publish_every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
+        if self.step % self.config.publish.every == 0 or self.step % cfg.checkpoint_every == 0 or is_last:
             self.publish()
             metrics.update(self.last_publish)
         if self.step % cfg.checkpoint_every == 0 or is_last:
             self.checkpoint()
         metrics["seconds"] = time.time() - t0 + selection.waited_s
         self.history.append(metrics)
+        self.sink.log_completions(self.step, selection.tables, self.learner.tokenizer)
         self.sink.log(self.step, metrics)
         return metrics
 
@@ -280,11 +287,12 @@ class LearnerRun:
         actor, at the next published version: relays then refuse them."""
         self.revoked |= set(actor_ids) | set(self.collector.banned)
 
-    def audit_summary(self) -> dict:
-        """What the run's audit of actors found: files seen and sampled, the largest gap that passed, who was banned."""
-        a = self.auditor
-        return {"fraction": self.config.train.audit_fraction, "max_gap": self.config.train.audit_max_gap,
-                "files_seen": a.seen if a else 0, "files_audited": a.sampled if a else 0,
+    def spot_check_summary(self) -> dict:
+        """What the spot checks of actors found: files seen and checked, the largest gap that passed, and every
+        actor banned (by a spot check or by the verifier)."""
+        a = self.spot_checker
+        return {"fraction": self.config.trust.spot_check_fraction, "max_gap": self.config.trust.spot_check_max_gap,
+                "files_seen": a.seen if a else 0, "files_checked": a.sampled if a else 0,
                 "largest_passing_gap": a.largest_pass if a else None, "banned": dict(self.collector.banned)}
 
     def interrupted(self) -> None:
@@ -333,15 +341,16 @@ class LearnerRun:
 
     def publish(self) -> dict:
         """Publish the current version, signed, with the relay tree over the peers alive now: in full,
-        or as a sparse delta against the previous one (``train.publish_delta``; a keyframe first, so
+        or as a sparse delta against the previous one (``publish.delta``; a keyframe first, so
         also the first publish after a resume)."""
         if self.publisher is None:
-            self.publisher = Publisher(self.store, train=self.config.train, broadcast=self.config.broadcast,
+            self.publisher = Publisher(self.store, train=self.config.train, publish=self.config.publish,
+                                       broadcast=self.config.broadcast,
                                        key=self.key, extra_files=self.learner.extra_files,
                                        store_site=self.config.store.site)
         tensors, meta = self.learner.policy_version_tensors()
-        if self.auditor is not None:
-            self._audit_as_published(tensors, meta)
+        if self.spot_checker is not None:
+            self._keep_for_spot_checks(tensors, meta)
         new = self.revoked - self._revocations_recorded
         if new:  # in the ledger before the version that revokes them: a resumed learner revokes them again
             write_event(self.store, "revoked", "learner", actors=sorted(new), version=self.step)
@@ -353,7 +362,7 @@ class LearnerRun:
 
     def _published_weights(self, version: int) -> dict[str, torch.Tensor] | None:
         """The weights actors run as ``version``, read back from its signed folder in ``policy/`` (checked against
-        the run's key, a delta rebuilt through its chain, a LoRA adapter merged into its base): what the auditor
+        the run's key, a delta rebuilt through its chain, a LoRA adapter merged into its base): what the spot checker
         needs for a version it does not hold, as after a resume. None where the version is gone (collected: no
         rollout of it can still be used)."""
         from echo2.data.delta_chain import read_version
@@ -374,10 +383,11 @@ class LearnerRun:
             return None
         return merge_lora(base, adapter, rank=int(manifest["lora_rank"]), alpha=float(manifest["lora_alpha"]))
 
-    def _audit_as_published(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Give the auditor the weights actors run as this version: a LoRA version publishes only its
-        adapter, which actors merge into the base, so the auditor gets the merge (as after a resume)."""
-        self.auditor.published(self.step, tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
+    def _keep_for_spot_checks(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Give the spot checker the weights actors run as this version: a LoRA version publishes only its
+        adapter, which actors merge into the base, so the spot checker gets the merge (as after a resume)."""
+        self.spot_checker.published(self.step,
+                                    tensors if meta.get("weights") != "lora" else self.learner.full_tensors())
 
     def checkpoint(self) -> None:
         if getattr(self.learner, "torn", False):  # partly updated weights are no step's: never signed as one
@@ -399,6 +409,7 @@ class LearnerRun:
                         extra_files=learner.extra_files, meta=meta)
         self.clock.checkpointed(time.monotonic() - t0)
         prune_checkpoints(self.store, self.config.train.keep_checkpoints, self.key.public_key())
+        self.sink.sync()  # TensorBoard's event files into the store: a spot learner's disk goes with its machine
 
     def wall_seconds(self) -> float:
         return self.wall_before + time.time() - self.started
@@ -420,7 +431,7 @@ class LearnerRun:
         summary = write_reports(self.store, ReportInputs(
             run_id=self.run_id, steps=self.step, wall_seconds=self.wall_seconds(), evals=self.evals,
             eval_metric=self.task.headline, staleness_bound=self.config.train.staleness, history=self.history,
-            audit=self.audit_summary()))
+            spot_check=self.spot_check_summary()))
         if self.lease is not None:
             self.lease.release()
         return summary

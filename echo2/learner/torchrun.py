@@ -17,7 +17,7 @@ same timeout, and fails with one line if it never does, before torchrun starts a
 
 Each node's processes start from a private file (``write_rank_file``, mode 0600) written by that node's
 launcher: on node 0 the resolved config of the run, elsewhere the node's own config file with its
-overrides, read for ``train.dist_backend`` and the collective timeout only. The run's config reaches every
+overrides, read for ``learner.dist_backend`` and the collective timeout only. The run's config reaches every
 rank but 0 over the process group (``distributed.share_config``). The node's first process deletes the file
 once the group has formed (``joined``), so a file still there after torchrun failed means the rendezvous
 never completed.
@@ -172,10 +172,10 @@ def prepare_follower_node(config_path: Path, overrides: list[str], node_rank: in
     from echo2.models import resolve_model
 
     local = load_config(config_path, overrides)
-    rendezvous = Rendezvous(local.train.nnodes, node_rank, endpoint, timeout_s)
+    rendezvous = Rendezvous(local.learner.nnodes, node_rank, endpoint, timeout_s)
     resolve_model(local.model.name, revision=local.model.revision)
     wait_for_endpoint(rendezvous)
-    return local.train.nproc, rendezvous, write_rank_file(local.model_dump(mode="json"))
+    return local.learner.nproc, rendezvous, write_rank_file(local.model_dump(mode="json"))
 
 
 def main() -> None:

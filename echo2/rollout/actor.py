@@ -59,7 +59,7 @@ from transformers import AutoTokenizer
 from echo2.broadcast.receiver import PolicyReceiver
 from echo2.broadcast.relay_tls import relay_tls
 from echo2.broadcast.weight_source import ReadyVersion, VersionRejected, WeightSource
-from echo2.config import Config, backlog_bound, config_from_dict
+from echo2.config import Config, backlog_bound, config_from_run
 from echo2.data import layout
 from echo2.data.lease import Incarnation
 from echo2.data.ledger import ConsumedIndex
@@ -119,7 +119,7 @@ class Actor:
         self.parent_pid = parent_pid
         run = store.get_json(layout.RUN_JSON)
         self.run_id: str = run["run_id"]
-        self.config: Config = config_from_dict(run["config"], f"{store.url}/run.json")
+        self.config: Config = config_from_run(run["config"], f"{store.url}/run.json")
         if hasattr(store, "retry_s"):  # ride out an outage of the store as long as the run says
             store.retry_s = self.config.store.retry_s
         self._workdir = Path(tempfile.mkdtemp(prefix=f"echo2-{actor_id}-"))

@@ -11,7 +11,7 @@ from echo2.chaos.rows import result_row
 BAD_INPUT = [
     (["--set", "train.bogus=1"], "train.bogus: unknown key"),
     (["--set", "rollout.group_size=-4"], "rollout.group_size"),
-    (["--set", "train.shard_mb=0"], "train.shard_mb"),
+    (["--set", "publish.shard_mb=0"], "publish.shard_mb"),
     (["--set", "train.staleness=-1"], "train.staleness"),
     (["--set", "store.url=s3://echo2-unreachable/x", "--set", "store.options={endpoint_url: http://127.0.0.1:9}"],
      "unreachable"),

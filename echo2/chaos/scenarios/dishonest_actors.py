@@ -31,7 +31,7 @@ def _intruder_env(workdir: Path, run_dir: Path, actor: str, *, tls: bool) -> tup
 
 def dishonest_actors(workdir: Path, quick: bool = False, tls: bool = False) -> dict:
     """Two intruders holding actors' credentials commit lies: behavior logprobs their policy did not give,
-    and rewards their completions did not earn. The learner bans both (the audit, the re-scoring), expels
+    and rewards their completions did not earn. The learner bans both (the spot check, the re-scoring), expels
     them and revokes their tokens; the honest actor, sampling in bf16 (another engine than the learner's
     fp32), is never banned. With ``tls``: the relay runs over TLS, and after the ban the intruder's own
     token and certificate are refused by the honest actor's relay."""
@@ -76,15 +76,15 @@ def dishonest_actors(workdir: Path, quick: bool = False, tls: bool = False) -> d
     extra = ["broadcast.tls=on", "fleet.actors=2"] if tls else ["fleet.actors=1"]
     code = h.run_cli(["run", h.QUICKSTART, *h.sets(f"model.name={model}", f"store.url={workdir}", f"run.id={name}",
                                                   *h.TINY, *extra, f"train.max_steps={8 if quick else 14}",
-                                                  "train.audit_fraction=0.5", "rollout.engine.dtype=bfloat16")],
+                                                  "trust.spot_check_fraction=0.5", "rollout.engine.dtype=bfloat16")],
                      workdir, workdir / f"{name}.log", timeout=900, while_running=inject)
     for _, _, _, proc in liars:
         h.reap(proc)
         proc.wait()
     row = audit_row(name, run_dir, code)
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) if row["finished"] else {}
-    audit = summary.get("audit", {})
-    banned = set(audit.get("banned", {}))
+    checks = summary.get("spot_check", {})
+    banned = set(checks.get("banned", {}))
     events = [json.loads(p.read_text()) for p in (run_dir / "ledger" / "events").glob("*.json")]
     expelled = {e["actor_id"] for e in events if e.get("kind") == "expelled"}
     liar_ids = {a for a, *_ in liars}
@@ -92,9 +92,9 @@ def dishonest_actors(workdir: Path, quick: bool = False, tls: bool = False) -> d
     over_tls = sum(text.count("at https://") for text in
                    (p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log")))
     detail = (f"liars banned and expelled: {sorted(banned & expelled & liar_ids)}; honest bf16 actors banned: "
-              f"{len(honest_banned)} (false positives); {audit.get('files_audited', 0)} of "
-              f"{audit.get('files_seen', 0)} files audited (fraction {audit.get('fraction')}, threshold "
-              f"{audit.get('max_gap')}), largest honest gap {audit.get('largest_passing_gap')}")
+              f"{len(honest_banned)} (false positives); {checks.get('files_checked', 0)} of "
+              f"{checks.get('files_seen', 0)} files spot-checked (fraction {checks.get('fraction')}, threshold "
+              f"{checks.get('max_gap')}), largest honest gap {checks.get('largest_passing_gap')}")
     injected, detected = len(liars), len(banned & expelled & liar_ids)
     if tls:
         detail += f"; chunks relayed over TLS: {over_tls}; the banned intruder's token + certificate: {refused}"

@@ -40,7 +40,7 @@ def fuzzed_rollouts(workdir: Path, quick: bool = False, n: int | None = None) ->
             fuzz.plant_local(c, run_dir / "rollouts" / f"v{c.version:06d}" / f"{c.actor}-000000.arrow")
 
     code = h.run_cli(["run", h.QUICKSTART, *h.sets(f"model.name={model}", f"store.url={workdir}", "run.id=fuzz",
-                                                  *h.TINY, "train.max_steps=8", "train.max_rollout_file_mb=1")],
+                                                  *h.TINY, "train.max_steps=8", "trust.max_rollout_file_mb=1")],
                      workdir, workdir / "fuzz.log", timeout=900, while_running=inject)
     row = audit_row("fuzzed-rollouts", run_dir, code)
     reasons = {}

@@ -131,7 +131,7 @@ def sandbox_overhead(runs: int) -> tuple[float, float]:
     from echo2.tasks.sandbox import Limits, Sandbox
 
     box = Sandbox(Limits(cpu_s=CPU_S, wall_s=WALL_S, memory_mb=512, processes=16), mode="bwrap",
-                  parallelism=1).check()
+                  parallelism=1).verify_runs_here()
     try:
         boxed = statistics.median(box.run("pass").seconds for _ in range(runs))
         bare = []
@@ -227,7 +227,7 @@ def hostile_code(workdir: Path, quick: bool = False) -> dict:
             for name, runs in ((n, [e for e in entries if e["name"] == n]) for n in NAMES)}
     used, set_aside = _judged(run_dir)
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) if row["finished"] else {}
-    banned = summary.get("audit", {}).get("banned", {})
+    banned = summary.get("spot_check", {}).get("banned", {})
     left = _settled(mark)
     home = os.path.expanduser("~")
     written = [p for p in (outside, Path(f"/etc/{mark}"), Path(f"/{mark}"), Path(f"/root/{mark}"),

@@ -6,7 +6,7 @@ whose policy is the real actor policy (``fleet/credentials.py``). It writes, in 
 learner trains the math task with two honest actors:
 
 1. a rollout file and its relay peer record stored as GLACIER (HEAD works, GET is 403);
-2. an object far over ``train.max_rollout_file_mb``, and a peer record of megabytes;
+2. an object far over ``trust.max_rollout_file_mb``, and a peer record of megabytes;
 3. a file whose replies hang the math grader (claiming the reward a timeout scores), files for versions far
    beyond LATEST+1, a flood of junk files, and a planted checkpoint (its credentials must not allow it).
 
@@ -48,7 +48,7 @@ from echo2.data import layout
 
 MATH = str(h.REPO / "configs" / "math-smollm2.yaml")
 MATH_TINY = ["rollout.max_new_tokens=32", "eval.max_new_tokens=8", "task.grade_timeout_s=1",
-             "train.max_rollout_file_mb=1", "fleet.actors=2"]
+             "trust.max_rollout_file_mb=1", "fleet.actors=2"]
 """The math task on the tiny model: replies long enough for a hanging one, a short grading limit."""
 HOSTILE = "a0-hostile"
 """Sorts before the honest actors' ids: the collector meets its files first in a folder."""
@@ -77,10 +77,12 @@ class HostileActor:
         self.run_id, self.tok, self.task = run_id, tokenizer, task
         self.junk, self.future = (40, 2) if quick else (300, 8)
         self.huge_bytes = (16 if quick else 128) * 2**20
-        self.steps_after = (4, 30) if quick else (16, 40)
+        self.steps_after = (4, 4) if quick else (16, 40)
         """Steps trained after the last wave before the run is interrupted (Ctrl-C) for the planted checkpoint:
         at least the first, and until every planted file is judged (the far future waits for the collector's
-        periodic full sweep) or the second."""
+        periodic full sweep) or the second. ``quick`` waits for no periodic sweep: the far future's files are
+        then found by the resumed learner's first one (every process's first collection starts a cycle) and
+        judged by the same evidence, which is all the quick size checks."""
         self.keys: dict[str, list[str]] = {kind: [] for kind in KINDS}
         """What it wrote, by kind (keys in the run)."""
         self.wave, self.seq = 0, 0
@@ -249,7 +251,7 @@ def plant_pickle(admin, bucket: str, root: str, command: str) -> str:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from echo2.data.manifest import SIGNATURE, sign
-    from echo2.learner.sharded import METADATA, store_name
+    from echo2.learner.checkpoint_files import METADATA, store_name
 
     payload = store_junk.pickle_payload(command)
     steps = [step for step in _checkpoint_steps(admin, bucket, root) if step < PICKLE_STEP]  # the run's own
@@ -319,7 +321,7 @@ def judge(attacker: HostileActor, run_dir: Path, logs: str, resume_log: str, res
     ledger = _ledger(run_dir)
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) \
         if (run_dir / "reports" / "summary.json").exists() else {}
-    ban = summary.get("audit", {}).get("banned", {}).get(HOSTILE, "")
+    ban = summary.get("spot_check", {}).get("banned", {}).get(HOSTILE, "")
     ban_record = (run_dir / layout.ban_key(HOSTILE)).exists()
 
     def reasons(kind: str) -> list[tuple[str, str]]:
@@ -434,7 +436,7 @@ def hostile_store(workdir: Path, quick: bool = False) -> dict:
     if not honest or starved:
         broken.append(f"honest actors with no file used after the first hostile upload: {starved or 'no actors'}")
     summary = json.loads((run_dir / "reports" / "summary.json").read_text()) if row["finished"] else {}
-    banned = HOSTILE in summary.get("audit", {}).get("banned", {})
+    banned = HOSTILE in summary.get("spot_check", {}).get("banned", {})
     if attacker.checkpoint_refused == "allowed":
         broken.append("the actor's own credentials were allowed to write a checkpoint manifest")
     if not (banned and revoked):

@@ -1,6 +1,6 @@
 """Chaos scenario ``learner-reclaim``: the learner itself on a spot machine, reclaimed twice.
 
-    1. a ``train.market: spot`` run starts (real ``echo2 run``, tiny model, local actors in sessions of their own)
+    1. a ``learner.market: spot`` run starts (real ``echo2 run``, tiny model, local actors in sessions of their own)
     2. with a notice: SIGTERM to the learner (the spot notice), SIGKILL of its whole process group (the learner,
        Prefect's server: the machine) ``NOTICE_S`` later; without one: the SIGKILL alone
     3. the learner is relaunched on "a new machine": a fresh empty working folder as its cwd, its own Prefect home
@@ -127,8 +127,8 @@ def learner_reclaim(workdir: Path, quick: bool = False, notices: tuple[bool, ...
     max_steps = 3 * len(notices) + 3 if quick else 6 * len(notices) + 6
     run_dir = workdir / "runs" / RUN_ID
     sets = h.sets(f"model.name={model}", f"store.url={workdir}", f"run.id={RUN_ID}", *h.TINY, f"fleet.actors={actors}",
-                  f"train.max_steps={max_steps}", f"train.checkpoint_every={every}", "train.market=spot",
-                  f"train.sigterm_notice_s={NOTICE_S:g}")
+                  f"train.max_steps={max_steps}", f"train.checkpoint_every={every}", "learner.market=spot",
+                  f"learner.sigterm_notice_s={NOTICE_S:g}")
     resume = ["run", h.QUICKSTART, *h.sets(f"store.url={workdir}", f"run.id={RUN_ID}"), "--resume"]
     watch = _LatestWatch(run_dir)
     broken: list[str] = []
@@ -247,7 +247,7 @@ def _revoked_adopted(events: list[dict], run_dir: Path) -> list[str]:
 
 
 def _cost_checks(run_dir: Path, reclaims: int, notices: int) -> list[str]:
-    """The cost report bills a spot learner in sessions, with one gap per reclaim (``fleet/learner_bill.py``)."""
+    """The cost report bills a spot learner in sessions, with one gap per reclaim (``fleet/bill/learner.py``)."""
     try:
         learner = json.loads((run_dir / "reports" / "cost.json").read_text())["learner"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -198,7 +198,7 @@ def _phase(folder: Path, *, attack: bool, honest: list[str], versions: int, elem
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from echo2.broadcast.receiver import PolicyReceiver
-    from echo2.config import BroadcastConfig, TrainConfig
+    from echo2.config import BroadcastConfig, PublishConfig, TrainConfig
     from echo2.data.ledger import write_event
     from echo2.data.relay_tokens import mint
     from echo2.data.store import open_store
@@ -226,7 +226,8 @@ def _phase(folder: Path, *, attack: bool, honest: list[str], versions: int, elem
     level = relay_log.level
     relay_log.addHandler(lines)
     relay_log.setLevel(logging.WARNING if relay_log.getEffectiveLevel() > logging.WARNING else level)
-    publisher = Publisher(store, train=TrainConfig(keep_versions=2), broadcast=broadcast, key=key, extra_files={})
+    publisher = Publisher(store, train=TrainConfig(), publish=PublishConfig(keep_versions=2), broadcast=broadcast,
+                          key=key, extra_files={})
     out = {"seconds": [], "peak": dict.fromkeys(honest, 0), "bad": 0, "version_bytes": elements * 4, "plans": []}
     try:
         for version in range(1, versions + 1):

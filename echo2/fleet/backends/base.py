@@ -78,7 +78,7 @@ class ActorOffer:
                    simulated_price=bool(event.get("simulated_price", False)))
 
     def event_fields(self) -> dict:
-        """How the ledger records it (``fleet/costs.py`` reads these)."""
+        """How the ledger records it (``fleet/bill/ledger.py`` reads these)."""
         return {"provider": self.provider, "instance_type": self.instance_type, "gpu": self.gpu,
                 "gpu_count": self.gpu_count, "region": self.region, "spot": self.spot,
                 "price_usd_per_hour": self.usd_per_hour, "on_demand_usd_per_hour": self.on_demand_usd_per_hour,
@@ -140,7 +140,7 @@ class LaunchContext:
     actor_command: list[str] | None = None
     """Replaces ``python -m echo2.cli actor`` for local actors (the overlap benchmark's timing workload)."""
     outlive_learner: bool = False
-    """The learner's own machine is spot (``train.market: spot``): its actors must outlive it, so that the
+    """The learner's own machine is spot (``learner.market: spot``): its actors must outlive it, so that the
     relaunched learner adopts them (a local actor then runs in a session of its own, without the parent-death
     signal or the parent-pid watch)."""
 

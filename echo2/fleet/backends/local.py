@@ -2,7 +2,7 @@
 injector that plays a spot market (the chaos source for tests and demos).
 
 Children get PR_SET_PDEATHSIG on Linux, so an actor dies with a learner killed by SIGKILL, and
-they also watch their parent pid; except with a spot learner (``train.market: spot``, the launch
+they also watch their parent pid; except with a spot learner (``learner.market: spot``, the launch
 context's ``outlive_learner``): then an actor runs in a session of its own, without either, so that it
 outlives a learner whose whole process tree was killed, and the relaunched learner adopts it (``adopt``:
 the ledger's launch event names its pid and this machine's boot id; the process under that pid must be

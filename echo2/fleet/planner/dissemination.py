@@ -1,6 +1,6 @@
 """How many bytes a policy version is, as echo2 publishes it, and how long it takes to reach every actor (D).
 
-Bytes per version (``version_bytes``). With ``train.publish_delta`` the learner publishes a full keyframe every
+Bytes per version (``version_bytes``). With ``publish.delta`` the learner publishes a full keyframe every
 ``keyframe_every`` (K) versions and, between them, sparse deltas (``echo2/data/delta.py``, ``learner/publisher.py``):
 
 * a keyframe weighs ``total_params x bytes_per_param`` (bf16: 2 bytes; the safetensors headers are ignored);
@@ -64,7 +64,7 @@ DEFAULT_CHANGED_FRACTION_SOURCE = (
     "1.37% of the full version on average. A larger model or another learning rate may change more or less per step: "
     "`--from-run` reads a run's own figure")
 DEFAULT_KEYFRAME_EVERY = 16
-"""``train.keyframe_every``'s default."""
+"""``publish.keyframe_every``'s default."""
 DEFAULT_CHUNK_MB: float = BroadcastConfig.model_fields["chunk_mb"].default
 """``broadcast.chunk_mb``'s default."""
 DEFAULT_MIN_CHUNKS: int = BroadcastConfig.model_fields["min_chunks"].default
@@ -173,5 +173,5 @@ def changed_fraction_from_run(run: str) -> float:
             total += full
     if total == 0:
         raise Echo2InputError(f"{run} published no sparse deltas (no publish_changed_fraction in its metrics): "
-                              "run with train.publish_delta: true and publish_dtype: bfloat16")
+                              "run with publish.delta: true and publish.dtype: bfloat16")
     return weighted / total

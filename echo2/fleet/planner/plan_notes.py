@@ -53,7 +53,7 @@ def assumptions(wf: WorkloadFile, t_info: dict, changed: tuple[float, str], tota
                         "source": step_time.PEAK_SOURCE})
         rows.insert(2, {"name": "learner FLOPs per token", "value": "(6 x signal_share + 2 x audit_fraction) x active",
                         "source": "step_time.py: 6N training (forward + backward) on the groups with a signal + 2N "
-                                  "audit recomputation"})
+                                  "spot check recomputation"})
     rows.append({"name": "network.changed_fraction", "value": changed[0], "source": changed[1]})
     decoded = any(c.speed_source.startswith("decode model") for c, _ in fleet)
     some = next(iter(profiles.values()), None)

@@ -8,7 +8,7 @@ tokens, loading. What the config does not say is drawn from a range (``INPUTS``)
 mean sets the learner's tokens, the longest of a batch sets the batch's time: a batch decodes until its last row
 ends), the share of groups with a reward signal (the learner drops the others before its forward pass), the
 benchmark's own noise. The benchmark times the learner's bare step; what a run does around it (reading, validating
-and auditing rollout files, serving the relay, its other threads) is one factor measured on one calibration run
+and spot-checking rollout files, serving the relay, its other threads) is one factor measured on one calibration run
 (``calibrate``, ``echo2 bench machine --calibrate-run``), which is then never a check. Each draw:
 
     tokens per step  T_tok = signal x R x (P + G x mean x max_new_tokens)          (each prompt once per group)
@@ -23,7 +23,7 @@ after (and every ``eval.every`` steps: batches of the evaluation's greedy decode
 has stopped: ``eval_length``) and the first batch's fill. Dollars are hours times the fleet's hourly price: zero
 for local processes that are not priced. P10/P50/P90 are over ``draws`` seeded draws.
 
-Not modelled: reading, validating, re-scoring and auditing rollout files on the learner, a code task's sandbox
+Not modelled: reading, validating, re-scoring and spot-checking rollout files on the learner, a code task's sandbox
 seconds on the actors, multi-turn tasks (the prompt is measured as one turn).
 """
 
@@ -70,7 +70,7 @@ def _one(config, profile: dict, x: dict[str, float]) -> dict:
     tokens = x["signal"] * t.groups_per_step * (profile["prompt_tokens"] + r.group_size * x["mean_length"]
                                                 * r.max_new_tokens)
     # a step also publishes (every publish_every steps) and checkpoints (every checkpoint_every): their share
-    extra = (profile.get("publish_seconds", 0.0) / t.publish_every
+    extra = (profile.get("publish_seconds", 0.0) / config.publish.every
              + profile.get("checkpoint_seconds", 0.0) / t.checkpoint_every)
     # the run's own work around a step that the benchmark's bare step leaves out, as the calibration run measured it
     around = profile.get("calibration", {}).get("learner_overhead", 1.0) * x["noise"]
@@ -86,7 +86,7 @@ def _one(config, profile: dict, x: dict[str, float]) -> dict:
         batch = positions * (s_alone + (s_crowded - s_alone) * u)
         workload = Workload(train_seconds=train, groups_per_step=t.groups_per_step,
                             groups_per_batch=r.groups_per_batch, staleness=t.staleness,
-                            publish_every=t.publish_every, max_pending_batches=r.max_pending_batches)
+                            publish_every=config.publish.every, max_pending_batches=r.max_pending_batches)
         # the learner's poll is left out (at most one poll interval a step): simulated, a waiting learner's polls
         # are thousands of turns a draw
         p = predict(workload, [batch] * actors, steps=SIMULATED_STEPS)
@@ -156,7 +156,7 @@ def _run_id(store) -> str:
 
 def calibrate(profile: dict, run: str) -> dict:
     """The profile with ``calibration``: how much longer ``run``'s learner was busy a step than the benchmark's
-    bare step predicts at the likely inputs (reading, validating and auditing rollout files, serving the relay,
+    bare step predicts at the likely inputs (reading, validating and spot-checking rollout files, serving the relay,
     the run's other threads and processes). ``run`` then never counts as a check of the profile (``check_run``
     refuses it): it is the one run the prediction has seen."""
     from echo2.fleet.sizing.fit import open_run, run_config

@@ -94,8 +94,8 @@ def _learner_gpus(wf: WorkloadFile, offers: list[Offer]) -> int:
 def learner_needs_of(wf: WorkloadFile) -> learner_memory.LearnerNeeds:
     """What the learner's ranks hold (``learner_memory.py``) for this workload."""
     return learner_memory.learner_needs(wf.params_b()[0], wf.learner.gpus or 1, staleness=wf.train.staleness,
-                                        audit=wf.train.audit_fraction > 0,
-                                        publish_delta=wf.train.keyframe_every > 1)
+                                        spot_check=wf.trust.spot_check_fraction > 0,
+                                        publish_delta=wf.publish.keyframe_every > 1)
 
 
 def learner_refusals(wf: WorkloadFile, offers: list[Offer]) -> list[tuple[Offer, str | None]]:
@@ -137,10 +137,10 @@ def _train_seconds(wf: WorkloadFile, active_b: float, mfu: tuple[float, str] | N
     tokens = wf.tokens_per_step()
     signal = wf.train.signal_share
     t = step_time.train_seconds(active_b, tokens, gpu=wf.learner.gpu, gpus=wf.learner.gpus, mfu=mfu[0],
-                                audit_fraction=wf.train.audit_fraction, signal_share=signal)
+                                audit_fraction=wf.trust.spot_check_fraction, signal_share=signal)
     return t, {"train_seconds": t, "from": "FLOP model", "tokens_per_step": tokens, "mfu": mfu[0],
                "mfu_source": mfu[1], "peak_tflops": step_time.peak_tflops(wf.learner.gpu), "signal_share": signal,
-               "flops_per_step": step_time.flops_per_step(active_b, tokens, wf.train.audit_fraction, signal)}
+               "flops_per_step": step_time.flops_per_step(active_b, tokens, wf.trust.spot_check_fraction, signal)}
 
 
 def _groups(activation) -> list[tuple[str, str, int]]:
@@ -168,7 +168,7 @@ def capacity_workload(wf: WorkloadFile, train_seconds: float, dissemination_seco
     return Workload(train_seconds=train_seconds, groups_per_step=r_step, groups_per_batch=r.groups_per_batch,
                     staleness=wf.train.staleness if staleness is None else staleness,
                     dissemination_seconds=dissemination_seconds, upload_seconds=wf.network.upload_seconds,
-                    publish_every=wf.train.publish_every,
+                    publish_every=wf.publish.every,
                     max_pending_batches=r.max_pending_batches or math.ceil(r_step / r.groups_per_batch))
 
 
@@ -254,7 +254,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
                             if wf.network.changed_fraction is not None
                             else (dissemination.DEFAULT_CHANGED_FRACTION,
                                   dissemination.DEFAULT_CHANGED_FRACTION_SOURCE))
-    vb = dissemination.version_bytes(total_b * 1e9, keyframe_every=wf.train.keyframe_every,
+    vb = dissemination.version_bytes(total_b * 1e9, keyframe_every=wf.publish.keyframe_every,
                                      changed_fraction=changed_fraction[0])
     groups: list[tuple[str, str, int]] = []
     found = None
@@ -273,7 +273,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
     out: dict = {"workload_name": wf.name, "description": wf.description, "model": {
         "total_params_b": total_b, "active_params_b": active_b}, "learner_step": t_info,
         "versions": {**vb, "changed_fraction": changed_fraction[0], "changed_fraction_source": changed_fraction[1],
-                     "keyframe_every": wf.train.keyframe_every},
+                     "keyframe_every": wf.publish.keyframe_every},
         "dissemination_seconds": d, "dissemination_seconds_keyframe": _dissemination(wf, vb["keyframe"], groups),
         "workload": asdict(workload), "staleness": wf.train.staleness,
         "target_utilization": wf.actors.target_utilization,
@@ -282,7 +282,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
         "required_tokens_per_second": wf.completion_tokens_per_step() / t}
     out["neighbours"] = [_neighbour(wf, t, d, offers, profiles, total_b, active_b, budget_usd_per_hour,
                                     wf.train.staleness + k, shape) for k in neighbours
-                         if k and wf.train.staleness + k >= wf.train.publish_every - 1]
+                         if k and wf.train.staleness + k >= wf.publish.every - 1]
     out["assumptions"] = plan_notes.assumptions(wf, t_info, changed_fraction, total_b, active_b, profiles,
                                                 found.fleet if found else [])
     if auto_gpus:
@@ -328,7 +328,7 @@ def plan_run(wf: WorkloadFile, offers: list[Offer], profiles: dict[str, Profile]
 def _traffic(wf: WorkloadFile, learner: Offer, found, vb: dict, steps: int) -> dict:
     """The run's traffic with the learner on ``learner`` (module docstring, step 6)."""
     store = (wf.store.provider or learner.provider, wf.store.region or learner.region)
-    versions = math.ceil(steps / wf.train.publish_every)
+    versions = math.ceil(steps / wf.publish.every)
     groups = _groups(found)
     moved = traffic.traffic_per_run(vb["mean"], versions, groups, store)
     upload_gb = versions * vb["mean"] / 1e9

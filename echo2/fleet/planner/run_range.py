@@ -146,7 +146,7 @@ class Evaluator:
             active = keep["active_b"] or keep["total_b"]
             t = step_time.train_seconds(active, tokens, gpu=wf.learner.gpu, gpus=wf.learner.gpus,
                                         mfu=x.get("learner.mfu", t_info["mfu"]),
-                                        audit_fraction=wf.train.audit_fraction, signal_share=signal)
+                                        audit_fraction=wf.trust.spot_check_fraction, signal_share=signal)
         else:
             t = t_info["train_seconds"]
         decode_x = actor_speed.DecodeInputs(mean, x.get("rollout.at_cap_share", share),
@@ -157,7 +157,7 @@ class Evaluator:
         reclaim_scale = x.get("actors.reclaim_factor", wf.actors.reclaim_factor) / (wf.actors.reclaim_factor or 1.0)
         changed = x.get("network.changed_fraction", keep["changed_fraction"])
         gbit = x.get("network.store_gbit", wf.network.store_gbit)
-        vb = dissemination.version_bytes(keep["total_b"] * 1e9, keyframe_every=wf.train.keyframe_every,
+        vb = dissemination.version_bytes(keep["total_b"] * 1e9, keyframe_every=wf.publish.keyframe_every,
                                          changed_fraction=changed)
         groups = keep["groups"]
         if wf.network.dissemination_seconds is not None:

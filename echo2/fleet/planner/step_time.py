@@ -3,7 +3,7 @@
 Model. One GRPO step trains on ``tokens`` = R x G x (prompt + mean completion) tokens. Training costs
 6 x N_active FLOPs per token (forward 2N, backward 4N: the usual dense-transformer count, on the ACTIVE
 parameters for a mixture of experts, since each token runs only its experts; attention's context term is
-left out, as in the MFU the learner bench reports). The behavior audit recomputes the logprobs of a share
+left out, as in the MFU the learner bench reports). The spot check recomputes the logprobs of a share
 ``audit_fraction`` of the rollout files under the claimed version: a forward pass, 2 x N_active per token
 of that share. Groups whose completions all scored alike carry no signal: the learner drops them before the
 forward pass (``learner/learner.py``), so training runs on the ``signal_share`` of the tokens that remain. So
@@ -59,7 +59,7 @@ def flops_per_step(active_params_b: float, tokens: float, audit_fraction: float 
                    signal_share: float = 1.0) -> float:
     """(6 x signal_share + 2 x audit_fraction) x active parameters x tokens (module docstring)."""
     if active_params_b <= 0 or tokens <= 0 or not 0 <= audit_fraction <= 1 or not 0 < signal_share <= 1:
-        raise Echo2InputError("FLOP model needs active parameters > 0, tokens > 0, an audit share in [0, 1] and "
+        raise Echo2InputError("FLOP model needs active parameters > 0, tokens > 0, a spot check share in [0, 1] and "
                               "a signal share in (0, 1]")
     return (6.0 * signal_share + 2.0 * audit_fraction) * active_params_b * 1e9 * tokens
 

@@ -3,7 +3,7 @@
 One YAML file describes a whole RL post-training run as the planner needs it: the model (total and active
 parameters, or an HF-style ``config.json`` to count them from), how much data (prompts x epochs, or steps),
 the rollout shape (G, groups per step and per actor batch, mean and p95 completion tokens, prompt tokens),
-the training knobs (staleness S, kappa = ``train.publish_every`` as echo2's config calls it, the audit
+the training knobs (staleness S, kappa = ``publish.every`` as echo2's config calls it, the spot check
 share, the checkpoint interval), the learner (GPU, count, market, MFU, and for a spot learner its reclaim rate,
 relaunch and resume times and notice: ``spot_learner.py``), the actors (market, GPUs), the links and where the store
 lives. ``echo2 plan``'s flags (``--model-params`` ...) build the same object (``from_flags``), so there is
@@ -96,23 +96,29 @@ class TrainSpec(_Part):
     """R: groups per learner step (train.groups_per_step)."""
     staleness: int = Field(2, ge=0)
     """S: a rollout of version v is used at learner version t only if t - v <= S (train.staleness)."""
-    publish_every: int = Field(1, ge=1)
-    """kappa: publish a policy version every this many steps (train.publish_every)."""
-    audit_fraction: float = Field(0.1, ge=0, le=1)
-    """Share of rollout files whose logprobs the learner recomputes (train.audit_fraction): costs a
-    forward pass (2 x active x tokens) on that share."""
     train_seconds: float | None = Field(None, gt=0)
     """T: learner busy seconds per step; given, it wins over the FLOP model (step_time.py)."""
     checkpoint_every: int = Field(5, ge=1)
     """Steps between the learner's periodic checkpoints (train.checkpoint_every): a spot learner reclaimed without
     a notice loses the steps since the last one (spot_learner.py); each checkpoint stops the learner while its
     fp32 weights and AdamW moments (12 bytes per parameter) are written (run_costs.py)."""
-    keyframe_every: int = Field(16, ge=1)
-    """K: a whole version every K published versions, sparse deltas between (train.keyframe_every; 1: no
-    deltas)."""
     signal_share: float = Field(1.0, gt=0, le=1)
     """Share of groups with a reward signal (not every completion scored alike): echo2 drops the others before the
-    forward pass, so the learner trains on this share of the tokens (the audit still reads every file's)."""
+    forward pass, so the learner trains on this share of the tokens (the spot check still reads every file's)."""
+
+
+class PublishSpec(_Part):
+    every: int = Field(1, ge=1)
+    """kappa: publish a policy version every this many steps (publish.every)."""
+    keyframe_every: int = Field(16, ge=1)
+    """K: a whole version every K published versions, sparse deltas between (publish.keyframe_every; 1: no
+    deltas)."""
+
+
+class TrustSpec(_Part):
+    spot_check_fraction: float = Field(0.1, ge=0, le=1)
+    """Share of rollout files whose logprobs the learner recomputes (trust.spot_check_fraction): costs a
+    forward pass (2 x active x tokens) on that share."""
 
 
 class LearnerSpec(_Part):
@@ -227,7 +233,9 @@ class InputRange(_Part):
 
 RENAMED = {"rollout.groups_per_step": "train.groups_per_step",
            "train.max_pending_batches": "rollout.max_pending_batches",
-           "data.steps": "train.max_steps", "network.keyframe_every": "train.keyframe_every"}
+           "data.steps": "train.max_steps", "network.keyframe_every": "publish.keyframe_every",
+           "train.keyframe_every": "publish.keyframe_every", "train.publish_every": "publish.every",
+           "train.audit_fraction": "trust.spot_check_fraction"}
 """Workload fields renamed to the run config's name and section for the same thing (old: new)."""
 
 UNCERTAIN = ("learner.mfu", "train.signal_share", "rollout.completion_tokens_mean", "rollout.at_cap_share",
@@ -248,6 +256,8 @@ class WorkloadFile(_Part):
     data: DataSpec = Field(default_factory=DataSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    publish: PublishSpec = Field(default_factory=PublishSpec)
+    trust: TrustSpec = Field(default_factory=TrustSpec)
     learner: LearnerSpec = Field(default_factory=LearnerSpec)
     actors: ActorSpec = Field(default_factory=ActorSpec)
     network: NetworkSpec = Field(default_factory=NetworkSpec)
@@ -277,8 +287,8 @@ class WorkloadFile(_Part):
 
     @model_validator(mode="after")
     def _checks(self):
-        if self.train.staleness < self.train.publish_every - 1:
-            raise ValueError(f"train.staleness {self.train.staleness} < publish_every - 1: the version it "
+        if self.train.staleness < self.publish.every - 1:
+            raise ValueError(f"train.staleness {self.train.staleness} < publish.every - 1: the version it "
                              "needs is never published")
         p95 = self.rollout.completion_tokens_p95
         if p95 is not None and p95 < self.rollout.completion_tokens_mean:
@@ -345,7 +355,8 @@ class WorkloadFile(_Part):
         """Every field as {name, value, source}: the file's ``sources`` entry, else where the value came from."""
         given = self.model_fields_set
         out = []
-        for section in ("model", "data", "rollout", "train", "learner", "actors", "network", "store"):
+        for section in ("model", "data", "rollout", "train", "publish", "trust", "learner", "actors", "network",
+                        "store"):
             part = getattr(self, section)
             for field, info in type(part).model_fields.items():
                 key = f"{section}.{field}"

@@ -14,7 +14,7 @@ Inputs (every time in seconds; a *group* is one prompt with its G completions)
     D   dissemination: one version's transfer to an actor (plus, in the simulation, the waits
         around it: for the receiver to be free, for the batch under way to end, the swap)
     S   staleness: a group of version v is usable at learner version t iff t - v <= S
-    k   publish period (train.publish_every): versions 0, k, 2k, ... reach the actors
+    k   publish period (publish.every): versions 0, k, 2k, ... reach the actors
     Q   fleet-wide backlog bound in batches: max(rollout.max_pending_batches, ceil(R / b)) (``config.backlog_bound``)
 
 Derivation (the idealized pipeline: every actor identical in behaviour, D and U constant)

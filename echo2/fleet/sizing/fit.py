@@ -25,7 +25,7 @@ The actors' figures come only from files a step used (``used_files``): the learn
 recorded what each says of its making in the file's ledger entry (``ledger.used_measurements``), so
 the fit reads no actor's file, and junk or a claim no honest file makes (a ``created_at`` in the year
 146000) never reaches it. A run recorded before the ledger kept these figures is measured from its
-used files themselves, each read only up to the run's ``train.max_rollout_file_mb``.
+used files themselves, each read only up to the run's ``trust.max_rollout_file_mb``.
 
 Measured against predicted: utilization = sum of busy time / wall time between the first and last
 measured step (step timestamps in ``metrics.json``), after ``skip_steps`` warm-up steps (version 0
@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
-from echo2.config import config_from_dict
+from echo2.config import config_from_run
 from echo2.data import layout
 from echo2.data.ledger import MEASURED_NAMES, consumed_keys, read_bans, read_events, used_measurements
 from echo2.data.rollouts import InvalidRollouts, decode_rollouts
@@ -98,7 +98,7 @@ def open_run(run: str) -> ObjectStore:
 
 def run_config(store: ObjectStore):
     """The run's resolved config, as its ``run.json`` records it."""
-    return config_from_dict(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
+    return config_from_run(store.get_json(layout.RUN_JSON)["config"], f"{store.url}/{layout.RUN_JSON}")
 
 
 def _finite(value) -> float | None:
@@ -131,7 +131,7 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     entries = _ledger_entries(store)
     events = read_events(store)
     banned = banned_actors(store, events)
-    used = [f for f in used_files(store, entries, max_file_bytes=int(config.train.max_rollout_file_mb * 2**20))
+    used = [f for f in used_files(store, entries, max_file_bytes=int(config.trust.max_rollout_file_mb * 2**20))
             if f.actor not in banned]
     generation, measured_by_actors, created = _actor_figures(bounded(store, used, actor_starts(events)))
     used_at, lag = _read_ledger(entries, first_measured_step)
@@ -150,7 +150,7 @@ def fit_run(store: ObjectStore, *, skip_steps: int = 2, history: list[dict] | No
     workload = Workload(train_seconds=max(statistics.mean(busy), 1e-3), groups_per_step=t.groups_per_step,
                         groups_per_batch=r.groups_per_batch, staleness=t.staleness,
                         dissemination_seconds=median.get("fetch_seconds", median.get("dissemination_seconds", 0.0)),
-                        upload_seconds=median.get("put_seconds", upload), publish_every=t.publish_every,
+                        upload_seconds=median.get("put_seconds", upload), publish_every=config.publish.every,
                         learner_poll_seconds=t.poll_seconds,
                         max_pending_batches=r.max_pending_batches, put_seconds=median.get("put_seconds"),
                         swap_seconds=median.get("swap_seconds", 0.0))
@@ -231,9 +231,9 @@ def _measured_from_file(store: ObjectStore, key: str, max_file_bytes: int) -> di
 
 
 def file_limit(store: ObjectStore) -> int:
-    """The run's own limit on a rollout file's size in bytes (``train.max_rollout_file_mb``)."""
+    """The run's own limit on a rollout file's size in bytes (``trust.max_rollout_file_mb``)."""
     config = run_config(store)
-    return int(config.train.max_rollout_file_mb * 2**20)
+    return int(config.trust.max_rollout_file_mb * 2**20)
 
 
 BANNED_KINDS = ("expelled", "banned")
