@@ -87,7 +87,7 @@ lock:
 	$(VENV)-uv/bin/uv pip compile $(VENV)-uv/lock.in --python-version 3.11 --no-header --no-annotate --quiet \
 		-o $(VENV)-uv/lock.txt
 	# torch and its own CUDA packages (nvidia-*, cuda-*, triton) are left out: each torch build pins its own, so a
-	# CUDA build named by TORCH=... resolves against these constraints (tests/test_install.py checks the file)
+	# CUDA build named by TORCH=... resolves against these constraints (tests/unit/core/test_install.py checks the file)
 	{ sed -n '/^#/p' $(CONSTRAINTS); grep -vE $(TORCH_OWN) $(VENV)-uv/lock.txt; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 	printf -- '$(SKY_PACKAGE)\n' > $(VENV)-uv/lock-sky.in
@@ -161,8 +161,8 @@ $(VLLM_VENV)/bin/.installed: pyproject.toml setup.py Makefile
 
 # then a whole run: the learner and Prefect in .venv, the actors in VLLM_VENV (fleet.actor_python)
 test-vllm: setup $(VLLM_VENV)/bin/.installed
-	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_engine.py tests/test_actor_env.py
-	ECHO2_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest tests/test_e2e_vllm.py
+	$(VLLM_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit/rollout/test_vllm_engine.py tests/e2e/test_actor_env.py
+	ECHO2_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest tests/e2e/test_e2e_vllm.py
 
 clean-runs:
 	rm -rf runs echo2-logs

@@ -4,7 +4,7 @@ and the actors' transformers engine.
     device "auto"      cuda:LOCAL_RANK where CUDA is available (LOCAL_RANK: torchrun's, 0 in one process), else cpu
     device "cuda[:N]"  that GPU; refused in one line (``Echo2InputError``, exit 2) where CUDA is not available
     device "cpu"       the CPU, also on a GPU machine
-    device "meta"      shapes without data: the tests' placement check (``tests/placement.py``), never a run's
+    device "meta"      shapes without data: the tests' placement check (``tests/support/placement.py``), never a run's
 
     dtype "auto"       bfloat16 on a GPU (bf16 matmuls over fp32 master weights in the learner), float32 elsewhere
     dtype "float32"    on a GPU with TF32 matmuls (``set_float32_matmul_precision("high")``): fp32 storage and

@@ -26,7 +26,7 @@ INFO / SKIP / ERROR); the last line is ``SUMMARY PASS=.. FAIL=.. ERROR=.. SKIP=.
               FSDP2's bf16 compute (experts in bf16): time of each
     fsdp      a checkpoint of the sharded learner (DCP) written and read back: every weight and moment equal
 
-Tolerances: ``FP32`` and ``BF16`` below (the tests' own: tests/precision_step.py, docs/learner.md).
+Tolerances: ``FP32`` and ``BF16`` below (the tests' own: tests/support/precision_step.py, docs/learner.md).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from echo2.learner.logprobs import chunked_token_logprobs
 from echo2.learner.loss import policy_loss
 
 BF16 = {"loss": 1e-2, "grad_norm": 1e-2, "cos": 0.99, "head_mean": 0.03, "head_grad": 0.02}
-"""bf16 against fp32 (relative; cos: the gradients' cosine): tests/precision_step.py's BF16_TOLERANCE and
+"""bf16 against fp32 (relative; cos: the gradients' cosine): tests/support/precision_step.py's BF16_TOLERANCE and
 docs/learner.md's head bounds."""
 FP32 = {"loss": 1e-4, "grad_norm": 1e-4, "grad": 1e-3, "head": 1e-4, "pack": 2e-4, "leak": 1e-5}
 """fp32 against the float64 head or the old fp32 step, on a CPU."""

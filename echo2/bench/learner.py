@@ -15,7 +15,7 @@ does at scale. With ``--device cuda --model-config NAME``: a real architecture a
 compute over fp32 master weights, varlen attention over packs) with every decoder layer checkpointed. The configs
 are the published ``config.json`` numbers of Qwen/Qwen3-1.7B, Qwen/Qwen3-8B and Qwen/Qwen3-30B-A3B (as their model
 cards list them: 1.7B = 28 layers, 16 query / 8 KV heads, tied embeddings; 8B = 36 layers, 32 / 8, untied;
-30B-A3B = 48 layers, 32 / 4, 128 experts of 768, 8 active); tests/test_bench_learner.py checks that each builds a
+30B-A3B = 48 layers, 32 / 4, 128 experts of 768, 8 active); tests/e2e/test_bench_learner.py checks that each builds a
 model of the published parameter count (1.7B, 8.2B, 30.5B total with 3.3B active).
 
 Memory. On the CPU each variant of each case runs in a fresh child process (``python -m echo2.bench.learner
@@ -47,7 +47,7 @@ median step (``_best``: at the fastest); ``tokens_per_s`` counts the step's sequ
 The peak is the GPU's dense bf16 datasheet figure (``echo2.devices.PEAK_BF16_TFLOPS``), or on a CPU the rate of a
 dense matmul measured in the compute dtype (``peak_source`` says which; ``device_name`` names the card). The GPU
 path imports torch, transformers, accelerate, pyarrow, the standard library and echo2's learner, nothing else
-(tests/test_bench_learner.py runs it with the others blocked): run it where only those exist as
+(tests/e2e/test_bench_learner.py runs it with the others blocked): run it where only those exist as
 ``python -m echo2.bench.learner --device cuda --model-config qwen3-1.7b``.
 """
 

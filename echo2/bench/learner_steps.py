@@ -5,7 +5,7 @@ accelerate and pyarrow (what a stock GPU image holds: the GPU path runs where py
 
 echo2's step is the learner's own: ``bench_learner`` builds the real ``Learner`` (``echo2/learner/learner.py``) on
 a random-weight model saved to a folder, with ``TrainConfig``'s defaults (``LEARNER_DEFAULTS``, kept equal to them
-by tests/test_bench_learner.py) and the bench's options, and ``echo2_step`` calls ``Learner.step_on_columns``: the
+by tests/e2e/test_bench_learner.py) and the bench's options, and ``echo2_step`` calls ``Learner.step_on_columns``: the
 device and compute dtype it chooses, FSDP2 on a GPU, token-budget packs, the chunked head over the loss's tokens,
 varlen attention on CUDA, activation checkpointing where asked, the GRPO loss, clipping and AdamW.
 
@@ -34,8 +34,8 @@ LEARNER_DEFAULTS = {
     "micro_batch_tokens": 8192, "logprob_chunk_tokens": 1024, "activation_checkpointing": False, "lora_rank": 0,
     "lora_alpha": 32.0, "lora_target_modules": "all-linear",
 }
-"""The ``TrainConfig`` fields the ``Learner`` reads, at their defaults (tests/test_bench_learner.py keeps them equal):
-the bench builds the real learner where pydantic, and so ``TrainConfig``, is not installed. Its device (and the
+"""The ``TrainConfig`` fields the ``Learner`` reads, at their defaults (tests/e2e/test_bench_learner.py keeps them
+equal): the bench builds the real learner where pydantic, and so ``TrainConfig``, is not installed. Its device (and the
 published dtype and shard size, which the bench never publishes) are the ``Learner``'s keywords."""
 LR, MAX_GRAD_NORM = LEARNER_DEFAULTS["lr"], LEARNER_DEFAULTS["max_grad_norm"]
 WEIGHT_DECAY = LEARNER_DEFAULTS["weight_decay"]

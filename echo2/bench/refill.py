@@ -15,7 +15,7 @@ Reported per mode: completion tokens per second (sampled tokens, padding not cou
 mean completion length, and the ratio refill / batch of tokens per second. The modes alternate order over the
 repeats (batch first, then refill first, ...) and the median of the per-repeat ratios is the result. Sampling
 differs between the modes (other rows share a step), so lengths differ a little; tokens per second is the
-figure that does not depend on them. Timings only: exactness is the tests' (``tests/test_refill.py``).
+figure that does not depend on them. Timings only: exactness is the tests' (``tests/unit/rollout/test_refill.py``).
 """
 
 from __future__ import annotations

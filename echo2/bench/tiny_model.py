@@ -4,7 +4,7 @@ benchmark's timing workload, and the model of the test suite (``tests/conftest.p
 A 2-layer Llama (hidden size 32) with a 300-token byte-level BPE tokenizer trained on arithmetic
 chats: a real optimizer step on it takes milliseconds on a CPU, so a benchmark can pad it to any
 step time and a test can train it. ``make_tiny_moe_model`` is its mixture-of-experts twin (a
-2-layer Qwen3-MoE, same tokenizer), for the MoE tests (``tests/test_moe.py``).
+2-layer Qwen3-MoE, same tokenizer), for the MoE tests (``tests/e2e/test_moe.py``).
 """
 
 from __future__ import annotations

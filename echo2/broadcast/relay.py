@@ -15,7 +15,7 @@ child can tell a hold while the parent's own copy fills from a parent that sits 
 
 Why a streamed run, chosen by measurement (``docs/runs/2026-12-03-broadcast-wan.md``, "Keeping long links busy", has
 the dated numbers): a chain of 3 and 5 hops from a seeded root, every hop behind a delaying, rate-shaping
-TCP forwarder on loopback (``tests/test_relay_wan.py``: 50-100 Mbit/s uplinks, 80 and 200 ms round
+TCP forwarder on loopback (``tests/unit/broadcast/test_relay_wan.py``: 50-100 Mbit/s uplinks, 80 and 200 ms round
 trips, 256 KB to 2 MB chunks), timed until every node had the version, for one request at a time (as
 before), 2 and 4 requests in flight, and one streamed run. One request at a time leaves every link idle
 one round trip per chunk; k requests in flight cover the bandwidth-delay product only where the chunks

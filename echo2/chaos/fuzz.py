@@ -4,7 +4,7 @@
 seeded generator: which row, which byte, which value), built from a valid file of the tiny model's
 arithmetic task, each for its own actor (a dishonest file bans its actor, which must not hide the next
 file's own reason). Every case says what the learner must do with it: quarantine it (with a reason
-that contains ``expect``) or drop it as a duplicate. ``tests/test_chaos.py`` draws the same kinds
+that contains ``expect``) or drop it as a duplicate. ``tests/e2e/test_chaos.py`` draws the same kinds
 with hypothesis.
 
 Two kinds are about the object rather than its bytes, and are written with ``plant_local`` or

@@ -1,6 +1,6 @@
 """The hostile programs the code task's sandbox must hold: what a policy's code may try on an actor or the learner.
 
-Each is a Python program, run as a program of its own (``Sandbox.run``, ``tests/test_sandbox.py``) or as the code of
+Each is a Python program, run as a program of its own (``Sandbox.run``, ``tests/e2e/test_sandbox.py``) or as the code of
 a reply that the code task loads in its harness (the ``hostile-code`` chaos row), where its top level runs when it
 loads. It reports what it managed with ``os.write(1, ...)`` (the harness silences ``print``, not the file
 descriptor), so the caller can read whether it got anywhere:

@@ -5,7 +5,7 @@ A process of its own because moto keeps its auth switch (``/moto-api/reset-auth`
 every in-process server: switched on in the suite's process, it would lock out the other scenarios'
 servers, which run beside this one without auth.
 
-Two limits of moto 5.2.5 shape the set-up (``tests/test_credentials.py`` rests on the same facts):
+Two limits of moto 5.2.5 shape the set-up (``tests/e2e/test_credentials.py`` rests on the same facts):
 
 - it ignores session policies, so the actor's scoped document is put on a role of its own as the role's
   inline policy, and the actor's STS session of that role is what it gets (``credentials.scoped_credentials``);

@@ -35,7 +35,8 @@ the layout to ``attention.py``'s attention function (a prefix causal over itself
 causally over itself; no mask at all). With sdpa nothing is shared: called with ``position_ids`` and no
 ``attention_mask``, transformers (``masking_utils.find_packed_sequence_indices``) reads a new sequence wherever the
 position does not follow the previous one by 1 and builds a dense block-diagonal causal mask (exact, but N x N).
-(tests/test_packing.py: a packed row's log-probabilities equal each sequence's alone, shared prompts or not.)
+(tests/unit/learner/test_packing.py: a packed row's log-probabilities equal each sequence's alone, shared prompts or
+not.)
 """
 
 from __future__ import annotations

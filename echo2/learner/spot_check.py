@@ -23,8 +23,8 @@ out for good:
 
 The threshold must pass honest actors whose numbers differ from the learner's: another kernel, another
 batch shape, bf16 weights, a bf16 learner. An fp32 actor of the transformers engine differs from an fp32 learner
-by about 1e-6 nats per token, a bf16 one by a few hundredths (tests/test_spot_check.py); the default 0.15 is
-several times the bf16 gap and well under what a lie that moves the ratio must change.
+by about 1e-6 nats per token, a bf16 one by a few hundredths (tests/unit/learner/test_spot_check.py); the default 0.15
+is several times the bf16 gap and well under what a lie that moves the ratio must change.
 Rewards need no sampling: every one is re-scored already, and a file whose rewards, prompts or episodes
 the task disowns bans its actor the same way (``verify.py`` raises ``Dishonest`` for those).
 """

@@ -17,7 +17,7 @@ scenario is a file with a ``name(workdir, quick=False) -> dict`` function and a 
 
 Runs are the real CLI on the tiny model (``harness.py``): real learner, real actor processes, a real
 store (local files, or S3 as moto's server speaks it on loopback). ``quick`` shrinks each scenario to
-the size ``make test`` runs (``tests/test_chaos.py``); the full sizes are ``make chaos``'s.
+the size ``make test`` runs (``tests/e2e/test_chaos.py``); the full sizes are ``make chaos``'s.
 """
 
 from __future__ import annotations

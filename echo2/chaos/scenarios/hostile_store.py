@@ -27,7 +27,7 @@ hostile actor must be banned and revoked, nothing planted may be loaded or run (
 the first collection after the local resume must return in time (``broken`` lists what did not hold). Files of a
 banned actor are no longer judged one by one: its ban record stands for them and the learner's janitor deletes
 them, so such a file counts as caught when it is quarantined, dropped by the ban, or deleted while its actor is
-banned. ``quick``: the size ``tests/test_chaos.py`` runs.
+banned. ``quick``: the size ``tests/e2e/test_chaos.py`` runs.
 """
 
 from __future__ import annotations

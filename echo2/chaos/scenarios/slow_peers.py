@@ -20,7 +20,7 @@ opened cut or refused). ``broken``: the attack did not happen (the first served 
 stream), the versions took more than twice the no-attack time to reach every honest actor, or an honest
 actor's relay held more than one version's bytes more than without the attackers (the ``VersionBuffer``s
 still alive, counted after each version). ``bad_loaded``: versions handed over whose files do not match the
-signed manifest. ``quick``: the size ``tests/test_chaos_slow_peers.py`` runs.
+signed manifest. ``quick``: the size ``tests/e2e/test_chaos_slow_peers.py`` runs.
 """
 
 from __future__ import annotations

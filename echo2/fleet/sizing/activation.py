@@ -39,7 +39,7 @@ Algorithm (exact):
    cheapest per unit of expected throughput first, counts tried from the
    greedy cover downwards, pruned by the fractional (LP) cover bound and the budget), given each
    type's convex cost as price segments. Exact unless it hits its node limit (``proven_optimal``
-   False). tests/test_activation.py checks it against brute force over every count vector on small
+   False). tests/e2e/test_activation.py checks it against brute force over every count vector on small
    random instances with ties, equal throughputs and dominated offers.
 
 Baseline (``baseline``): for each GPU type, the cheapest fleet of its on-demand offers alone,

@@ -8,7 +8,7 @@ the counts of the first j types; it is pruned when its cost plus the largest of 
 breaks the budget. Whenever a node meets every cover it is checked with ``accept`` (when given): a pass becomes
 the new best (adding items would only cost more); a miss lets the search go on adding items. Counts are tried
 from the greedy cover downwards, so the first solution found is the greedy one and prunes most of the tree.
-tests/test_activation.py checks it against brute force, with one cover and with two covers and an ``accept``.
+tests/e2e/test_activation.py checks it against brute force, with one cover and with two covers and an ``accept``.
 """
 
 from __future__ import annotations
