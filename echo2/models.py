@@ -87,8 +87,8 @@ def _embedded_default() -> Path:
     log.info("converting %s to safetensors (once) into %s", gguf.name, target)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, use_kernels=False)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, use_kernels=False)
     _special_tokens_from_model(tokenizer, model)
     # A GGUF-loaded model is flagged as quantized; it is plain fp32 after dequantisation.
     model.hf_quantizer = None

@@ -182,7 +182,8 @@ def reference_step(folder: Path, columns, device: torch.device) -> tuple[float, 
     torch.set_float32_matmul_precision("highest")  # full fp32 matmuls, whatever a learner set before
     try:
         return _reference_step(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                                    device_map=str(device)).eval(), columns, device)
+                                                                    device_map=str(device), use_kernels=False).eval(),
+                               columns, device)
     finally:
         torch.set_float32_matmul_precision(precision)
 

@@ -64,7 +64,8 @@ def _engine(model_dir: Path, settings: Settings):
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = TransformersEngine(model_dir, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                 batch_size=settings.groups_per_batch * settings.group_size)
-    engine.load_weights(unique_state_dict(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).items())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, use_kernels=False)
+    engine.load_weights(unique_state_dict(model).items())
     eos, boost = tok.eos_token_id, eos_boost(len(tok), settings.mean_tokens)
 
     def raise_eos(_module, _inputs, logits):

@@ -89,7 +89,7 @@ def _evaluate_model(model: str, cfg, tmp: Path, *, trust_run_json_key: bool = Fa
     # on the learner's device in its compute dtype, as the run's own evaluations (learner.device, train.dtype)
     device = resolve_device(cfg.learner.device)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=resolve_dtype(cfg.train.dtype, device),
-                                                  device_map=str(device))
+                                                  device_map=str(device), use_kernels=False)
     e = cfg.eval
     result = evaluate_policy(policy, tokenizer, task, max_new_tokens=e.max_new_tokens, batch_size=e.batch_size,
                              k=e.k, temperature=e.temperature)

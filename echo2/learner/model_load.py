@@ -33,7 +33,10 @@ def load_whole(model_dir: Path, *, device: torch.device, dtype: torch.dtype, att
     # the CPU loads as transformers does by default: with device_map "cpu" the learner's steps ran slower on the
     # development machine (docs/benchmarks.md)
     placement = {} if device.type == "cpu" else {"device_map": str(device)}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention, **placement)
+    # use_kernels=False: transformers (5.2x) otherwise swaps layers for kernels it downloads from the Hub at load
+    # time: code nobody reviewed, a network the learner may not have, and a refusal on ``meta``
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attention,
+                                                 use_kernels=False, **placement)
     return model.eval()
 
 
@@ -64,7 +67,7 @@ def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     (its load converts the Hub's layout, e.g. a mixture of experts' per-expert tensors into fused ones)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", device_map="cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto", device_map="cpu", use_kernels=False)
     return dict(model.state_dict())
 
 

@@ -96,7 +96,7 @@ class FrozenPolicy(Opponent):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(config.path)
-        self.model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(config.path, dtype=torch.float32, use_kernels=False).eval()
         self.system, self.answer_prefix, self.max_tokens = system, answer_prefix, max_tokens
         self.tie_margin = config.tie_margin
         self._replies: dict[tuple[str, str], tuple[str, float]] = {}
