@@ -207,9 +207,7 @@ def test_hostile_store_actor_is_caught_and_nothing_it_planted_is_loaded(tiny_mod
     padded with byte-for-byte copies and malformed files of the lost timeline. The runs and their resumes finish,
     every honest actor's files are still used, the attackers are banned (the S3 one revoked), nothing planted is
     loaded or run, the first collection after the local resume returns within a minute, and every kind is
-    detected by its own evidence (a quarantine reason naming it, a ban, a log line). At this size the attacked
-    run is interrupted four steps after the last wave, without waiting for its periodic sweep: the far-future
-    files are found by the resumed learner's first sweep, and judged as before."""
+    detected by its own evidence (a quarantine reason naming it, a ban, a log line)."""
     from echo2.chaos.scenarios.hostile_store import KINDS, hostile_store
 
     (tmp_path / "tiny-model").symlink_to(tiny_model)

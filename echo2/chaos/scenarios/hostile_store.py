@@ -77,12 +77,10 @@ class HostileActor:
         self.run_id, self.tok, self.task = run_id, tokenizer, task
         self.junk, self.future = (40, 2) if quick else (300, 8)
         self.huge_bytes = (16 if quick else 128) * 2**20
-        self.steps_after = (4, 4) if quick else (16, 40)
+        self.steps_after = (4, 30) if quick else (16, 40)
         """Steps trained after the last wave before the run is interrupted (Ctrl-C) for the planted checkpoint:
         at least the first, and until every planted file is judged (the far future waits for the collector's
-        periodic full sweep) or the second. ``quick`` waits for no periodic sweep: the far future's files are
-        then found by the resumed learner's first one (every process's first collection starts a cycle) and
-        judged by the same evidence, which is all the quick size checks."""
+        periodic full sweep) or the second."""
         self.keys: dict[str, list[str]] = {kind: [] for kind in KINDS}
         """What it wrote, by kind (keys in the run)."""
         self.wave, self.seq = 0, 0
