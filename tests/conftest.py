@@ -57,6 +57,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
+def _environment_left_as_found():
+    """Put pytest's own environment back after each test: `echo2 run` in-process (CliRunner) sets Prefect's
+    defaults there, PREFECT_LOGGING_LEVEL=WARNING among them, and every later test on the worker that starts a
+    server or a flow run inherits them (the UI test's deployed flow run then logged no line at all)."""
+    environ = dict(os.environ)
+    yield
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+@pytest.fixture(autouse=True)
 def _logging_left_as_found():
     """Take out the root handlers a test installed (``echo2 run`` in-process under typer's CliRunner sets one up on
     the runner's stderr, closed when the invoke returns) and put the levels back: a later test on the same

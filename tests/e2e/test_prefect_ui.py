@@ -100,7 +100,7 @@ with get_client(sync_client=True) as c:
     assert any("Cost" in a["data"] for a in by_type["markdown"])
     (state / "flow_run_id").write_text(info["id"])  # the page test needs the run, whatever its logs say
     # actor logs reached the flow run's log. The run's log lines are shipped in batches by a thread of the flow's
-    # process, which may still be draining them after `--watch` saw COMPLETED (seen once under load: no line yet)
+    # process, which may still be draining them after `--watch` saw COMPLETED
     from helpers import wait_until
 
     wait_until(lambda: "[actor0-" in prefect(api, "flow-run", "logs", info["id"]).stdout, 120,
