@@ -50,7 +50,7 @@ from echo2.config.tasks import (
     TaskConfig,
 )
 from echo2.config.tracking import LoggingConfig
-from echo2.config.train import MOVED, PublishConfig, TrainConfig, TrustConfig, upgraded
+from echo2.config.train import MOVED, PublishConfig, TrainConfig, TrustConfig, moved_keys, moved_to, upgraded
 from echo2.data.site import store_site
 
 __all__ = [
@@ -297,12 +297,11 @@ def format_validation_error(exc: ValidationError, source: str, positions: Positi
 
 
 def config_from_dict(data: dict, source: str = "(dict)", positions: Positions | None = None) -> Config:
-    train = data.get("train")
-    moved = [key for key in train if f"train.{key}" in MOVED] if isinstance(train, dict) else []
+    moved = moved_keys(data.get("train"))
     if moved:  # said here, not by TrainConfig._renamed, to name where each old key was written
         at = positions or {}
-        raise ConfigError("invalid config " + "; ".join(
-            f"{at.get(('train', key), source)}: train.{key} moved to {MOVED[f'train.{key}']}" for key in moved))
+        raise ConfigError("invalid config " + "; ".join(f"{at.get(('train', key), source)}: {moved_to(key)}"
+                                                        for key in moved))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

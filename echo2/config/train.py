@@ -33,10 +33,14 @@ MOVED: dict[str, str] = {
 """Where each field of the old flat ``train`` section that left it lives now (old dotted key: new)."""
 
 
-def moved_keys(train: dict) -> str | None:
-    """One line naming the new place of every old key in a ``train`` mapping; None when it has none."""
-    found = [f"train.{key} moved to {MOVED[f'train.{key}']}" for key in train if f"train.{key}" in MOVED]
-    return "; ".join(found) if found else None
+def moved_keys(train: Any) -> list[str]:
+    """The keys of a ``train`` mapping that left the section (none when ``train`` is not a mapping)."""
+    return [key for key in train if f"train.{key}" in MOVED] if isinstance(train, dict) else []
+
+
+def moved_to(key: str) -> str:
+    """What is said of an old ``train`` key: where it lives now."""
+    return f"train.{key} moved to {MOVED[f'train.{key}']}"
 
 
 def upgraded(config: dict) -> dict:
@@ -131,9 +135,9 @@ class TrainConfig(_Section):
             raise ValueError("train.micro_batch_size (rows per micro-batch) was replaced by train.micro_batch_tokens "
                              "(tokens per packed micro-batch; default 8192): remove micro_batch_size and set "
                              "micro_batch_tokens instead")
-        moved = moved_keys(data) if isinstance(data, dict) else None
+        moved = moved_keys(data)
         if moved:
-            raise ValueError(moved)
+            raise ValueError("; ".join(moved_to(key) for key in moved))
         return data
 
 
