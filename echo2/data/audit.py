@@ -33,7 +33,7 @@ import math
 from typing import Any
 
 from echo2.data import layout
-from echo2.data.ledger import SECTIONS, consumed_keys, read_events
+from echo2.data.ledger import SECTIONS, consumed_keys, consumed_records, read_events
 from echo2.data.store import NotFound, ObjectStore
 
 FAILURES = ("reclaimed", "crashed")
@@ -142,13 +142,7 @@ def audit_run(store: ObjectStore) -> dict[str, Any]:
     shown: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     drop_of: dict[str, str] = {}
     amended: set[str] = set()
-    for entry_key in keys:
-        try:
-            record = store.get_json(entry_key)
-        except (NotFound, ValueError):
-            continue
-        if not isinstance(record, dict):
-            continue
+    for entry_key, record in consumed_records(store, keys):
         if record.get("amendment"):  # corrects a step after training: used -> quarantined, not a 2nd showing
             amended.update(str(i.get("key")) for i in record.get("quarantined", []) if isinstance(i, dict))
             continue

@@ -11,7 +11,7 @@ import math
 import time
 import uuid
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -118,6 +118,19 @@ def read_bans(store: ObjectStore) -> dict[str, str]:
 def consumed_keys(store: ObjectStore) -> list[str]:
     """The ledger's entries (not the collection in progress, ``layout.COLLECTING``)."""
     return [k for k in store.list(layout.LEDGER_CONSUMED) if k.endswith(".json") and k != layout.COLLECTING]
+
+
+def consumed_records(store: ObjectStore, keys: list[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The ledger's entries (``keys``, or all of them) with their keys, each read as a JSON object; one gone
+    since it was listed, unreadable or not an object is passed over (the readers that count over a whole ledger,
+    ``echo2 audit`` and the cost report, report what they can read)."""
+    for key in consumed_keys(store) if keys is None else keys:
+        try:
+            record = store.get_json(key)
+        except (NotFound, ValueError):
+            continue
+        if isinstance(record, dict):
+            yield key, record
 
 
 def pending_rollouts(store: ObjectStore, settled: set[str], oldest_version: int | None = None,

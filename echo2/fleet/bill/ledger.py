@@ -29,7 +29,7 @@ from typing import Any
 
 from echo2.data import layout
 from echo2.data.audit import finite_number
-from echo2.data.ledger import consumed_keys, read_events
+from echo2.data.ledger import consumed_records, read_events
 from echo2.data.store import NotFound, ObjectStore
 
 STARTS = ("launch", "requested")
@@ -159,13 +159,7 @@ def ledger_facts(store: ObjectStore) -> dict:
     committed: list[tuple[float, int]] = []  # (written_at, step) of each step's entry
     used: dict[str, int] = {}
     amended: set[str] = set()
-    for key in consumed_keys(store):
-        try:
-            record = store.get_json(key)
-        except (NotFound, ValueError):
-            continue
-        if not isinstance(record, dict):
-            continue
+    for key, record in consumed_records(store):
         last = max(last or 0.0, num(record.get("written_at"), 0.0))
         if num(record.get("written_at")) is not None:
             written.append(num(record.get("written_at")))
