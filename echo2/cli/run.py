@@ -242,6 +242,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
     """One process under torchrun: rank 0 runs the flow on the run's config; every other rank, on this node or
     another, follows rank 0 (``distributed.start_process``) and returns when it says stop."""
     from echo2.learner.distributed import release_followers, start_process
+    from echo2.learner.process_group import leave
 
     cfg = start_process(rank_config, on_follow=lambda: setup_logging(verbose))
     if cfg is None:
@@ -261,6 +262,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
         raise
     finally:
         release_followers()
+    leave()  # a normal end; after a failure the process exits as it is
 
 
 def _reclaimed_marker(rank_file: Path) -> Path:

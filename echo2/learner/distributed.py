@@ -85,7 +85,7 @@ from echo2.learner.columns import step_columns
 from echo2.learner.learner import Learner
 from echo2.learner.notice import STOP_SIGNALS, deferred_pending, deliver_deferred, signals_deferred
 from echo2.learner.packing import StepColumns, pack_rows, pack_tokens
-from echo2.learner.process_group import backend_for, control_group, world
+from echo2.learner.process_group import backend_for, control_group, leave, world
 from echo2.learner.process_group import init_process_group as join_group
 
 log = logging.getLogger("echo2.learner")
@@ -137,6 +137,7 @@ def start_process(start_file: Path, on_follow=lambda: None) -> Config | None:
     model_dir = resolve_model(config.model.name, revision=config.model.revision)  # rank 0's: the run's commit
     DistributedLearner(model_dir, config.train, temperature=config.rollout.temperature,
                        **learner_options(config)).follow()
+    leave()
     return None
 
 

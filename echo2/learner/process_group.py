@@ -85,6 +85,19 @@ def one_rank_group(device: torch.device) -> None:
     control_group()
 
 
+def leave() -> None:
+    """Take this process's groups down (the control group with the default one), as its last act in them: a process
+    that exits with them still up can abort in the C++ teardown of gloo's threads ("terminate called without an
+    active exception", SIGABRT). Its torchrun then reports the node failed, and the other nodes' torchruns wait
+    for it at their exit barrier for minutes. Local: it waits on no other rank."""
+    global _control
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _control = None
+
+
 def _loopback() -> str:
     import socket
 

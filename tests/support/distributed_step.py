@@ -23,7 +23,7 @@ from helpers import step_files  # noqa: E402
 
 from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
-from echo2.learner.process_group import control_group  # noqa: E402
+from echo2.learner.process_group import control_group, leave  # noqa: E402
 
 EVERY_OPTION = {"micro_batch_tokens": 48, "logprob_chunk_tokens": 16, "activation_checkpointing": True}
 CASES = {"fp32": EVERY_OPTION, "bf16": {**EVERY_OPTION, "dtype": "bfloat16"}}
@@ -94,6 +94,7 @@ def main(model_dir: Path, out: Path, cases: list[str]) -> None:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(weights_file(out, case)))
         report({"case": case, "world": size, "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
                 "rollouts": metrics["rollouts"], "groups_with_signal": metrics["groups_with_signal"]})
+    leave()  # as a process of `echo2 learner` does (process_group.leave)
 
 
 if __name__ == "__main__":
