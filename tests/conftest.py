@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny randomly initialised causal LM with its own tokenizer, Prefect offline."""
+"""Shared fixtures: a tiny randomly initialised causal LM with its own tokenizer, Prefect offline (one API server per
+pytest worker for the end-to-end runs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from echo2.bench.tiny_model import make_tiny_model  # tests import it from here too
 
-# Prefect runs offline on an ephemeral API in tests; the home is per session (see pytest_configure).
+# Prefect runs offline: the end-to-end runs share the worker's API server (prefect_api), the rest start Prefect's
+# ephemeral one; the home is per session (see pytest_configure).
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -66,6 +68,30 @@ def _environment_left_as_found():
     if os.environ != environ:
         os.environ.clear()
         os.environ.update(environ)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> str:
+    """The URL of this worker's Prefect API: the server Prefect would start for a flow (``prefect_server.start``'s
+    ephemeral form), started once, in the worker's own ``PREFECT_HOME``."""
+    import prefect_server
+
+    proc, env = prefect_server.start(_STATE / "prefect-api-home", ephemeral=True)
+    yield env["PREFECT_API_URL"]
+    prefect_server.stop(proc)
+
+
+@pytest.fixture(autouse=True)
+def _end_to_end_runs_share_a_prefect_api(request, _environment_left_as_found):
+    """An end-to-end test's runs (``echo2 run``, a chaos scenario, a bench) talk to the worker's one Prefect API
+    instead of each starting Prefect's temporary server: the same server and services, without a server start
+    (its imports and start-up) per run. A test marked ``prefect_ephemeral`` keeps the user's default path, where
+    the run starts its own; a test that set ``PREFECT_API_URL`` keeps its own server."""
+    node = request.node
+    if (node.get_closest_marker("e2e") and not node.get_closest_marker("prefect_ephemeral")
+            and "PREFECT_API_URL" not in os.environ):
+        os.environ["PREFECT_API_URL"] = request.getfixturevalue("prefect_api")
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -157,10 +183,6 @@ def one_rank_group():
     """A test that builds a sharded learner in this process (FSDP2 over a one-rank group, as one GPU does): the
     group is taken down afterwards, so no later test on this worker runs inside it."""
     yield
-    import torch.distributed as dist
+    from echo2.learner.process_group import leave
 
-    from echo2.learner import process_group
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    process_group._control = None
+    leave()

@@ -38,6 +38,7 @@ def actor_pids(run_dir: Path) -> list[int]:
     return [e["pid"] for e in events if e["kind"] == "launch"]
 
 
+@pytest.mark.prefect_ephemeral  # a user's `make run`: the run starts Prefect's temporary server
 def test_run_end_to_end_with_a_tiny_model(tiny_model, tmp_path):
     proc = echo2("run", QUICKSTART, *sets(f"model.name={tiny_model}", f"store.url={tmp_path}", "run.id=e2e", *TINY,
                                           "logging.completions_every=2", "logging.completions_rows=3"))
@@ -199,6 +200,7 @@ def test_run_on_s3_against_moto(tiny_model, s3_store, s3_server, tmp_path):
     assert (tmp_path / "echo2-logs" / "s3run").is_dir()  # actor logs stay local for remote stores
 
 
+@pytest.mark.prefect_ephemeral  # the temporary server is among what must not outlive the learner
 @pytest.mark.parametrize("stop, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_stops_every_process(tiny_model, tmp_path, stop, code):
     """Ctrl-C, and SIGTERM (`kill`, a supervisor, a CI timeout) the same way: checkpoint, actors stopped, and

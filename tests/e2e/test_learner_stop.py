@@ -14,6 +14,10 @@ import time
 import pytest
 from conftest import REPO
 
+# rank 0 starts Prefect's temporary server in a session of its own (echo2/flows/api_server.py), which torchrun's
+# killpg must not stop while rank 0 reports its interruption: these runs keep that server
+pytestmark = pytest.mark.prefect_ephemeral
+
 SHORT = ["train.checkpoint_every=1000", "eval.before=false", "eval.after=false"]
 """No scheduled checkpoint: the one the test finds is the interruption's own."""
 
