@@ -100,6 +100,10 @@ def _run_flow(cfg, rerun: str, resume: bool, verbose: bool, *, rank_0: bool = Fa
         if CtrlC.pressed or isinstance(exc, KeyboardInterrupt):  # the flow has already stopped the fleet
             typer.echo(f"interrupted: every actor was stopped; continue with `{rerun} --resume "
                        f"--set run.id={cfg.run.id}`", err=True)
+            if not rank_0:  # rank 0 of torchrun does so once its followers are released (_learner_process)
+                from echo2.flows.api_server import leave_prefect
+
+                leave_prefect(CtrlC.exit_code())
             raise typer.Exit(CtrlC.exit_code()) from None
         if isinstance(exc, Echo2InputError):
             fail(str(exc))
@@ -259,6 +263,11 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
 
         if exc.exit_code == RECLAIMED_EXIT:  # torchrun's own exit code would not tell the launcher
             _reclaimed_marker(rank_config).touch()
+        if CtrlC.pressed:
+            from echo2.flows.api_server import leave_prefect
+
+            release_followers()
+            leave_prefect(exc.exit_code)
         raise
     finally:
         release_followers()

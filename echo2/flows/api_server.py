@@ -68,3 +68,40 @@ def _own_session_server():
                 start_new_session=True)
 
     return OwnSessionServer()
+
+
+EXIT_DRAIN_S = 30.0
+"""How long an interrupted run waits for Prefect to ship the log lines and events it still holds."""
+
+
+def leave_prefect(exit_code: int, timeout_s: float = EXIT_DRAIN_S) -> None:
+    """After an interruption: let Prefect ship what it still holds (its log and event services) within
+    ``timeout_s``, then return; if one has not finished by then, stop the temporary server and end the process now
+    with ``exit_code``.
+
+    Prefect drains those services at interpreter exit without a time limit. A Ctrl-C raises KeyboardInterrupt
+    wherever the main thread is, Prefect's own code included, and twice (2026-12-03, 2026-12-07) an interrupted
+    run then waited on that drain for good after it had checkpointed, stopped its actors and said so. The run is
+    safe by then; only log lines still in flight are lost. ``prefect._internal``: the services' registry and their
+    drain, the calls Prefect's own exit hook makes (Prefect is pinned)."""
+    import concurrent.futures
+    import os
+    import sys
+
+    from prefect._internal.concurrency.services import _active_services
+
+    pending = [service._drain(at_exit=True) for service in list(_active_services)]
+    _, not_done = concurrent.futures.wait(pending, timeout=timeout_s)
+    if not not_done:
+        return
+    log.warning("Prefect had not shipped its last log lines and events %.0f s after the interruption: leaving "
+                "without them", timeout_s)
+    from prefect.server.api.server import SubprocessASGIServer
+
+    for server in list(SubprocessASGIServer._instances.values()):  # the temporary server, as Prefect's atexit does
+        server.stop()
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
