@@ -120,8 +120,8 @@ test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(XDIST)
 
-# the unit tests alone, for feedback while working: 33 s on this 2-core machine (2026-12-03; one worker takes
-# 52 s) against about 10 minutes for `make test`. The end-to-end tests (@pytest.mark.e2e: the CLI, a learner,
+# the unit tests alone, for feedback while working: well under a minute, against the many minutes of `make test`
+# (docs/benchmarks.md, "The test suite"). The end-to-end tests (@pytest.mark.e2e: the CLI, a learner,
 # actors, a flow, a real run, or over ~1 s) are left out, and so is `browser`: only the Prefect UI test needs
 # Chromium. Every test over 1 s is listed at the end: a new one there belongs under the e2e mark (today two or
 # three show, under 2 s: the first test on a worker to load moto's EC2 model or the GCP client pays for it).

@@ -263,15 +263,16 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
 
         if exc.exit_code == RECLAIMED_EXIT:  # torchrun's own exit code would not tell the launcher
             _reclaimed_marker(rank_config).touch()
+        release_followers()
+        leave()  # an end the launcher handles (interrupted, reclaimed, bad input), as a normal one
         if CtrlC.pressed:
             from echo2.flows.api_server import leave_prefect
 
-            release_followers()
             leave_prefect(exc.exit_code)
         raise
     finally:
         release_followers()
-    leave()  # a normal end; after a failure the process exits as it is
+    leave()  # after a failure the process exits as it is: a broken group is not taken down
 
 
 def _reclaimed_marker(rank_file: Path) -> Path:

@@ -20,6 +20,7 @@ from distributed_step import report, tables  # noqa: E402
 from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.notice import NoticeInterrupt  # noqa: E402
+from echo2.learner.process_group import leave  # noqa: E402
 
 
 def main(model_dir: Path) -> None:
@@ -64,3 +65,4 @@ def main(model_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave()  # the groups down before exit, as a process of `echo2 learner` (process_group.leave)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, release_followers, world  # noqa: E402
+from echo2.learner.process_group import leave  # noqa: E402
 
 
 def status_mb(field: str) -> float:
@@ -61,3 +62,4 @@ def main(model_dir: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave()  # the groups down before exit, as a process of `echo2 learner` (process_group.leave)

@@ -25,7 +25,7 @@ from helpers import step_files  # noqa: E402
 from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, world  # noqa: E402
 from echo2.learner.evaluate import ModelSampler  # noqa: E402
-from echo2.learner.process_group import control_group  # noqa: E402
+from echo2.learner.process_group import control_group, leave  # noqa: E402
 
 CASES = {"fp32": {}, "fp32-ac": {"activation_checkpointing": True},
          "bf16-ac": {"dtype": "bfloat16", "activation_checkpointing": True},
@@ -105,3 +105,4 @@ def main(model_dir: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]))
+    leave()  # the groups down before exit, as a process of `echo2 learner` (process_group.leave)

@@ -28,6 +28,7 @@ from echo2.config import LearnerConfig, TrainConfig  # noqa: E402
 from echo2.data.store import open_store  # noqa: E402
 from echo2.learner.checkpoint import newest_checkpoint, save_checkpoint  # noqa: E402
 from echo2.learner.distributed import init_process_group, make_learner, release_followers, world  # noqa: E402
+from echo2.learner.process_group import leave  # noqa: E402
 
 handed: list[dict] = []
 _save = dcp.save
@@ -94,3 +95,4 @@ def main(spec: dict) -> None:
 
 if __name__ == "__main__":
     main(json.loads(Path(sys.argv[1]).read_text()))
+    leave()  # the groups down before exit, as a process of `echo2 learner` (process_group.leave)
