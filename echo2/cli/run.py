@@ -272,7 +272,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
         raise
     finally:
         release_followers()
-    leave()  # after a failure the process exits as it is: a broken group is not taken down
+    leave()  # a normal end; an exception leaves the groups as they are (a broken one is not taken down)
 
 
 def _reclaimed_marker(rank_file: Path) -> Path:

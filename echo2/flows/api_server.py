@@ -80,8 +80,8 @@ def leave_prefect(exit_code: int, timeout_s: float = EXIT_DRAIN_S) -> None:
     with ``exit_code``.
 
     Prefect drains those services at interpreter exit without a time limit. A Ctrl-C raises KeyboardInterrupt
-    wherever the main thread is, Prefect's own code included, and twice (2026-12-03, 2026-12-07) an interrupted
-    run then waited on that drain for good after it had checkpointed, stopped its actors and said so. The run is
+    wherever the main thread is, Prefect's own code included, and an interrupted run has then waited on that drain
+    for good after it had checkpointed, stopped its actors and said so (the Ctrl-C test, under load). The run is
     safe by then; only log lines still in flight are lost. ``prefect._internal``: the services' registry and their
     drain, the calls Prefect's own exit hook makes (Prefect is pinned)."""
     import concurrent.futures
