@@ -39,7 +39,7 @@ BENCH_TARGETS := $(addprefix bench-,$(BENCHMARKS))
 help:
 	@echo "make run    set up .venv and run the quickstart (SmolLM2-135M learns 1-digit addition on CPU)"
 	@echo "make test   set up .venv and run the test suite"
-	@echo "make test-fast  the unit tests alone (under a minute; make test runs everything)"
+	@echo "make test-fast  the unit tests alone (make test runs everything)"
 	@echo "make lint   ruff and the import-linter contracts"
 	@echo "make bench  run every benchmark ($(BENCHMARKS)); make bench-NAME runs one"
 	@echo "make test-vllm  build $(VLLM_VENV) (vLLM, no Prefect) and run the vLLM engine tests"
@@ -120,7 +120,7 @@ test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(XDIST)
 
-# the unit tests alone, for feedback while working: well under a minute, against the many minutes of `make test`
+# the unit tests alone, for feedback while working: a few minutes against the many of `make test`
 # (docs/benchmarks.md, "The test suite"). The end-to-end tests (@pytest.mark.e2e: the CLI, a learner,
 # actors, a flow, a real run, or over ~1 s) are left out, and so is `browser`: only the Prefect UI test needs
 # Chromium. Every test over 1 s is listed at the end: a new one there belongs under the e2e mark (today two or
