@@ -256,6 +256,7 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
     if cfg.learner.nnodes > 1:
         rerun += f" --nnodes {cfg.learner.nnodes} --node-rank 0 --rdzv-endpoint {os.environ.get('MASTER_ADDR')}:" \
                  f"{os.environ.get('MASTER_PORT')}"
+    handled = None  # an end the launcher handles (interrupted, reclaimed, bad input)
     try:
         _run_flow(cfg, rerun, resume, verbose, rank_0=True, json_out=json_out)
     except typer.Exit as exc:
@@ -263,16 +264,16 @@ def _learner_process(rank_config: Path, resume: bool, verbose: bool, json_out: b
 
         if exc.exit_code == RECLAIMED_EXIT:  # torchrun's own exit code would not tell the launcher
             _reclaimed_marker(rank_config).touch()
+        handled = exc
+    finally:
         release_followers()
-        leave()  # an end the launcher handles (interrupted, reclaimed, bad input), as a normal one
+    leave()  # a normal or handled end; any other exception leaves the groups as they are (a broken one stays up)
+    if handled is not None:
         if CtrlC.pressed:
             from echo2.flows.api_server import leave_prefect
 
-            leave_prefect(exc.exit_code)
-        raise
-    finally:
-        release_followers()
-    leave()  # a normal end; an exception leaves the groups as they are (a broken one is not taken down)
+            leave_prefect(handled.exit_code)
+        raise handled
 
 
 def _reclaimed_marker(rank_file: Path) -> Path:
